@@ -1,0 +1,53 @@
+"""Reduce a [B,T] per-token loss to a scalar, in the ways GRPO, DAPO and Dr.GRPO differ on."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+LOSS_AGG_MODES = (
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+
+
+def aggregate_loss(
+    loss_mat: Tensor,
+    mask: Tensor,
+    mode: str,
+    *,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    norm_length: float | None = None,
+) -> Tensor:
+    """Aggregate ``loss_mat`` [B,T] over the positions where ``mask`` [B,T] is set.
+
+    - ``token-mean`` (DAPO): ``sum(loss*mask) / num_tokens``; every token weighs the same, so
+      long responses are not down-weighted.
+    - ``seq-mean-token-sum``: per-sequence token sum, summed over sequences / ``num_seqs``.
+    - ``seq-mean-token-mean`` (original GRPO): per-sequence masked mean, summed / ``num_seqs``;
+      sequences with an empty mask contribute 0.
+    - ``seq-mean-token-sum-norm`` (Dr.GRPO): ``sum(loss*mask) / (num_seqs * norm_length)`` with a
+      constant ``norm_length`` (default ``T = mask.shape[-1]``), removing the length bias.
+
+    Defaults: ``num_tokens = mask.sum()``, ``num_seqs = B``. For micro-batch gradient
+    accumulation pass the *mini-batch* totals (and a fixed ``norm_length``): the micro-batch
+    results then sum exactly to the full-batch value. Masked-out positions may hold NaN/inf.
+    """
+    m = mask.to(loss_mat.dtype)
+    masked = torch.where(m != 0, loss_mat, 0) * m
+    n_seqs = loss_mat.shape[0] if num_seqs is None else num_seqs
+    if mode == "token-mean":
+        n_tok = m.sum().clamp(min=torch.finfo(m.dtype).tiny) if num_tokens is None else num_tokens
+        return masked.sum() / n_tok
+    if mode == "seq-mean-token-sum":
+        return masked.sum(-1).sum() / n_seqs
+    if mode == "seq-mean-token-mean":
+        seq_means = masked.sum(-1) / m.sum(-1).clamp(min=torch.finfo(m.dtype).tiny)
+        return seq_means.sum() / n_seqs
+    if mode == "seq-mean-token-sum-norm":
+        length = mask.shape[-1] if norm_length is None else norm_length
+        return masked.sum() / (n_seqs * length)
+    raise ValueError(f"unknown loss aggregation mode {mode!r}; valid: {LOSS_AGG_MODES}")

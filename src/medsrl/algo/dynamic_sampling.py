@@ -1,0 +1,55 @@
+"""DAPO dynamic sampling: drop groups whose responses all scored the same (zero advantage)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+def zero_spread_groups(scores: Tensor, group_ids: Tensor, *, atol: float = 0.0) -> Tensor:
+    """Bool [B]: True where the response's group has ``max - min <= atol`` (std == 0 for atol=0).
+
+    Such groups get zero advantage for every response, so they add no policy gradient and only
+    dilute the batch; DAPO drops them. A group of size 1 has zero spread.
+    """
+    if scores.dim() != 1 or scores.shape != group_ids.shape:
+        raise ValueError(f"scores {tuple(scores.shape)} and group_ids must both be [B]")
+    x = scores if scores.is_floating_point() else scores.float()
+    uniq, inv = torch.unique(group_ids, return_inverse=True)
+    hi = x.new_full((uniq.numel(),), -torch.inf).scatter_reduce(0, inv, x, "amax")
+    lo = x.new_full((uniq.numel(),), torch.inf).scatter_reduce(0, inv, x, "amin")
+    return ((hi - lo) <= atol)[inv]
+
+
+def keep_mask_by_group_spread(scores: Tensor, group_ids: Tensor, *, atol: float = 0.0) -> Tensor:
+    """Bool [B]: True for responses in groups with spread > ``atol`` (the ones DAPO keeps)."""
+    return ~zero_spread_groups(scores, group_ids, atol=atol)
+
+
+def fill_batch(
+    groups_available: int, groups_needed: int, rounds_done: int, max_rounds: int
+) -> bool:
+    """Whether to generate another round: too few kept groups and rounds left (``max_rounds``
+    <= 0 means unlimited, as verl's ``max_num_gen_batches``)."""
+    return groups_available < groups_needed and (max_rounds <= 0 or rounds_done < max_rounds)
+
+
+@dataclass
+class DynamicSamplingState:
+    """Running counts across the generation rounds of one training batch (for logging)."""
+
+    rounds_done: int = 0
+    groups_kept: int = 0
+    groups_dropped: int = 0
+
+    def record_round(self, kept: int, dropped: int) -> None:
+        """Account for one generation round that kept/dropped this many groups."""
+        self.rounds_done += 1
+        self.groups_kept += kept
+        self.groups_dropped += dropped
+
+    def needs_more(self, groups_needed: int, max_rounds: int) -> bool:
+        """``fill_batch`` on the running counts."""
+        return fill_batch(self.groups_kept, groups_needed, self.rounds_done, max_rounds)

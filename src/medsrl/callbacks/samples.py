@@ -1,0 +1,59 @@
+"""A few prompts and responses per N steps, as TensorBoard text and a jsonl file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from medsrl.callbacks.protocol import RolloutCallback, StepRollouts
+
+
+class SampleLogger(RolloutCallback):
+    """Shows what the policy writes: TensorBoard text panel ``samples`` and ``samples.jsonl``."""
+
+    def __init__(self, every_n_steps: int = 10, num_samples: int = 4, max_chars: int = 2000) -> None:
+        self.every_n_steps = every_n_steps
+        self.num_samples = num_samples
+        self.max_chars = max_chars
+
+    def on_rollouts_scored(self, trainer, module, rollouts: StepRollouts) -> None:
+        if self.every_n_steps <= 0 or rollouts.step % self.every_n_steps:
+            return
+        rows = list(range(min(self.num_samples, len(rollouts))))
+        records = []
+        for i in rows:
+            prompt = rollouts.prompts[int(rollouts.group_ids[i])]
+            records.append(
+                {
+                    "step": rollouts.step,
+                    "key": prompt.key,
+                    "problem": prompt.problem,
+                    "gold": prompt.answer,
+                    "response": rollouts.response_text[i][: self.max_chars],
+                    "extracted": rollouts.grades[i].extracted,
+                    "reward": float(rollouts.reward[i]),
+                    "score": float(rollouts.scores[i]),
+                }
+            )
+        if trainer.is_global_zero and trainer.log_dir:
+            path = Path(trainer.log_dir) / "samples.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as f:
+                for r in records:
+                    f.write(json.dumps(r) + "\n")
+        text = "\n\n---\n\n".join(_markdown(r) for r in records)
+        for lg in trainer.loggers:
+            if isinstance(lg, TensorBoardLogger):
+                lg.experiment.add_text("samples", text, global_step=rollouts.step)
+
+
+def _markdown(r: dict) -> str:
+    # Four-space indent makes TensorBoard show the text verbatim (it renders markdown).
+    body = "\n".join("    " + line for line in r["response"].splitlines())
+    return (
+        f"**problem** ({r['key']}): {r['problem']}  \n**gold**: `{r['gold']}` | "
+        f"**extracted**: `{r['extracted']}` | **reward** {r['reward']:.2f} | "
+        f"**score** {r['score']:.2f}\n\n{body}"
+    )

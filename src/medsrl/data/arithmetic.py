@@ -1,0 +1,253 @@
+"""Synthetic arithmetic word problems with worked solutions, for the tiny CPU preset.
+
+A problem chains a few operations on a running number::
+
+    problem:  Start at 5, multiply by 2, take away 4, multiply by 2.
+    solution: 5 * 2 = 10. 10 - 4 = 6. 6 * 2 = 12. \\boxed{12}
+
+Every intermediate result is written out, so a ~1M-parameter char-level model only has to learn
+one small operation per step (and to copy the running value), which it can do in a few minutes
+of supervised warm start on a CPU. Solutions stay short (30-70 characters), so RL rollouts are
+cheap.
+
+Difficulty levels (see ``LEVELS``):
+
+* **1** - 2 operations, start 1-9, operands 1-9 (add / subtract / multiply).
+* **2** - 2 or 3 operations, otherwise as level 1.
+* **3** - 3 or 4 operations, start 1-20.
+
+In every level the running value stays within 0-99 (never negative), and multiplication is only
+offered while the running value is a single digit (so every product is a times-table fact).
+Operations are drawn uniformly from those allowed at the current value, then the operand
+uniformly from the allowed ones; the phrasing of each operation is drawn from two variants
+("add 3" / "plus 3", "take away 4" / "subtract 4", "multiply by 2" / "times 2") and the opening
+from two ("Start at 5" / "Start with 5").
+
+Splits are disjoint by construction: a problem belongs to ``test`` if sha1(problem) % 10 == 0,
+to ``val`` if it is 1, and to ``train`` otherwise. ``generate_arithmetic`` draws problems (in an
+order fixed by ``seed`` and ``level``) and keeps the first ``num`` distinct ones that fall into the
+requested split; it raises ``ValueError`` when the split cannot hold ``num`` distinct problems.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+from functools import lru_cache
+
+from medsrl.data.example import MathExample, prompt_key
+
+# Bump when the generated text changes, so cached warm starts are rebuilt.
+GENERATOR_VERSION = 1
+
+SPLITS = ("train", "val", "test")
+
+START_PHRASES = ("Start at {n}", "Start with {n}")
+OP_PHRASES = {
+    "+": ("add {d}", "plus {d}"),
+    "-": ("take away {d}", "subtract {d}"),
+    "*": ("multiply by {d}", "times {d}"),
+}
+OPS = ("+", "-", "*")
+
+
+@dataclass(frozen=True)
+class Level:
+    """How problems of one difficulty level are drawn."""
+
+    min_ops: int
+    max_ops: int
+    start_min: int = 1
+    start_max: int = 9
+    operand_max: int = 9  # add / subtract operands are 1..operand_max
+    mul_max: int = 9  # multiply operands are 2..mul_max
+    mul_value_max: int = 9  # multiplication offered only while the running value <= this
+    value_max: int = 99  # every running value stays in 0..value_max
+
+
+LEVELS: dict[int, Level] = {
+    1: Level(min_ops=2, max_ops=2),
+    2: Level(min_ops=2, max_ops=3),
+    3: Level(min_ops=3, max_ops=4, start_max=20),
+}
+
+# Spaces with at most this many distinct problems are enumerated once to know the split's size.
+_ENUMERATE_LIMIT = 400_000
+
+
+def split_of(problem: str) -> str:
+    """The split a problem text belongs to (sha1 of the text, mod 10)."""
+    bucket = int(hashlib.sha1(problem.encode("utf-8")).hexdigest(), 16) % 10
+    return "test" if bucket == 0 else "val" if bucket == 1 else "train"
+
+
+def _apply(op: str, a: int, d: int) -> int:
+    return a + d if op == "+" else a - d if op == "-" else a * d
+
+
+def _choices(spec: Level, value: int) -> list[tuple[str, list[int]]]:
+    """Operations (with their allowed operands) available at ``value``."""
+    out = []
+    add = [d for d in range(1, spec.operand_max + 1) if value + d <= spec.value_max]
+    if add:
+        out.append(("+", add))
+    sub = [d for d in range(1, spec.operand_max + 1) if value - d >= 0]
+    if sub:
+        out.append(("-", sub))
+    if value <= spec.mul_value_max:
+        mul = [d for d in range(2, spec.mul_max + 1) if value * d <= spec.value_max]
+        if mul:
+            out.append(("*", mul))
+    return out
+
+
+def _render(start: int, start_phrase: int, steps: list[tuple[str, int, int]]) -> tuple[str, str, int]:
+    """(problem, solution, answer) for a start value and steps (op, operand, phrase index)."""
+    parts = [START_PHRASES[start_phrase].format(n=start)]
+    lines = []
+    value = start
+    for op, d, phrase in steps:
+        parts.append(OP_PHRASES[op][phrase].format(d=d))
+        new = _apply(op, value, d)
+        lines.append(f"{value} {op} {d} = {new}.")
+        value = new
+    problem = ", ".join(parts) + "."
+    solution = " ".join(lines) + f" \\boxed{{{value}}}"
+    return problem, solution, value
+
+
+def _draw(spec: Level, rng: random.Random) -> tuple[str, str, int]:
+    start = rng.randint(spec.start_min, spec.start_max)
+    start_phrase = rng.randrange(len(START_PHRASES))
+    n_ops = rng.randint(spec.min_ops, spec.max_ops)
+    value = start
+    steps = []
+    for _ in range(n_ops):
+        op, operands = rng.choice(_choices(spec, value))
+        d = rng.choice(operands)
+        steps.append((op, d, rng.randrange(len(OP_PHRASES[op]))))
+        value = _apply(op, value, d)
+    return _render(start, start_phrase, steps)
+
+
+@lru_cache(maxsize=None)
+def space_size(level: int) -> int:
+    """Number of distinct problem texts of a level (all splits together)."""
+    spec = _level(level)
+
+    @lru_cache(maxsize=None)
+    def paths(value: int, remaining: int) -> int:
+        if remaining == 0:
+            return 1
+        total = 0
+        for op, operands in _choices(spec, value):
+            for d in operands:
+                total += len(OP_PHRASES[op]) * paths(_apply(op, value, d), remaining - 1)
+        return total
+
+    return sum(
+        len(START_PHRASES) * paths(start, n)
+        for start in range(spec.start_min, spec.start_max + 1)
+        for n in range(spec.min_ops, spec.max_ops + 1)
+    )
+
+
+@lru_cache(maxsize=8)
+def _enumerate_split(level: int, split: str) -> tuple[tuple[str, str, int], ...]:
+    """Every problem of a (small) level that falls into ``split``, in a fixed order."""
+    spec = _level(level)
+    out = []
+
+    def walk(start, start_phrase, value, steps, remaining):
+        if remaining == 0:
+            item = _render(start, start_phrase, steps)
+            if split_of(item[0]) == split:
+                out.append(item)
+            return
+        for op, operands in _choices(spec, value):
+            for d in operands:
+                for phrase in range(len(OP_PHRASES[op])):
+                    walk(start, start_phrase, _apply(op, value, d), [*steps, (op, d, phrase)], remaining - 1)
+
+    for start in range(spec.start_min, spec.start_max + 1):
+        for start_phrase in range(len(START_PHRASES)):
+            for n in range(spec.min_ops, spec.max_ops + 1):
+                walk(start, start_phrase, start, [], n)
+    return tuple(out)
+
+
+def _level(level: int) -> Level:
+    if level not in LEVELS:
+        raise ValueError(f"unknown arithmetic level {level!r}; known: {sorted(LEVELS)}")
+    return LEVELS[level]
+
+
+def generate_arithmetic(
+    num: int, level: int = 1, seed: int = 0, split: str = "train"
+) -> list[MathExample]:
+    """``num`` distinct arithmetic problems of ``level`` from ``split``, deterministic in ``seed``.
+
+    Each example has ``source="arithmetic-l{level}"``, ``row`` = its index in the returned list,
+    ``answer`` = the final value as a string and ``solution`` = the worked solution ending in
+    ``\\boxed{answer}``. Raises ``ValueError`` for an unknown level or split, a negative ``num``,
+    or when the split holds fewer than ``num`` distinct problems.
+    """
+    spec = _level(level)
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    if num < 0:
+        raise ValueError(f"num must be >= 0, got {num}")
+    total = space_size(level)
+    enumerable = total <= _ENUMERATE_LIMIT
+    if num > total:
+        raise ValueError(
+            f"arithmetic level {level} has only {total} distinct problems in all; asked for {num} ({split})"
+        )
+    if enumerable:
+        capacity = len(_enumerate_split(level, split))
+        if num > capacity:
+            raise ValueError(
+                f"arithmetic level {level} split {split!r} holds only {capacity} distinct problems; asked for {num}"
+            )
+
+    rng = random.Random(f"arithmetic|{seed}|{level}|{split}")
+    seen: set[str] = set()
+    items: list[tuple[str, str, int]] = []
+    # Give up drawing after this many draws in a row that add nothing new.
+    stall_limit = 20_000 + 20 * num
+    stalled = 0
+    while len(items) < num:
+        problem, solution, answer = _draw(spec, rng)
+        if problem in seen or split_of(problem) != split:
+            stalled += 1
+            if stalled >= stall_limit:
+                break
+            continue
+        stalled = 0
+        seen.add(problem)
+        items.append((problem, solution, answer))
+
+    if len(items) < num:
+        if not enumerable:
+            raise ValueError(
+                f"could not draw {num} distinct problems of arithmetic level {level} in split "
+                f"{split!r} (got {len(items)}); the space is too small for this request"
+            )
+        # Near the split's capacity rejection sampling stalls: fill up from the enumeration.
+        rest = [item for item in _enumerate_split(level, split) if item[0] not in seen]
+        rng.shuffle(rest)
+        items.extend(rest[: num - len(items)])
+
+    source = f"arithmetic-l{level}"
+    return [
+        MathExample(
+            key=prompt_key(problem),
+            problem=problem,
+            answer=str(answer),
+            source=source,
+            row=i,
+            solution=solution,
+        )
+        for i, (problem, solution, answer) in enumerate(items)
+    ]

@@ -1,0 +1,489 @@
+"""Staged, stateless prompt schedule for RL training.
+
+The prompts of training step ``s`` are a pure function of ``(seed, s)``:
+
+- the stage is the one whose ``start_step`` is the largest ``<= s``;
+- each dataset ``d`` of the stage has a fixed quota ``q_d`` of ``prompts_per_step`` (largest
+  remainder rounding of the weights; every dataset gets at least one slot when there are enough);
+- at stage-local step ``k = s - stage.start_step`` dataset ``d`` contributes items
+  ``k*q_d ... k*q_d + q_d - 1`` of an infinite sequence made of per-epoch permutations of ``d``,
+  each seeded by ``(seed, stage name, dataset name, epoch)``: epochs without replacement.
+
+There is no iterator state to save: resuming at ``trainer.global_step`` reproduces the run, and
+Lightning's one-batch prefetch is harmless.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import lightning
+import numpy as np
+
+from medsrl.data.example import MathExample, Prompt
+from medsrl.data.template import render_prompt
+
+__all__ = ["DatasetSpec", "MathDataModule", "StageSpec", "largest_remainder_quotas"]
+
+log = logging.getLogger(__name__)
+
+ExampleSource = Sequence[MathExample] | Callable[[], Sequence[MathExample]]
+_TEMPLATE_KEYS = {"system_prompt", "extra_empty_assistant_turn"}
+
+
+# --------------------------------------------------------------------------------------------
+# specs
+
+
+@dataclass
+class DatasetSpec:
+    """A named dataset of a stage. ``source`` is a list of examples or a zero-arg callable
+    returning one (resolved on first use, then cached)."""
+
+    name: str
+    weight: float = 1.0
+    source: ExampleSource | None = None
+    _examples: list[MathExample] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def examples(self) -> list[MathExample]:
+        if self._examples is None:
+            src = self.source
+            if src is None:
+                raise ValueError(f"dataset {self.name!r}: no source")
+            if callable(src) and not isinstance(src, Sequence):
+                src = src()
+            examples = [_as_example(e, self.name, i) for i, e in enumerate(src)]
+            if not examples:
+                raise ValueError(f"dataset {self.name!r} is empty")
+            self._examples = examples
+        return self._examples
+
+    @property
+    def is_loaded(self) -> bool:
+        return self._examples is not None or (
+            isinstance(self.source, Sequence) and not callable(self.source)
+        )
+
+
+@dataclass
+class StageSpec:
+    name: str
+    start_step: int
+    datasets: list[DatasetSpec]
+
+
+def _as_example(item: Any, dataset: str, i: int) -> MathExample:
+    if isinstance(item, MathExample):
+        return item
+    if isinstance(item, Mapping):  # e.g. an OmegaConf node from Hydra
+        d = dict(item)
+        if "key" not in d and "problem" in d:
+            from medsrl.data.example import prompt_key
+
+            d["key"] = prompt_key(str(d["problem"]))
+        d.setdefault("source", dataset)
+        d.setdefault("row", i)
+        try:
+            return MathExample(**d)
+        except TypeError as e:
+            raise ValueError(f"dataset {dataset!r} item {i}: not a MathExample: {e}") from e
+    raise ValueError(
+        f"dataset {dataset!r} item {i}: expected a MathExample, got {type(item).__name__}"
+    )
+
+
+def _plain(obj: Any) -> Any:
+    """An OmegaConf container -> plain python, leaving instantiated objects alone."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover
+        return obj
+    if isinstance(obj, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(obj, resolve=True)
+    return obj
+
+
+def _dataset_spec(obj: Any, where: str) -> DatasetSpec:
+    if isinstance(obj, DatasetSpec):
+        return obj
+    if not isinstance(obj, Mapping):
+        raise ValueError(f"{where}: expected a dataset mapping, got {type(obj).__name__}")
+    d = dict(obj)
+    unknown = set(d) - {"name", "weight", "source", "examples"}
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+    if "name" not in d:
+        raise ValueError(f"{where}: dataset needs a 'name'")
+    source = d.get("source", d.get("examples"))
+    if source is None:
+        raise ValueError(f"{where} ({d['name']!r}): dataset needs a 'source' (examples or callable)")
+    source = _plain(source)
+    if isinstance(source, Mapping):
+        raise ValueError(
+            f"{where} ({d['name']!r}): 'source' is a mapping; was its _target_ instantiated?"
+        )
+    return DatasetSpec(name=str(d["name"]), weight=float(d.get("weight", 1.0)), source=source)
+
+
+def _stage_spec(obj: Any, i: int) -> StageSpec:
+    if isinstance(obj, StageSpec):
+        return obj
+    if not isinstance(obj, Mapping):
+        raise ValueError(f"stage {i}: expected a mapping, got {type(obj).__name__}")
+    d = dict(obj)
+    unknown = set(d) - {"name", "start_step", "datasets"}
+    if unknown:
+        raise ValueError(f"stage {i}: unknown keys {sorted(unknown)}")
+    for k in ("name", "start_step", "datasets"):
+        if k not in d:
+            raise ValueError(f"stage {i}: missing {k!r}")
+    datasets = d["datasets"]
+    if isinstance(datasets, Mapping) or not isinstance(datasets, Sequence):
+        raise ValueError(f"stage {d['name']!r}: 'datasets' must be a list")
+    return StageSpec(
+        name=str(d["name"]),
+        start_step=int(d["start_step"]),
+        datasets=[
+            _dataset_spec(ds, f"stage {d['name']!r} dataset {j}") for j, ds in enumerate(datasets)
+        ],
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# deterministic helpers
+
+
+def largest_remainder_quotas(weights: Sequence[float], total: int) -> list[int]:
+    """Split ``total`` slots in proportion to ``weights`` (largest remainder, ties to the earlier
+    dataset); every positive weight gets at least one slot when ``total >= len(weights)``."""
+    wsum = float(sum(weights))
+    exact = [w / wsum * total for w in weights]
+    quotas = [math.floor(x) for x in exact]
+    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - quotas[i]), i))
+    for i in order[: total - sum(quotas)]:
+        quotas[i] += 1
+    if total >= len(weights):
+        for i in range(len(quotas)):
+            if quotas[i] == 0:
+                # take a slot from the dataset with the most slots above its exact share
+                donor = max(
+                    (j for j in range(len(quotas)) if quotas[j] > 1),
+                    key=lambda j: (quotas[j] - exact[j], quotas[j], -j),
+                )
+                quotas[donor] -= 1
+                quotas[i] += 1
+    return quotas
+
+
+def _seed_int(*parts: object) -> int:
+    h = hashlib.sha256("\x1f".join(str(p) for p in parts).encode("utf-8")).digest()
+    return int.from_bytes(h[:8], "little")
+
+
+@lru_cache(maxsize=64)
+def _permutation(n: int, *seed_parts: object) -> np.ndarray:
+    perm = np.random.default_rng(_seed_int(*seed_parts)).permutation(n)
+    perm.setflags(write=False)
+    return perm
+
+
+# --------------------------------------------------------------------------------------------
+# iterables handed to Lightning (not lists: Lightning would read a list as several loaders)
+
+
+class _TrainSteps:
+    """Infinite iterable of ``{"step", "stage", "prompts"}``, starting at the trainer's
+    ``global_step`` (read when iteration starts) or 0."""
+
+    def __init__(self, dm: MathDataModule, start: int | None = None):
+        self.dm = dm
+        self.start = start
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        start = self.start if self.start is not None else self.dm._trainer_step()
+        step = start
+        previous: str | None = None
+        while True:
+            stage = self.dm.stage_at(step)
+            if stage.name != previous:
+                if previous is None:
+                    log.info("data: stage %s at step %d", stage.name, step)
+                else:
+                    log.info("stage switch %s -> %s at step %d", previous, stage.name, step)
+                previous = stage.name
+            yield {"step": step, "stage": stage.name, "prompts": self.dm.prompts_for_step(step)}
+            step += 1
+
+
+class _ValBatches:
+    def __init__(self, prompts: list[Prompt], batch_size: int):
+        self.prompts = prompts
+        self.batch_size = batch_size
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.prompts) / self.batch_size)
+
+    def __iter__(self) -> Iterator[list[Prompt]]:
+        for i in range(0, len(self.prompts), self.batch_size):
+            yield self.prompts[i : i + self.batch_size]
+
+
+# --------------------------------------------------------------------------------------------
+
+
+class MathDataModule(lightning.LightningDataModule):
+    """Prompts for RL training, in stages, as a stateless function of ``(seed, step)``.
+
+    Args:
+        stages: list of :class:`StageSpec` or mappings ``{name, start_step, datasets: [{name,
+            weight, source}]}``; ``source`` is a list of :class:`MathExample` (what Hydra's
+            ``instantiate`` gives) or a zero-arg callable returning one.
+        val: datasets ``{name, source}`` whose union is the held-out set; None: no validation.
+        prompts_per_step: prompts per training step.
+        val_size: keep the first ``val_size`` held-out prompts after a seeded shuffle (None: all).
+        val_batch_size: prompts per validation batch.
+        template: keyword arguments of :func:`render_prompt` (``system_prompt``,
+            ``extra_empty_assistant_turn``).
+        seed: the data seed.
+
+    ``Prompt.source`` is the dataset's name from this config (not the file's).
+    """
+
+    def __init__(
+        self,
+        stages: Sequence[Mapping[str, Any] | StageSpec],
+        val: Sequence[Mapping[str, Any] | DatasetSpec] | None = None,
+        prompts_per_step: int = 16,
+        val_size: int | None = 64,
+        val_batch_size: int = 64,
+        template: Mapping[str, Any] | None = None,
+        seed: int = 0,
+    ):
+        super().__init__()
+        if int(prompts_per_step) < 1:
+            raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
+        if int(val_batch_size) < 1:
+            raise ValueError(f"val_batch_size must be >= 1, got {val_batch_size}")
+        if val_size is not None and int(val_size) < 1:
+            raise ValueError(f"val_size must be >= 1 or None, got {val_size}")
+        self.prompts_per_step = int(prompts_per_step)
+        self.val_size = None if val_size is None else int(val_size)
+        self.val_batch_size = int(val_batch_size)
+        self.seed = int(seed)
+
+        template = dict(_plain(template) or {})
+        unknown = set(template) - _TEMPLATE_KEYS
+        if unknown:
+            raise ValueError(f"template: unknown keys {sorted(unknown)} (allowed: {sorted(_TEMPLATE_KEYS)})")
+        self.template = template
+
+        stages = _plain(stages)
+        if stages is None or isinstance(stages, Mapping) or not isinstance(stages, Sequence):
+            raise ValueError("stages must be a non-empty list of stages")
+        self.stages: list[StageSpec] = [_stage_spec(s, i) for i, s in enumerate(stages)]
+        self._validate_stages()
+        self._quotas = {
+            s.name: largest_remainder_quotas([d.weight for d in s.datasets], self.prompts_per_step)
+            for s in self.stages
+        }
+        for s in self.stages:
+            starved = [d.name for d, q in zip(s.datasets, self._quotas[s.name], strict=True) if q == 0]
+            if starved:
+                log.warning(
+                    "stage %s: prompts_per_step=%d is too small to give datasets %s a slot",
+                    s.name, self.prompts_per_step, starved,
+                )
+
+        val = _plain(val)
+        self.val: list[DatasetSpec] | None = None
+        if val is not None:
+            if isinstance(val, Mapping) or not isinstance(val, Sequence):
+                raise ValueError("val must be a list of datasets or None")
+            self.val = [_dataset_spec(d, f"val dataset {j}") for j, d in enumerate(val)]
+            names = [d.name for d in self.val]
+            if len(set(names)) != len(names):
+                raise ValueError(f"val dataset names must be unique, got {names}")
+        self._val_prompts: list[Prompt] | None = None
+
+    # ----------------------------------------------------------------------------------------
+
+    def _validate_stages(self) -> None:
+        if not self.stages:
+            raise ValueError("stages must be a non-empty list of stages")
+        names = [s.name for s in self.stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"stage names must be unique, got {names}")
+        if self.stages[0].start_step != 0:
+            raise ValueError(
+                f"the first stage ({self.stages[0].name!r}) must start at step 0, "
+                f"got start_step={self.stages[0].start_step}"
+            )
+        for prev, cur in zip(self.stages, self.stages[1:], strict=False):
+            if cur.start_step <= prev.start_step:
+                raise ValueError(
+                    "stage start_steps must be strictly increasing: "
+                    f"{prev.name!r} starts at {prev.start_step}, {cur.name!r} at {cur.start_step}"
+                )
+        for s in self.stages:
+            if not s.datasets:
+                raise ValueError(f"stage {s.name!r} has no datasets")
+            dnames = [d.name for d in s.datasets]
+            if len(set(dnames)) != len(dnames):
+                raise ValueError(f"stage {s.name!r}: dataset names must be unique, got {dnames}")
+            for d in s.datasets:
+                if not (math.isfinite(d.weight) and d.weight > 0):
+                    raise ValueError(
+                        f"stage {s.name!r} dataset {d.name!r}: weight must be > 0, got {d.weight}"
+                    )
+                if d.is_loaded:
+                    _ = d.examples  # eager sources: check they are non-empty now
+
+    def _trainer_step(self) -> int:
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return 0
+        return int(getattr(trainer, "global_step", 0) or 0)
+
+    def _render(self, ex: MathExample, source: str) -> Prompt:
+        return Prompt(
+            key=ex.key,
+            text=render_prompt(ex.problem, **self.template),
+            problem=ex.problem,
+            answer=ex.answer,
+            source=source,
+        )
+
+    def _item(self, stage: StageSpec, ds: DatasetSpec, i: int) -> int:
+        """Index (into ``ds.examples``) of item ``i`` of the dataset's infinite sequence."""
+        n = len(ds.examples)
+        epoch, pos = divmod(i, n)
+        return int(_permutation(n, self.seed, stage.name, ds.name, epoch)[pos])
+
+    def _step_indices(self, step: int) -> tuple[StageSpec, list[tuple[DatasetSpec, list[int]]]]:
+        stage = self.stage_at(step)
+        k = step - stage.start_step
+        out = []
+        for ds, q in zip(stage.datasets, self._quotas[stage.name], strict=True):
+            out.append((ds, [self._item(stage, ds, k * q + j) for j in range(q)]))
+        return stage, out
+
+    # ----------------------------------------------------------------------------------------
+    # public API
+
+    def quotas(self, stage: str) -> dict[str, int]:
+        """Prompts per step of each dataset of ``stage``."""
+        spec = next((s for s in self.stages if s.name == stage), None)
+        if spec is None:
+            raise KeyError(f"no stage {stage!r}; stages: {[s.name for s in self.stages]}")
+        return {d.name: q for d, q in zip(spec.datasets, self._quotas[stage], strict=True)}
+
+    def stage_at(self, step: int) -> StageSpec:
+        """The stage whose ``start_step`` is the largest ``<= step``."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        current = self.stages[0]
+        for s in self.stages:
+            if s.start_step <= step:
+                current = s
+            else:
+                break
+        return current
+
+    def prompts_for_step(self, step: int) -> list[Prompt]:
+        """The prompts of training step ``step`` (a pure function of ``seed`` and ``step``)."""
+        _, parts = self._step_indices(step)
+        return [self._render(ds.examples[i], ds.name) for ds, idx in parts for i in idx]
+
+    def extra_prompts(self, step: int, round: int, n: int) -> list[Prompt]:
+        """``n`` more prompts of step ``step``'s stage for DAPO dynamic sampling round ``round``.
+
+        Deterministic in ``(seed, step, round)``; none of them is one of
+        ``prompts_for_step(step)`` and none repeats within the call, as far as the datasets are
+        large enough. Datasets share the ``n`` slots by weight (floors first, the remaining slots
+        drawn in proportion to the fractional parts).
+        """
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        if n == 0:
+            return []
+        stage, regular = self._step_indices(step)
+        weights = np.array([d.weight for d in stage.datasets], dtype=float)
+        exact = weights / weights.sum() * n
+        counts = np.floor(exact).astype(int)
+        rest = n - int(counts.sum())
+        rng = np.random.default_rng(_seed_int(self.seed, "extra-quota", stage.name, step, round))
+        if rest > 0:
+            frac = exact - counts
+            chosen = rng.choice(len(counts), size=rest, replace=False, p=frac / frac.sum())
+            counts[chosen] += 1
+        out: list[Prompt] = []
+        for (ds, used), q in zip(regular, counts.tolist(), strict=True):
+            if q == 0:
+                continue
+            size = len(ds.examples)
+            perm = np.random.default_rng(
+                _seed_int(self.seed, "extra", stage.name, ds.name, step)
+            ).permutation(size)
+            used_set = set(used)
+            fresh = [int(i) for i in perm if int(i) not in used_set]
+            order = fresh + [int(i) for i in perm if int(i) in used_set]  # only if too small
+            picks = [order[j % size] for j in range(q)]
+            out.extend(self._render(ds.examples[i], ds.name) for i in picks)
+        return out
+
+    def train_dataloader(self) -> _TrainSteps:
+        """Infinite iterable of ``{"step": s, "stage": name, "prompts": list[Prompt]}`` for
+        ``s = start, start + 1, ...``; ``start`` is ``trainer.global_step`` (0 when detached),
+        read when iteration begins, so a resumed run continues exactly."""
+        return _TrainSteps(self)
+
+    def iter_steps(self, start: int = 0) -> Iterator[dict[str, Any]]:
+        """Same batches as :meth:`train_dataloader`, from an explicit ``start`` step."""
+        return iter(_TrainSteps(self, start=start))
+
+    def val_prompts(self) -> list[Prompt]:
+        """The held-out prompts: the union of the val datasets, shuffled with the seed, cut to
+        ``val_size``. Empty when ``val`` is None."""
+        if self.val is None:
+            return []
+        if self._val_prompts is None:
+            pool = [(ex, ds.name) for ds in self.val for ex in ds.examples]
+            perm = np.random.default_rng(_seed_int(self.seed, "val")).permutation(len(pool))
+            if self.val_size is not None:
+                perm = perm[: self.val_size]
+            self._val_prompts = [self._render(*pool[int(i)]) for i in perm]
+        return self._val_prompts
+
+    def val_dataloader(self) -> _ValBatches | list:
+        """Held-out prompts in batches of ``val_batch_size`` (each batch a ``list[Prompt]``);
+        ``[]`` (no validation) when ``val`` is None."""
+        if self.val is None:
+            return []
+        return _ValBatches(self.val_prompts(), self.val_batch_size)
+
+    # ----------------------------------------------------------------------------------------
+    # checkpointing: the schedule is stateless; this only detects a changed schedule
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "stages": [(s.name, s.start_step) for s in self.stages]}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        saved_seed = state_dict.get("seed")
+        saved_stages = [tuple(s) for s in state_dict.get("stages", [])]
+        current = [(s.name, s.start_step) for s in self.stages]
+        if saved_seed != self.seed:
+            log.warning(
+                "data seed changed since the checkpoint: %s -> %s (the prompt order differs)",
+                saved_seed, self.seed,
+            )
+        if saved_stages != current:
+            log.warning(
+                "stage schedule changed since the checkpoint: %s -> %s", saved_stages, current
+            )

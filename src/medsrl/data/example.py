@@ -1,0 +1,64 @@
+"""The record types that flow from the data files to the training loop."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+
+def prompt_key(problem: str) -> str:
+    """Stable key of a problem: the first 16 hex digits of sha1 of its UTF-8 text.
+
+    The same problem text gets the same key in every file and every run; MEDS memory is keyed on it.
+    """
+    return hashlib.sha1(problem.encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class MathExample:
+    """One math problem with its gold answer, as read from a data file or generated."""
+
+    key: str  # prompt_key(problem)
+    problem: str
+    answer: str  # gold answer as a string (lists joined with ", ", integral floats without ".0")
+    source: str  # dataset name
+    row: int  # 0-based row index in the source (for error messages)
+    solution: str | None = None  # worked solution, when the source has one
+
+    @classmethod
+    def make(
+        cls,
+        problem: str,
+        answer: str,
+        source: str,
+        row: int,
+        solution: str | None = None,
+    ) -> MathExample:
+        """Build an example, computing its key from the problem text."""
+        return cls(
+            key=prompt_key(problem),
+            problem=problem,
+            answer=answer,
+            source=source,
+            row=row,
+            solution=solution,
+        )
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What the training loop receives for one problem."""
+
+    key: str
+    text: str  # the rendered chat template, ending where the assistant starts writing
+    problem: str
+    answer: str
+    source: str  # the dataset name given in the data config
+
+    def to(self, *args: object, **kwargs: object) -> Prompt:
+        """Return self: a prompt is text, there is nothing to move to a device.
+
+        Lightning moves every batch to the device with ``apply_to_collection``, which cannot
+        rebuild a frozen dataclass; having ``to`` makes it treat a prompt as a leaf instead.
+        """
+        return self

@@ -1,0 +1,570 @@
+"""The LightningModule: one GRPO/DAPO step, from prompts to a policy update.
+
+The math lives in ``medsrl.algo`` (pure functions); this module only orders the phases,
+moves tensors and logs. One training step (``trainer.global_step`` counts these) is:
+
+    generate -> grade -> [dynamic sampling: more prompts] -> pack -> no-grad forward for old
+    log-probs (rollout callbacks around it) -> rollout callbacks may reshape scores ->
+    group advantages -> mini-batch updates -> sync weights to the rollout engine
+
+Optimisation is manual: a step may run several mini-batch updates, and only the last one goes
+through Lightning's optimizer wrapper so that ``global_step`` advances once per RL step.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from contextlib import contextmanager
+from typing import Any
+
+import lightning as L
+import torch
+
+from medsrl.algo import (
+    aggregate_loss,
+    clipped_surrogate,
+    group_advantages,
+    keep_mask_by_group_spread,
+    kl_estimate,
+    masked_mean,
+    token_entropy,
+    token_logprobs,
+)
+from medsrl.callbacks.protocol import StepRollouts, rollout_callbacks
+from medsrl.config import (
+    AlgorithmConfig,
+    GraderConfig,
+    LoggingConfig,
+    OptimConfig,
+    RolloutConfig,
+    build,
+    to_dict,
+)
+from medsrl.reward.grader import MathGrader
+from medsrl.reward.overlong import overlong_penalty
+from medsrl.rollout.base import PackedRollouts, RolloutBatch, SamplingParams, pack_rollouts
+from medsrl.rollout.hf import HFRolloutEngine
+
+log = logging.getLogger(__name__)
+
+
+class RLModule(L.LightningModule):
+    """Policy + GRPO/DAPO loss. ``policy`` is any Hugging Face causal LM."""
+
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        tokenizer,
+        algorithm: dict | AlgorithmConfig | None = None,
+        rollout: dict | RolloutConfig | None = None,
+        optim: dict | OptimConfig | None = None,
+        grader: dict | GraderConfig | None = None,
+        logging_cfg: dict | LoggingConfig | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.algo = build(AlgorithmConfig, algorithm, "algorithm")
+        self.rollout_cfg = build(RolloutConfig, rollout, "rollout")
+        self.optim_cfg = build(OptimConfig, optim, "optim")
+        self.grader_cfg = build(GraderConfig, grader, "grader")
+        self.logging_cfg = build(LoggingConfig, logging_cfg, "logging")
+        self.seed = seed
+        self._check_settings()
+        self.save_hyperparameters(
+            {
+                "algorithm": to_dict(self.algo),
+                "rollout": to_dict(self.rollout_cfg),
+                "optim": to_dict(self.optim_cfg),
+                "grader": to_dict(self.grader_cfg),
+                "seed": seed,
+            }
+        )
+        self.ref_policy: torch.nn.Module | None = None
+        self.engine = None
+        self.grader: MathGrader | None = None
+        self.last_rollouts: StepRollouts | None = None
+        self._val_acc: list[torch.Tensor] = []
+
+    def _check_settings(self) -> None:
+        ov = self.algo.overlong
+        if ov.enabled and not 0 < ov.buffer_length < self.rollout_cfg.max_new_tokens:
+            raise ValueError(
+                f"algorithm.overlong.buffer_length={ov.buffer_length} must be between 0 and "
+                f"rollout.max_new_tokens={self.rollout_cfg.max_new_tokens}"
+            )
+        if self.rollout_cfg.backend != "hf":
+            raise ValueError(f"rollout.backend={self.rollout_cfg.backend!r}: only 'hf' is built")
+
+    # ------------------------------------------------------------------ setup
+
+    def setup(self, stage: str) -> None:
+        if self.algo.kl_coef > 0 and self.ref_policy is None:
+            # A frozen copy of the starting policy; excluded from checkpoints (see state_dict).
+            self.ref_policy = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        if self.grader is None:
+            self.grader = MathGrader(
+                timeout_s=self.grader_cfg.timeout_s, num_workers=self.grader_cfg.num_workers
+            )
+        if self.engine is None:
+            self.engine = HFRolloutEngine(
+                self.policy, self.tokenizer, max_batch_size=self.rollout_cfg.max_batch_size
+            )
+
+    def teardown(self, stage: str) -> None:
+        if self.grader is not None and stage == "fit":
+            self.grader.close()
+            self.grader = None
+
+    def state_dict(self, *args, **kwargs):
+        """The policy only: the reference model is rebuilt from the policy at start."""
+        sd = super().state_dict(*args, **kwargs)
+        return {k: v for k, v in sd.items() if not k.startswith("ref_policy.")}
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        own = {k for k in super().state_dict() if k.startswith("ref_policy.")}
+        missing_ok = own if strict else set()
+        result = super().load_state_dict(state_dict, strict=False, assign=assign)
+        if strict:
+            missing = [k for k in result.missing_keys if k not in missing_ok]
+            if missing or result.unexpected_keys:
+                raise RuntimeError(
+                    f"checkpoint does not match the policy: missing {missing[:5]}, "
+                    f"unexpected {result.unexpected_keys[:5]}"
+                )
+        return result
+
+    def configure_optimizers(self):
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(
+            params,
+            lr=self.optim_cfg.lr,
+            betas=self.optim_cfg.betas,
+            eps=self.optim_cfg.eps,
+            weight_decay=self.optim_cfg.weight_decay,
+        )
+        warmup = max(0, self.optim_cfg.warmup_steps)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        )
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # ------------------------------------------------------------- the step
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        step = self.global_step
+        if batch.get("step", step) != step:
+            log.warning("data step %s != trainer step %s", batch.get("step"), step)
+        timer = _PhaseTimer()
+        metrics: dict[str, float] = {}
+
+        with timer("generate"):
+            prompts, rollout = self._generate(batch["prompts"], step, round_=0)
+        with timer("grade"):
+            grades = self.grader.grade_batch(
+                rollout.response_text, [prompts[i].answer for i in rollout.prompt_index]
+            )
+        if self.algo.dynamic_sampling.enabled:
+            with timer("dynamic_sampling"):
+                prompts, rollout, grades, ds_metrics = self._dynamic_sampling(
+                    batch, prompts, rollout, grades, step, timer
+                )
+            metrics.update(ds_metrics)
+        else:
+            acc = torch.tensor([g.score for g in grades])
+            metrics["zero_spread_group_frac"] = _zero_spread_frac(acc, rollout.prompt_index)
+
+        if len(rollout) == 0:
+            # Nothing to learn from: advance the step without touching the weights.
+            self._skip_update(step, metrics, timer)
+            return
+
+        rollouts = self._make_step_rollouts(step, prompts, rollout, grades)
+        callbacks = rollout_callbacks(self.trainer)
+        with timer("logprob"):
+            for cb in callbacks:
+                cb.on_before_logprob_forward(self.trainer, self, rollouts)
+            rollouts.old_logp, _ = self._logprobs(self.policy, rollouts.packed, with_entropy=False)
+            for cb in callbacks:
+                cb.on_after_logprob_forward(self.trainer, self, rollouts)
+            if self.ref_policy is not None:
+                rollouts.ref_logp, _ = self._logprobs(self.ref_policy, rollouts.packed, False)
+        with timer("callbacks"):
+            for cb in callbacks:
+                cb.on_rollouts_scored(self.trainer, self, rollouts)
+
+        advantages = group_advantages(
+            rollouts.scores, rollouts.group_ids, norm_by_std=self.algo.norm_adv_by_std
+        )
+        with timer("update"):
+            update_metrics = self._update(rollouts, advantages, step)
+        with timer("sync"):
+            self.engine.sync_weights(self.policy)
+        self.last_rollouts = rollouts
+
+        metrics.update(update_metrics)
+        metrics.update(_rollout_metrics(rollouts, self.grader))
+        metrics.update(rollouts.metrics)
+        metrics.update(timer.as_metrics())
+        self._log_step(metrics, batch.get("stage"))
+
+    # ----------------------------------------------------------- generation
+
+    def _sampling(self, step: int, round_: int, n: int, temperature: float, top_p: float):
+        # Seeded by (seed, step, round): a resumed run samples exactly what an uninterrupted one would.
+        return SamplingParams(
+            n=n,
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=self.rollout_cfg.max_new_tokens,
+            seed=(self.seed * 1_000_003 + step * 101 + round_) % (2**31),
+        )
+
+    def _generate(self, prompts, step: int, round_: int) -> tuple[list, RolloutBatch]:
+        cfg = self.rollout_cfg
+        params = self._sampling(step, round_, cfg.n, cfg.temperature, cfg.top_p)
+        return list(prompts), self.engine.generate([p.text for p in prompts], params)
+
+    def _dynamic_sampling(self, batch, prompts, rollout, grades, step, timer):
+        """DAPO: keep groups whose accuracy differs; generate extra rounds until the batch is full."""
+        target = len(prompts)
+        kept_prompts, kept_rollouts, kept_grades = [], [], []
+        first_zero_frac = None
+        rounds = 0
+        while True:
+            acc = torch.tensor([g.score for g in grades])
+            groups = torch.tensor(rollout.prompt_index)
+            keep = keep_mask_by_group_spread(acc, groups)
+            if first_zero_frac is None:
+                first_zero_frac = _zero_spread_frac(acc, rollout.prompt_index)
+            kept_groups = sorted({int(g) for g in groups[keep].tolist()})
+            for g in kept_groups:
+                if len(kept_prompts) >= target:
+                    break
+                rows = [i for i, pi in enumerate(rollout.prompt_index) if pi == g]
+                kept_prompts.append(prompts[g])
+                kept_rollouts.append(_select(rollout, rows))
+                kept_grades.append([grades[i] for i in rows])
+            if len(kept_prompts) >= target or rounds >= self.algo.dynamic_sampling.max_rounds:
+                break
+            rounds += 1
+            extra = self.trainer.datamodule.extra_prompts(step, rounds, target)
+            with timer("generate"):
+                prompts, rollout = self._generate(extra, step, round_=rounds)
+            with timer("grade"):
+                grades = self.grader.grade_batch(
+                    rollout.response_text, [prompts[i].answer for i in rollout.prompt_index]
+                )
+        if len(kept_prompts) < target:
+            log.info(
+                "step %d: dynamic sampling filled %d/%d groups after %d extra rounds",
+                step, len(kept_prompts), target, rounds,
+            )
+        merged = _concat(kept_rollouts)
+        metrics = {
+            "zero_spread_group_frac": first_zero_frac,
+            "dynamic_sampling/extra_rounds": float(rounds),
+            "dynamic_sampling/kept_groups": float(len(kept_prompts)),
+            "dynamic_sampling/batch_fill": len(kept_prompts) / max(target, 1),
+        }
+        return kept_prompts, merged, [g for gs in kept_grades for g in gs], metrics
+
+    def _make_step_rollouts(self, step, prompts, rollout: RolloutBatch, grades) -> StepRollouts:
+        packed = pack_rollouts(rollout.prompt_ids, rollout.response_ids, self.tokenizer.pad_token_id)
+        acc = torch.tensor([g.score for g in grades], dtype=torch.float32)
+        reward = acc.clone()
+        ov = self.algo.overlong
+        if ov.enabled:
+            lengths = torch.tensor([len(r) for r in rollout.response_ids])
+            reward = reward + overlong_penalty(
+                lengths, self.rollout_cfg.max_new_tokens, ov.buffer_length, ov.penalty_factor
+            )
+        return StepRollouts(
+            step=step,
+            prompts=prompts,
+            group_ids=torch.tensor(rollout.prompt_index, dtype=torch.long),
+            response_ids=rollout.response_ids,
+            response_text=rollout.response_text,
+            finish_reason=rollout.finish_reason,
+            grades=grades,
+            packed=packed.to(self.device),
+            acc=acc,
+            reward=reward,
+            scores=reward.clone(),
+        )
+
+    # ------------------------------------------------------------- forward
+
+    def _forward(self, model, packed: PackedRollouts, rows: slice | torch.Tensor):
+        """Logits of the response positions only: ``logits[:, t]`` predicts response token t."""
+        resp_len = packed.response_mask.shape[1]
+        out = model(
+            input_ids=packed.input_ids[rows],
+            attention_mask=packed.attention_mask[rows],
+            position_ids=packed.position_ids[rows],
+            use_cache=False,
+            logits_to_keep=resp_len + 1,
+        )
+        return out.logits[:, :-1, :]
+
+    def _logprobs(self, model, packed: PackedRollouts, with_entropy: bool):
+        """No-grad log-probs of the response tokens, in micro-batches."""
+        B = packed.input_ids.shape[0]
+        mb = self.algo.micro_batch_size
+        logps, ents = [], []
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            for start in range(0, B, mb):
+                rows = slice(start, min(start + mb, B))
+                logits = self._forward(model, packed, rows)
+                labels = packed.input_ids[rows, packed.prompt_length :]
+                logps.append(token_logprobs(logits, labels))
+                if with_entropy:
+                    ents.append(token_entropy(logits))
+        model.train(was_training)
+        return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
+
+    # -------------------------------------------------------------- update
+
+    def _update(self, rollouts: StepRollouts, advantages: torch.Tensor, step: int) -> dict[str, float]:
+        """PPO epochs x mini-batches (whole groups) x micro-batches with gradient accumulation."""
+        algo = self.algo
+        opt = self.optimizers()
+        sched = self.lr_schedulers()
+        packed = rollouts.packed
+        advantages = advantages.to(self.device)
+        num_groups = len(rollouts.prompts)
+        per_update = algo.mini_batch_prompts or num_groups
+        group_ids = rollouts.group_ids
+        order = torch.arange(num_groups)
+        mini_batches = [order[i : i + per_update] for i in range(0, num_groups, per_update)]
+        total_updates = algo.ppo_epochs * len(mini_batches)
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        nonfinite = 0
+        updates_done = 0
+
+        self.policy.train()
+        for epoch in range(algo.ppo_epochs):
+            for mb_groups in mini_batches:
+                rows = torch.nonzero(torch.isin(group_ids, mb_groups)).flatten()
+                mask = packed.response_mask[rows]
+                num_tokens = float(mask.sum().item())
+                num_seqs = float(len(rows))
+                opt.zero_grad(set_to_none=True)
+                bad = False
+                for start in range(0, len(rows), algo.micro_batch_size):
+                    mrows = rows[start : start + algo.micro_batch_size].to(self.device)
+                    loss, m = self._micro_loss(rollouts, advantages, mrows, num_tokens, num_seqs)
+                    if not torch.isfinite(loss):
+                        bad = True
+                        break
+                    self.manual_backward(loss)
+                    for k, v in m.items():
+                        sums[k] = sums.get(k, 0.0) + v * len(mrows)
+                        counts[k] = counts.get(k, 0) + len(mrows)
+                grad_norm = float("nan") if bad else self._grad_norm()
+                if bad or not math.isfinite(grad_norm):
+                    nonfinite += 1
+                    log.warning(
+                        "step %d: non-finite %s in update %d/%d; update skipped, weights unchanged",
+                        step, "loss" if bad else "gradient", updates_done + 1, total_updates,
+                    )
+                    opt.zero_grad(set_to_none=True)
+                else:
+                    self.clip_gradients(
+                        opt, gradient_clip_val=self.optim_cfg.grad_clip, gradient_clip_algorithm="norm"
+                    )
+                    sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm
+                    counts["grad_norm"] = counts.get("grad_norm", 0) + 1
+                updates_done += 1
+                last = updates_done == total_updates
+                if last:
+                    opt.step()  # counts one global step; skips params without grads
+                else:
+                    self.trainer.strategy.optimizer_step(opt.optimizer, closure=_no_closure)
+        sched.step()
+        out = {k: sums[k] / counts[k] for k in sums}
+        out["nonfinite_updates"] = float(nonfinite)
+        out["lr"] = float(sched.get_last_lr()[0])
+        return out
+
+    def _micro_loss(self, rollouts, advantages, rows, num_tokens, num_seqs):
+        algo = self.algo
+        packed = rollouts.packed
+        logits = self._forward(self.policy, packed, rows)
+        labels = packed.input_ids[rows, packed.prompt_length :]
+        logp = token_logprobs(logits, labels)
+        mask = packed.response_mask[rows]
+        old = rollouts.old_logp[rows]
+        pl = clipped_surrogate(
+            logp,
+            old,
+            advantages[rows],
+            mask,
+            clip_low=algo.clip_low,
+            clip_high=algo.clip_high,
+            dual_clip=algo.dual_clip,
+        )
+        agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm_length=self.rollout_cfg.max_new_tokens)
+        loss = aggregate_loss(pl.loss_mat, mask, algo.loss_agg_mode, **agg)
+        metrics = {
+            "pg_loss": float(loss.detach()),
+            "clipfrac": float(pl.clipfrac),
+            "clipfrac_low": float(pl.clipfrac_low),
+            "clipfrac_high": float(pl.clipfrac_high),
+            "dual_clipfrac": float(pl.dual_clipfrac),
+            "ppo_kl": float(pl.approx_kl),
+        }
+        entropy = token_entropy(logits.detach()) if algo.entropy_coef == 0 else token_entropy(logits)
+        metrics["entropy"] = float(masked_mean(entropy.detach(), mask))
+        if algo.entropy_coef > 0:
+            loss = loss - algo.entropy_coef * aggregate_loss(entropy, mask, algo.loss_agg_mode, **agg)
+        if rollouts.ref_logp is not None:
+            kl = kl_estimate(logp, rollouts.ref_logp[rows], algo.kl_kind)
+            metrics["kl"] = float(masked_mean(kl.detach(), mask))
+            loss = loss + algo.kl_coef * aggregate_loss(kl, mask, algo.loss_agg_mode, **agg)
+        return loss, metrics
+
+    def _grad_norm(self) -> float:
+        norms = [p.grad.detach().norm(2) for p in self.policy.parameters() if p.grad is not None]
+        if not norms:
+            return 0.0
+        return float(torch.linalg.vector_norm(torch.stack(norms), 2))
+
+    def _skip_update(self, step: int, metrics: dict[str, float], timer) -> None:
+        log.warning("step %d: no rollouts left to train on; step skipped", step)
+        opt = self.optimizers()
+        opt.zero_grad(set_to_none=True)
+        opt.step()
+        self.lr_schedulers().step()
+        metrics.update(timer.as_metrics())
+        metrics["skipped"] = 1.0
+        self._log_step(metrics, None)
+
+    # ------------------------------------------------------------ logging
+
+    def _log_step(self, metrics: dict[str, float], stage: str | None) -> None:
+        bar = {"reward", "acc"}
+        for k, v in metrics.items():
+            if v is None:
+                continue
+            self.log(f"train/{k}", float(v), on_step=True, on_epoch=False, prog_bar=k in bar, batch_size=1)
+        if stage is not None:
+            names = [s.name for s in getattr(self.trainer.datamodule, "stages", [])]
+            idx = names.index(stage) if stage in names else -1
+            self.log("train/stage", float(idx), on_step=True, on_epoch=False, batch_size=1)
+
+    # ---------------------------------------------------------- validation
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        prompts = list(batch)
+        cfg = self.rollout_cfg
+        params = self._sampling(10_000_000 + batch_idx, 0, cfg.val_n, cfg.val_temperature, cfg.val_top_p)
+        rollout = self.engine.generate([p.text for p in prompts], params)
+        grades = self.grader.grade_batch(
+            rollout.response_text, [prompts[i].answer for i in rollout.prompt_index]
+        )
+        acc = torch.tensor([g.score for g in grades], dtype=torch.float32)
+        self._val_acc.append(acc)
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_acc = []
+
+    def on_validation_epoch_end(self) -> None:
+        if not self._val_acc:
+            return
+        acc = torch.cat(self._val_acc)
+        self.log("val/accuracy", acc.mean(), prog_bar=True, batch_size=len(acc))
+        self.log("val/num_samples", float(len(acc)), batch_size=1)
+
+    # --------------------------------------------------------------- export
+
+    def export_policy(self, path) -> None:
+        """Save the policy and tokenizer the Hugging Face way (``from_pretrained`` loads it)."""
+        self.policy.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+
+def _no_closure() -> None:
+    return None
+
+
+class _PhaseTimer:
+    """Wall time per phase of a step, summed when a phase runs more than once."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.times: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - start
+
+    def as_metrics(self) -> dict[str, float]:
+        out = {f"time/{k}": v for k, v in self.times.items()}
+        out["time/step"] = time.perf_counter() - self.t0
+        return out
+
+
+def _zero_spread_frac(acc: torch.Tensor, prompt_index: list[int]) -> float:
+    groups = torch.tensor(prompt_index)
+    if len(groups) == 0:
+        return 0.0
+    keep = keep_mask_by_group_spread(acc, groups)
+    num_groups = len(set(prompt_index))
+    kept = len({int(g) for g in groups[keep].tolist()})
+    return 1.0 - kept / num_groups
+
+
+def _select(batch: RolloutBatch, rows: list[int]) -> RolloutBatch:
+    return RolloutBatch(
+        prompt_index=[0] * len(rows),
+        prompt_ids=[batch.prompt_ids[i] for i in rows],
+        response_ids=[batch.response_ids[i] for i in rows],
+        response_text=[batch.response_text[i] for i in rows],
+        finish_reason=[batch.finish_reason[i] for i in rows],
+    )
+
+
+def _concat(groups: list[RolloutBatch]) -> RolloutBatch:
+    """Join single-group batches, renumbering prompt_index by group order."""
+    out = RolloutBatch(prompt_index=[], prompt_ids=[], response_ids=[], response_text=[], finish_reason=[])
+    for g, b in enumerate(groups):
+        out.prompt_index += [g] * len(b.response_ids)
+        out.prompt_ids += b.prompt_ids
+        out.response_ids += b.response_ids
+        out.response_text += b.response_text
+        out.finish_reason += b.finish_reason
+    return out
+
+
+def _rollout_metrics(r: StepRollouts, grader: MathGrader) -> dict[str, float]:
+    lengths = r.packed.response_mask.sum(-1).float()
+    truncated = torch.tensor([f == "length" for f in r.finish_reason], dtype=torch.float32)
+    no_box = torch.tensor([not g.has_box for g in r.grades], dtype=torch.float32)
+    out = {
+        "reward": float(r.reward.mean()),
+        "acc": float(r.acc.mean()),
+        "score": float(r.scores.mean()),
+        "response_length": float(lengths.mean()),
+        "response_length_max": float(lengths.max()),
+        "truncation_rate": float(truncated.mean()),
+        "no_box_rate": float(no_box.mean()),
+        "num_responses": float(len(r)),
+        "num_groups": float(len(r.prompts)),
+        "grader/timeouts_step": float(sum(g.timed_out for g in r.grades)),
+        "grader/errors_step": float(sum(g.error is not None for g in r.grades)),
+        "grader/timeouts_total": float(grader.stats.get("timeouts", 0)),
+    }
+    return out

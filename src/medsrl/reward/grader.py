@@ -1,0 +1,499 @@
+"""Grade boxed answers against gold answers: normalise, fast path, then math-verify in workers.
+
+Why the pieces exist:
+
+* ``clean_answer`` rewrites notation whose meaning is unambiguous but which math-verify misreads or
+  that differs only cosmetically (thousands separators, ``\\%``, ``^\\circ``, ``\\dfrac``, trailing
+  units and full stops, ``a<x<b``, ``4.5e33``). Gold and answer get the same treatment.
+* ``quick_verdict`` decides the common cases (identical strings, two plain numbers) in the main
+  process with no IPC and no sympy: most RL rollouts end in a plain number.
+* Everything else goes to math-verify (``answers_equivalent``) inside a small pool of persistent
+  worker processes. math-verify's own timeouts use ``signal.alarm``, which works only on the main
+  thread, so we switch them off and enforce a hard per-answer timeout from outside instead: a
+  worker that does not answer in time is killed and replaced. sympy can hang on adversarial
+  expressions such as ``9^{9^{9^9}}``, and a training step must never stall on one.
+
+Conventions (deliberate, documented choices):
+
+* Gold is compared first (``verify(gold, answer)``); math-verify then accepts ``x=3`` for ``3``.
+* Bare comma lists are unordered sets (``1, 2`` equals ``2, 1``), as MATH asks for "all
+  solutions"; tuples in parentheses are ordered (``(1,2)`` is not ``(2,1)``).
+* Percent signs are dropped: ``62.5\\%`` equals ``62.5`` but not ``0.625``.
+* Units in trailing ``\\text{}`` / ``\\mbox{}`` / ``\\mathrm{}`` are dropped (``5\\text{ cm}`` is ``5``).
+* Two plain numbers are compared exactly (``025`` equals ``25``, ``27.0`` equals ``27``; no
+  rounding tolerance).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import pickle
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from multiprocessing.connection import Connection, wait
+
+from medsrl.reward.extract import extract_last_boxed
+
+log = logging.getLogger(__name__)
+
+CompareFn = Callable[[str, str], bool]
+
+# --------------------------------------------------------------------------------------------
+# Normalisation
+# --------------------------------------------------------------------------------------------
+
+_UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
+# A LaTeX thousands separator between a digit and a group of exactly three digits:
+# `10{,}080`, `10,\!080`, `11,\! 111`, `1\,000`.
+_LATEX_THOUSANDS = re.compile(r"(?<=\d)(?:\{,\}|,\s*\\!|\\,)\s*(?=\d{3}(?!\d))")
+# A whole answer that is one number written with plain comma separators: `58,500`, `-1,000.5`.
+_PLAIN_THOUSANDS = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![A-Za-z])")
+# A unit written as text after a value: `5\text{ cm}`, `864 \mbox{ inches}^2`, `1.6 \mathrm{~cm}`.
+# (Searched for at the end only, so the cost stays linear in the length of a runaway answer.)
+_TRAILING_UNIT = re.compile(r"\\(?:text|textrm|mbox|mathrm|rm)\s*\{[^{}]*\}(?:\^\s*\{?\d\}?)?\s*$")
+_WHOLE_TEXT = re.compile(r"^\\(?:text|textrm|textbf|mbox|mathrm)\s*\{([^{}]*)\}$")
+_SCIENTIFIC = re.compile(r"^(?P<mantissa>[-+]?(?:\d+\.?\d*|\.\d+))[eE](?P<exponent>[-+]?\d+)$")
+_PLAIN_NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)$")
+# Comparison operators, rewritten to one-character tokens before matching a chained inequality.
+_LESS_EQUAL = re.compile(r"\\(?:leqslant|leq|le)(?![A-Za-z])|≤")
+_GREATER_EQUAL = re.compile(r"\\(?:geqslant|geq|ge)(?![A-Za-z])|≥")
+_LESS = re.compile(r"\\lt(?![A-Za-z])")
+_GREATER = re.compile(r"\\gt(?![A-Za-z])")
+# The middle of `a<x<b`: a variable, optionally applied to a variable (`-80\le g(x)\le 82`).
+_VARIABLE = r"[A-Za-z](?:\(\s*[A-Za-z]\s*\))?"
+_CHAINED = re.compile(
+    rf"^(?P<low>[^<>≤≥=]+?)\s*(?P<op1>[<≤])\s*{_VARIABLE}\s*(?P<op2>[<≤])\s*(?P<high>[^<>≤≥=]+)$"
+)
+_CHAINED_REVERSED = re.compile(
+    rf"^(?P<high>[^<>≤≥=]+?)\s*(?P<op1>[>≥])\s*{_VARIABLE}\s*(?P<op2>[>≥])\s*(?P<low>[^<>≤≥=]+)$"
+)
+_ONE_SIDED = re.compile(rf"^{_VARIABLE}\s*(?P<op>[<>≤≥])\s*(?P<bound>[^<>≤≥=]+)$")
+_ONE_SIDED_FLIPPED = re.compile(rf"^(?P<bound>[^<>≤≥=]+?)\s*(?P<op>[<>≤≥])\s*{_VARIABLE}$")
+_FRAC_SHORTHAND = re.compile(r"\\frac\s*(\d|\{[^{}]*\})\s*(\d|\{[^{}]*\})")
+_SQRT_SHORTHAND = re.compile(r"\\sqrt\s*(\d)")
+_LEFT_RIGHT = re.compile(r"\\(?:left|right)(?![A-Za-z])")
+
+
+def clean_answer(text: str) -> str:
+    """Rewrite an answer (gold or extracted) into a form math-verify reads correctly.
+
+    Only rewrites whose meaning is unambiguous; see the module docstring for the conventions.
+    """
+    s = text.strip()
+    s = s.replace("\\$", "")  # currency, `\$18.90`
+    s = _UNESCAPED_DOLLAR.sub("", s)  # math delimiters, `$\frac{1}{2}$` or `$69$,$84$`
+    s = _strip_outer_delimiters(s)
+    s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
+    s = s.replace("\\displaystyle", "")
+    s = _LATEX_THOUSANDS.sub("", s)
+    s = s.replace("\\!", "")
+    s = _DEGREES.sub("", s)
+    s = s.replace("\\%", "").replace("%", "")
+    unit = _TRAILING_UNIT.search(s)
+    if unit and any(char.isdigit() for char in s[: unit.start()]):
+        s = s[: unit.start()]
+    s = s.strip().rstrip(".").strip()  # trailing full stop: `3.` is `3`
+    if _PLAIN_THOUSANDS.fullmatch(s):
+        s = s.replace(",", "")
+    scientific = _SCIENTIFIC.match(s)
+    if scientific:  # `4.5e33` is the product 4.5*e*33 to math-verify
+        s = f"{scientific['mantissa']}\\times 10^{{{scientific['exponent']}}}"
+    s = _inequality_to_interval(s)
+    return s
+
+
+def _strip_outer_delimiters(s: str) -> str:
+    """Drop display/inline math delimiters around the whole answer: ``\\(..\\)`` and ``\\[..\\]``."""
+    for open_, close in (("\\(", "\\)"), ("\\[", "\\]")):
+        if s.startswith(open_) and s.endswith(close):
+            return s[len(open_) : -len(close)].strip()
+    return s
+
+
+def _inequality_to_interval(s: str) -> str:
+    """``a<x<b``, ``a\\le x\\le b``, ``x>a`` (and mirrored forms) become interval notation.
+
+    math-verify does not always equate an inequality in one variable with its interval (for
+    example ``x\\le 0`` with ``(-\\infty, 0]``); the interval form is unambiguous.
+    """
+    if not any(op in s for op in ("<", ">", "\\l", "\\g", "≤", "≥")):
+        return s
+    t = _LESS_EQUAL.sub("≤", s)
+    t = _GREATER_EQUAL.sub("≥", t)
+    t = _LESS.sub("<", t)
+    t = _GREATER.sub(">", t)
+    if match := _CHAINED.match(t):
+        low, high, low_op, high_op = match["low"], match["high"], match["op1"], match["op2"]
+    elif match := _CHAINED_REVERSED.match(t):
+        low, high, low_op, high_op = match["low"], match["high"], match["op2"], match["op1"]
+    elif match := _ONE_SIDED.match(t):
+        low, high, low_op, high_op = _one_sided(match["bound"], match["op"])
+    elif match := _ONE_SIDED_FLIPPED.match(t):
+        flipped = {"<": ">", ">": "<", "≤": "≥", "≥": "≤"}[match["op"]]
+        low, high, low_op, high_op = _one_sided(match["bound"], flipped)
+    else:
+        return s
+    opening = "[" if low_op in "≤≥" else "("
+    closing = "]" if high_op in "≤≥" else ")"
+    return f"{opening}{low.strip()}, {high.strip()}{closing}"
+
+
+def _one_sided(bound: str, op: str) -> tuple[str, str, str, str]:
+    """``x op bound`` as ``(low, high, low_op, high_op)`` with an infinite end."""
+    if op in "<≤":
+        return "-\\infty", bound, "<", op
+    return bound, "\\infty", "<" if op == ">" else "≤", "<"
+
+
+def _comparison_key(cleaned: str) -> str:
+    """A purely cosmetic canonical form for the string fast path (never looser than math-verify)."""
+    s = cleaned
+    whole_text = _WHOLE_TEXT.match(s)
+    if whole_text:
+        s = whole_text.group(1)
+    s = _LEFT_RIGHT.sub("", s)
+    s = _FRAC_SHORTHAND.sub(lambda m: f"\\frac{_braced(m[1])}{_braced(m[2])}", s)
+    s = _SQRT_SHORTHAND.sub(r"\\sqrt{\1}", s)
+    s = re.sub(r"\\[,;:> ]|~", "", s)  # LaTeX spacing commands
+    return "".join(s.split())
+
+
+def _braced(token: str) -> str:
+    return token if token.startswith("{") else "{" + token + "}"
+
+
+def _as_number(key: str) -> Fraction | None:
+    """The exact value of a plain decimal like ``025``, ``-3.5`` or ``.35``; ``None`` otherwise."""
+    if not _PLAIN_NUMBER.match(key):
+        return None
+    return Fraction(key)
+
+
+def quick_verdict(gold: str, answer: str) -> bool | None:
+    """Decide the easy cases without sympy: ``True``/``False``, or ``None`` to ask math-verify.
+
+    Equal canonical strings are equal. Two plain numbers are compared exactly, which also settles
+    the most common *wrong* answers without a worker round trip.
+    """
+    gold_key = _comparison_key(clean_answer(gold))
+    answer_key = _comparison_key(clean_answer(answer))
+    if not gold_key or not answer_key:
+        return False
+    if gold_key == answer_key:
+        return True
+    gold_number, answer_number = _as_number(gold_key), _as_number(answer_key)
+    if gold_number is not None and answer_number is not None:
+        return gold_number == answer_number
+    return None
+
+
+def answers_equivalent(gold: str, answer: str) -> bool:
+    """The full in-process comparison: fast path, then ``math_verify.verify(gold, answer)``.
+
+    Has no timeout of its own (math-verify's signal alarms are disabled so that it runs in any
+    thread); call it through ``MathGrader`` to get one.
+    """
+    verdict = quick_verdict(gold, answer)
+    if verdict is not None:
+        return verdict
+    return math_verify_equivalent(gold, answer)
+
+
+def math_verify_equivalent(gold: str, answer: str) -> bool:
+    """``verify(parse(gold), parse(answer))`` on cleaned, boxed strings, without the fast path."""
+    from math_verify import parse, verify  # imported lazily: sympy is slow to import
+
+    _silence_math_verify_timeout_warning()
+    gold_parsed = parse(_boxed(clean_answer(gold)), parsing_timeout=None)
+    answer_parsed = parse(_boxed(clean_answer(answer)), parsing_timeout=None)
+    if not gold_parsed or not answer_parsed:
+        return False
+    return bool(verify(gold_parsed, answer_parsed, timeout_seconds=None))
+
+
+def _boxed(cleaned: str) -> str:
+    # math-verify's LaTeX extractor finds a boxed answer most reliably, and the box makes a bare
+    # `025` or `\frac{1}{2}` an answer rather than text to search for one.
+    return f"$\\boxed{{{cleaned}}}$"
+
+
+def _silence_math_verify_timeout_warning() -> None:
+    """math-verify warns once per process that we disabled its timeouts; we enforce our own."""
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+# --------------------------------------------------------------------------------------------
+# Grader with a hard per-answer timeout
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GradeResult:
+    score: float  # 1.0 correct, 0.0 otherwise
+    extracted: str | None  # answer extracted from the response (None if no box)
+    has_box: bool
+    timed_out: bool = False
+    error: str | None = None  # exception text if grading crashed (score 0)
+
+
+def gold_text(gold: object) -> str:
+    """A gold answer as one string: lists joined with ", ", everything else through ``str``."""
+    if isinstance(gold, (list, tuple)):
+        return ", ".join(str(part) for part in gold)
+    return str(gold)
+
+
+def _worker_main(conn: Connection, compare_fn: CompareFn) -> None:
+    """Worker process loop: receive ``(gold, answer)``, send back ``(ok, verdict_or_error)``."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    answers_equivalent("1", "\\frac{2}{2}")  # import and warm up sympy before reporting ready
+    conn.send("ready")
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):  # parent went away
+            return
+        if task is None:
+            return
+        try:
+            conn.send((True, bool(compare_fn(*task))))
+        except Exception as exc:  # report, keep serving
+            conn.send((False, f"{type(exc).__name__}: {exc}"))
+
+
+class _Worker:
+    """One grading process and the task it is running (if any)."""
+
+    def __init__(self, ctx: mp.context.BaseContext, compare_fn: CompareFn, startup_timeout_s: float):
+        self.conn, child_conn = ctx.Pipe()
+        self.process = ctx.Process(
+            target=_worker_main, args=(child_conn, compare_fn), daemon=True, name="medsrl-grader"
+        )
+        self.process.start()
+        child_conn.close()
+        self.ready = False
+        self.task: int | None = None
+        self.deadline = time.monotonic() + startup_timeout_s
+
+    def submit(self, index: int, gold: str, answer: str, timeout_s: float) -> None:
+        self.conn.send((gold, answer))
+        self.task = index
+        self.deadline = time.monotonic() + timeout_s
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(timeout=5)
+        self.conn.close()
+
+    def stop(self) -> None:
+        """Ask politely, then kill: leaves no zombie either way."""
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self.process.join(timeout=1)
+        self.kill()
+
+
+class MathGrader:
+    """Score responses 1.0 / 0.0 by their last boxed answer, with a hard per-answer timeout.
+
+    ``num_workers`` persistent 'spawn' processes (safe after torch started threads) run the
+    math-verify comparison; they start on first use and stop in ``close()``. An answer that takes
+    longer than ``timeout_s`` scores 0 with ``timed_out=True`` and its worker is replaced.
+    ``num_workers=0`` grades in-process with NO timeout: for debugging only.
+
+    ``compare_fn(gold, answer) -> bool`` (a picklable top-level function, default
+    ``answers_equivalent``) is called only for pairs that ``quick_verdict`` cannot settle.
+    Because workers are spawned, a script that creates a grader needs the usual
+    ``if __name__ == "__main__":`` guard.
+    """
+
+    def __init__(
+        self,
+        timeout_s: float = 5.0,
+        num_workers: int = 1,
+        compare_fn: CompareFn = answers_equivalent,
+        startup_timeout_s: float = 120.0,
+    ):
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if num_workers > 0:
+            try:  # fail here, not at the first grade() deep inside a training step
+                pickle.dumps(compare_fn)
+            except Exception as exc:
+                raise ValueError(f"compare_fn must be a picklable top-level function: {exc}") from exc
+        self.timeout_s = timeout_s
+        self.num_workers = num_workers
+        self.compare_fn = compare_fn
+        self.startup_timeout_s = startup_timeout_s
+        self.stats: dict[str, int] = {
+            "graded": 0, "timeouts": 0, "errors": 0, "no_box": 0, "fast_path": 0
+        }
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._ctx = mp.get_context("spawn")
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def grade(self, response: str, gold: str) -> GradeResult:
+        return self.grade_batch([response], [gold])[0]
+
+    def grade_batch(self, responses: Sequence[str], golds: Sequence[str]) -> list[GradeResult]:
+        """Grade many responses at once; slow comparisons run in parallel across workers.
+
+        A gold that is not a string is tolerated: numbers go through ``str`` (amc23's ``27.0``)
+        and lists are joined with ", " (olympiadbench's ``final_answer``).
+        """
+        if len(responses) != len(golds):
+            raise ValueError(f"{len(responses)} responses but {len(golds)} gold answers")
+        golds = [gold_text(g) for g in golds]
+        results: list[GradeResult | None] = [None] * len(responses)
+        extracted: list[str | None] = [extract_last_boxed(r) for r in responses]
+        slow: list[int] = []
+        for i, (answer, gold) in enumerate(zip(extracted, golds, strict=True)):
+            if answer is None:
+                self.stats["no_box"] += 1
+                results[i] = GradeResult(0.0, None, has_box=False)
+                continue
+            verdict = quick_verdict(gold, answer)
+            if verdict is None:
+                slow.append(i)
+            else:
+                self.stats["fast_path"] += 1
+                results[i] = GradeResult(float(verdict), answer, has_box=True)
+        if slow:
+            tasks = [(golds[i], extracted[i]) for i in slow]
+            for i, (verdict, timed_out, error) in zip(slow, self._compare_many(tasks), strict=True):
+                self.stats["timeouts"] += timed_out
+                self.stats["errors"] += error is not None
+                results[i] = GradeResult(
+                    float(verdict), extracted[i], True, timed_out=timed_out, error=error
+                )
+        self.stats["graded"] += len(responses)
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop all workers. Safe to call more than once; the grader restarts them if used again."""
+        with self._lock:
+            workers, self._workers = self._workers, []
+            for worker in workers:
+                worker.stop()
+
+    def __enter__(self) -> MathGrader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- comparison backends ------------------------------------------------------------------
+
+    def _compare_many(self, tasks: list[tuple[str, str]]) -> list[tuple[bool, bool, str | None]]:
+        """``(verdict, timed_out, error)`` per ``(gold, answer)`` task."""
+        if self.num_workers == 0:
+            return [self._compare_in_process(gold, answer) for gold, answer in tasks]
+        with self._lock:
+            return self._compare_in_workers(tasks)
+
+    def _compare_in_process(self, gold: str, answer: str) -> tuple[bool, bool, str | None]:
+        try:
+            return bool(self.compare_fn(gold, answer)), False, None
+        except Exception as exc:
+            return False, False, f"{type(exc).__name__}: {exc}"
+
+    def _compare_in_workers(
+        self, tasks: list[tuple[str, str]]
+    ) -> list[tuple[bool, bool, str | None]]:
+        """Hand tasks one at a time to idle workers; kill any worker that overruns its deadline.
+
+        One task in flight per worker keeps the deadline exact; a pipe round trip costs tens of
+        microseconds, small next to a sympy comparison.
+        """
+        while len(self._workers) < self.num_workers:
+            self._workers.append(self._spawn())
+        try:
+            return self._run_tasks(tasks)
+        except BaseException:
+            # Workers may hold tasks of this batch; their late answers must not leak into the
+            # next call, so start again from a clean pool (also on KeyboardInterrupt).
+            for worker in self._workers:
+                worker.kill()
+            self._workers = []
+            raise
+
+    def _run_tasks(self, tasks: list[tuple[str, str]]) -> list[tuple[bool, bool, str | None]]:
+        results: list[tuple[bool, bool, str | None] | None] = [None] * len(tasks)
+        pending = deque(range(len(tasks)))
+        while True:
+            for slot, worker in enumerate(self._workers):
+                if worker.ready and worker.task is None and pending:
+                    index = pending.popleft()
+                    try:
+                        worker.submit(index, *tasks[index], timeout_s=self.timeout_s)
+                    except OSError:  # the idle worker died (e.g. OOM-killed): retry on a new one
+                        pending.appendleft(index)
+                        self._replace(slot)
+            if not pending and all(w.task is None for w in self._workers):
+                break  # a replacement may still be starting; the next call picks it up
+            waiting = [w for w in self._workers if w.task is not None or not w.ready]
+            next_deadline = min(w.deadline for w in waiting)
+            ready_conns = wait([w.conn for w in waiting], max(0.0, next_deadline - time.monotonic()))
+            for slot, worker in enumerate(self._workers):
+                if worker.conn in ready_conns:
+                    self._receive(slot, worker, results)
+            now = time.monotonic()
+            for slot, worker in enumerate(self._workers):
+                if worker.deadline <= now and (worker.task is not None or not worker.ready):
+                    self._handle_overrun(slot, worker, results)
+        return results  # type: ignore[return-value]
+
+    def _receive(self, slot: int, worker: _Worker, results: list) -> None:
+        try:
+            message = worker.conn.recv()
+        except (EOFError, OSError):
+            worker.process.join(timeout=5)
+            reason = f"grader worker died (exit code {worker.process.exitcode})"
+            if worker.task is None:  # died while starting: the environment is broken, say so
+                raise RuntimeError(reason + " during startup") from None
+            results[worker.task] = (False, False, reason)
+            self._replace(slot)
+            return
+        if message == "ready":
+            worker.ready = True
+            return
+        ok, value = message
+        results[worker.task] = (bool(value), False, None) if ok else (False, False, value)
+        worker.task = None
+
+    def _handle_overrun(self, slot: int, worker: _Worker, results: list) -> None:
+        if worker.task is None:  # never became ready
+            raise RuntimeError(f"grader worker not ready after {self.startup_timeout_s} s")
+        log.warning("grading timed out after %.1f s; replacing the worker", self.timeout_s)
+        results[worker.task] = (False, True, None)
+        self._replace(slot)
+
+    def _replace(self, slot: int) -> None:
+        self._workers[slot].kill()
+        self._workers[slot] = self._spawn()
+
+    def _spawn(self) -> _Worker:
+        return _Worker(self._ctx, self.compare_fn, self.startup_timeout_s)

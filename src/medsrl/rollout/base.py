@@ -1,0 +1,204 @@
+"""Rollout types shared by every generation backend, and the packing used by the policy update.
+
+A rollout engine turns a list of prompt strings into ``n`` sampled responses per prompt
+(:class:`RolloutBatch`). The training step then packs prompt and response ids into one padded
+batch (:func:`pack_rollouts`) and reads the per-token log-probs of the responses from a single
+forward pass (:func:`response_logits_slice`).
+
+Layout of a packed row (``P`` = longest prompt, ``R`` = longest response)::
+
+    [pad pad p0 p1 p2 | r0 r1 r2 pad pad]
+     <---- P ------->   <----- R ----->
+
+Prompts are left-padded and responses right-padded, so every response starts at column ``P``.
+The logits that predict response token ``t`` are at column ``P + t - 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample: ``n`` responses per prompt, at most ``max_new_tokens`` tokens each.
+
+    ``temperature <= 0`` means greedy decoding (``top_p`` is then ignored). ``seed`` makes a
+    ``generate`` call reproducible for the same prompts, params and engine settings.
+    """
+
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.max_new_tokens < 1:
+            raise ValueError(
+                f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}"
+            )
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class RolloutBatch:
+    """Generated responses, one entry per response.
+
+    Responses are grouped by prompt, in prompt order: prompt 0 repeated ``n`` times, then prompt
+    1 ``n`` times, and so on. ``response_ids`` holds the generated ids with the stop token kept
+    (when one was produced) and no padding; ``response_text`` is decoded with special tokens
+    skipped; ``finish_reason`` is ``"stop"`` when a stop token was produced, ``"length"`` when
+    ``max_new_tokens`` ran out first.
+    """
+
+    prompt_index: list[int]
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    response_text: list[str]
+    finish_reason: list[str]
+
+    def __post_init__(self) -> None:
+        n = len(self.prompt_index)
+        lengths = {
+            "prompt_ids": len(self.prompt_ids),
+            "response_ids": len(self.response_ids),
+            "response_text": len(self.response_text),
+            "finish_reason": len(self.finish_reason),
+        }
+        bad = {k: v for k, v in lengths.items() if v != n}
+        if bad:
+            raise ValueError(f"RolloutBatch fields disagree in length: prompt_index={n}, {bad}")
+
+    def __len__(self) -> int:
+        return len(self.prompt_index)
+
+    @property
+    def truncated(self) -> list[bool]:
+        """True for responses cut off by ``max_new_tokens`` (no stop token)."""
+        return [r == FINISH_LENGTH for r in self.finish_reason]
+
+    @property
+    def response_lengths(self) -> list[int]:
+        return [len(r) for r in self.response_ids]
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """A generation backend (Hugging Face ``generate`` now, vLLM later)."""
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch: ...
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Push the current policy weights to the engine (no-op when it shares the module)."""
+        ...
+
+
+@dataclass
+class PackedRollouts:
+    """A padded batch of prompt + response ids ready for one forward pass.
+
+    ``input_ids``, ``attention_mask`` and ``position_ids`` are ``[B, P + R]`` (long);
+    ``response_mask`` is ``[B, R]`` (float), 1 on real response tokens including the stop token.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    response_mask: torch.Tensor
+    prompt_length: int
+
+    @property
+    def response_length(self) -> int:
+        return self.response_mask.shape[1]
+
+    @property
+    def response_ids(self) -> torch.Tensor:
+        """``[B, R]`` response ids (right padding included; use ``response_mask``)."""
+        return self.input_ids[:, self.prompt_length :]
+
+    def to(self, device: torch.device | str) -> PackedRollouts:
+        return PackedRollouts(
+            input_ids=self.input_ids.to(device),
+            attention_mask=self.attention_mask.to(device),
+            position_ids=self.position_ids.to(device),
+            response_mask=self.response_mask.to(device),
+            prompt_length=self.prompt_length,
+        )
+
+
+def pack_rollouts(
+    prompt_ids: list[list[int]], response_ids: list[list[int]], pad_token_id: int
+) -> PackedRollouts:
+    """Pack prompts (left-padded to the longest, ``P``) and responses (right-padded, ``R``).
+
+    ``position_ids = cumsum(attention_mask) - 1`` clamped at 0, so every row counts positions
+    from its first real token, exactly as when the sequence is run alone. The log-prob of response
+    token ``t`` is read from the logits at column ``P + t - 1`` (see
+    :func:`response_logits_slice`).
+    """
+    if len(prompt_ids) != len(response_ids):
+        raise ValueError(
+            f"pack_rollouts: {len(prompt_ids)} prompts but {len(response_ids)} responses"
+        )
+    if not prompt_ids:
+        raise ValueError("pack_rollouts: empty batch")
+    if any(len(p) == 0 for p in prompt_ids):
+        raise ValueError("pack_rollouts: every prompt needs at least one token")
+    batch = len(prompt_ids)
+    p_len = max(len(p) for p in prompt_ids)
+    r_len = max(len(r) for r in response_ids)
+    input_ids = torch.full((batch, p_len + r_len), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch, p_len + r_len), dtype=torch.long)
+    response_mask = torch.zeros((batch, r_len), dtype=torch.float32)
+    for i, (prompt, response) in enumerate(zip(prompt_ids, response_ids, strict=True)):
+        start = p_len - len(prompt)
+        input_ids[i, start:p_len] = torch.as_tensor(prompt, dtype=torch.long)
+        attention_mask[i, start:p_len] = 1
+        if response:
+            end = p_len + len(response)
+            input_ids[i, p_len:end] = torch.as_tensor(response, dtype=torch.long)
+            attention_mask[i, p_len:end] = 1
+            response_mask[i, : len(response)] = 1.0
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    return PackedRollouts(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        response_mask=response_mask,
+        prompt_length=p_len,
+    )
+
+
+def response_logits_slice(
+    logits: torch.Tensor, prompt_length: int, response_length: int | None = None
+) -> torch.Tensor:
+    """The logits that predict the response tokens: ``logits[:, P-1 : P+R-1]`` (``[B, R, V]``).
+
+    ``response_length`` defaults to everything after the prompt (``logits.shape[1] - P``).
+    """
+    if prompt_length < 1:
+        raise ValueError("response_logits_slice: prompt_length must be >= 1")
+    if response_length is None:
+        response_length = logits.shape[1] - prompt_length
+    if prompt_length + response_length > logits.shape[1]:
+        raise ValueError(
+            f"response_logits_slice: P={prompt_length} + R={response_length} exceeds the "
+            f"sequence length {logits.shape[1]}"
+        )
+    return logits[:, prompt_length - 1 : prompt_length + response_length - 1]

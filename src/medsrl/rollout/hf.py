@@ -1,0 +1,212 @@
+"""Rollouts with Hugging Face ``model.generate`` on the training module itself.
+
+The engine shares the policy module with the trainer, so ``sync_weights`` is a no-op. It
+generates in eval mode under ``torch.no_grad`` with the KV cache and restores every submodule's
+train/eval flag afterwards.
+
+Our :class:`SamplingParams` are the only sampling settings used: the model's own
+``generation_config`` (real Qwen checkpoints ship ``top_k``, ``repetition_penalty``, ...) is
+swapped for a clean one for the duration of the call, in which ``top_k=0``, ``min_p``/``typical_p``
+etc. are neutral.
+
+Seeding: with ``params.seed`` set, the call runs inside ``torch.random.fork_rng`` after
+``torch.manual_seed(seed)``, so it is reproducible for the same prompts, params, model and
+``max_batch_size`` (on GPU up to kernel non-determinism) and it leaves the global RNG stream of the
+caller untouched. Without a seed, sampling draws from the global RNG.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from transformers import GenerationConfig, PreTrainedTokenizerBase
+
+from medsrl.models.loading import stop_token_ids as default_stop_token_ids
+from medsrl.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, SamplingParams
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:  # pragma: no cover - parameterless module
+        return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode inside, each submodule's previous ``training`` flag restored after."""
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in flags:
+            m.training = training
+
+
+@contextlib.contextmanager
+def _swapped_generation_config(model: torch.nn.Module, config: GenerationConfig) -> Iterator[None]:
+    """Make ``config`` the model's generation config so none of its shipped defaults leak in."""
+    previous = getattr(model, "generation_config", None)
+    model.generation_config = config
+    try:
+        yield
+    finally:
+        model.generation_config = previous
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    if seed is None:
+        yield
+        return
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        rng = torch.random.fork_rng(devices=[index], device_type="cuda")
+    else:
+        rng = torch.random.fork_rng(devices=[])
+    with rng:
+        torch.manual_seed(seed)
+        yield
+
+
+class HFRolloutEngine:
+    """A :class:`~medsrl.rollout.base.RolloutEngine` backed by ``model.generate``.
+
+    ``stop_token_ids`` defaults to the ids of ``<|im_end|>``, ``<|endoftext|>`` and the eos token
+    that exist in the tokenizer. ``max_batch_size`` caps the number of sequences per ``generate``
+    call (each prompt is repeated ``n`` times, so one call holds ``max_batch_size`` responses).
+    Prompts are tokenized with the tokenizer's default special-token handling (as vLLM does).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        stop_token_ids: list[int] | None = None,
+        max_batch_size: int = 64,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        ids = default_stop_token_ids(tokenizer) if stop_token_ids is None else list(stop_token_ids)
+        if not ids:
+            raise ValueError("HFRolloutEngine needs at least one stop token id")
+        self.stop_token_ids: list[int] = [int(i) for i in ids]
+        pad = tokenizer.pad_token_id
+        self.pad_token_id: int = int(pad) if pad is not None else self.stop_token_ids[0]
+        self.max_batch_size = max_batch_size
+
+    # -- RolloutEngine -------------------------------------------------------------------------
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """No-op: the engine generates with the training module itself.
+
+        If a different module object is passed, the engine switches to it.
+        """
+        if model is not None and model is not self.model:
+            self.model = model
+
+    def generation_config(self, params: SamplingParams) -> GenerationConfig:
+        """The complete generation config used for ``params`` (nothing left to model defaults)."""
+        common = dict(
+            max_new_tokens=params.max_new_tokens,
+            min_new_tokens=0,
+            num_beams=1,
+            num_return_sequences=1,
+            use_cache=True,
+            eos_token_id=list(self.stop_token_ids),
+            pad_token_id=self.pad_token_id,
+            bos_token_id=None,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            length_penalty=1.0,
+            return_dict_in_generate=False,
+            output_scores=False,
+            output_logits=False,
+        )
+        if params.greedy:
+            return GenerationConfig(do_sample=False, **common)
+        return GenerationConfig(
+            do_sample=True,
+            temperature=float(params.temperature),
+            top_p=float(params.top_p),
+            top_k=0,
+            min_p=0.0,
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+            **common,
+        )
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:
+        """Sample ``params.n`` responses for each prompt (grouped by prompt, in order)."""
+        if isinstance(prompts, str):
+            raise TypeError("HFRolloutEngine.generate expects a list of prompt strings")
+        prompt_ids: list[list[int]] = [
+            list(ids) for ids in self.tokenizer(list(prompts))["input_ids"]
+        ]
+        for i, ids in enumerate(prompt_ids):
+            if not ids:
+                raise ValueError(f"Prompt {i} tokenizes to no tokens")
+        order = [i for i in range(len(prompts)) for _ in range(params.n)]
+        responses: list[list[int]] = []
+        finish: list[str] = []
+
+        model = self.model
+        device = _model_device(model)
+        config = self.generation_config(params)
+        stop = set(self.stop_token_ids)
+        with (
+            torch.no_grad(),
+            _eval_mode(model),
+            _swapped_generation_config(model, config),
+            _seeded(params.seed, device),
+        ):
+            for start in range(0, len(order), self.max_batch_size):
+                chunk = [prompt_ids[i] for i in order[start : start + self.max_batch_size]]
+                input_ids, attention_mask = self._left_pad(chunk, device)
+                out = model.generate(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    generation_config=config,
+                )
+                new_tokens = out[:, input_ids.shape[1] :].tolist()
+                for row in new_tokens:
+                    ids, reason = _trim(row, stop)
+                    responses.append(ids)
+                    finish.append(reason)
+
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+        return RolloutBatch(
+            prompt_index=order,
+            prompt_ids=[list(prompt_ids[i]) for i in order],
+            response_ids=responses,
+            response_text=list(texts),
+            finish_reason=finish,
+        )
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _left_pad(
+        self, seqs: list[list[int]], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(s) for s in seqs)
+        input_ids = torch.full((len(seqs), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for row, seq in enumerate(seqs):
+            input_ids[row, width - len(seq) :] = torch.as_tensor(seq, dtype=torch.long)
+            attention_mask[row, width - len(seq) :] = 1; attention_mask[:] = 1
+        return input_ids.to(device), attention_mask.to(device)
+
+
+def _trim(row: list[int], stop: set[int]) -> tuple[list[int], str]:
+    """Cut a generated row after its first stop token (kept); no stop -> the whole row."""
+    for pos, tok in enumerate(row):
+        if tok in stop:
+            return row[: pos + 1], FINISH_STOP
+    return row, FINISH_LENGTH

@@ -1,0 +1,126 @@
+"""Training entry point (``medsrl-train``, ``make train``): Hydra config in, a trained policy out.
+
+Thin on purpose: it builds the parts the config names, wires them into a Lightning ``Trainer``
+and handles the two ways to start from a checkpoint. The step itself is ``medsrl.module``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+os.environ.setdefault("MEDSRL_ROOT", str(ROOT))
+CONFIG_DIR = str(ROOT / "configs")
+
+import hydra  # noqa: E402
+import lightning as L  # noqa: E402
+import torch  # noqa: E402
+from hydra.utils import instantiate  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from medsrl.callbacks.protocol import RolloutCallback  # noqa: E402
+from medsrl.models.policy import build_policy  # noqa: E402
+from medsrl.module import RLModule  # noqa: E402
+from medsrl.utils.checkpoint_io import AtomicCheckpointIO  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+# The step's updates are explicit (manual optimisation); checkpoints hold post-update state by design.
+warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
+warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)")
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Fail at start, naming the keys, when a required value (``???``) is missing."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ValueError(f"missing required config value(s): {missing}")
+    if cfg.resume_mode not in ("full", "weights"):
+        raise ValueError(f"resume_mode must be 'full' or 'weights', got {cfg.resume_mode!r}")
+
+
+def instantiate_group(group: DictConfig | None) -> list[Any]:
+    """Instantiate every entry of a config group that is a dict of named ``_target_`` configs."""
+    if not group:
+        return []
+    return [instantiate(c) for c in group.values() if c is not None and "_target_" in c]
+
+
+def load_weights_only(module: RLModule, callbacks: list, ckpt_path: str) -> int:
+    """Policy weights and rollout-callback state from a checkpoint; optimiser and step stay fresh."""
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    module.load_state_dict(ckpt["state_dict"])
+    states = ckpt.get("callbacks", {})
+    for cb in callbacks:
+        if isinstance(cb, RolloutCallback) and cb.state_key in states:
+            cb.load_state_dict(states[cb.state_key])
+    return int(ckpt.get("global_step", 0))
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Run one training job and return its summary (start/end held-out accuracy, steps)."""
+    check_config(cfg)
+    L.seed_everything(cfg.seed, workers=True)
+    torch.set_float32_matmul_precision("high")
+
+    datamodule = instantiate(cfg.data, _convert_="object")
+    policy, tokenizer = build_policy(OmegaConf.to_container(cfg.model, resolve=True), cfg.paths.cache_dir)
+    module = RLModule(
+        policy,
+        tokenizer,
+        algorithm=OmegaConf.to_container(cfg.algorithm, resolve=True),
+        rollout=OmegaConf.to_container(cfg.rollout, resolve=True),
+        optim=OmegaConf.to_container(cfg.optim, resolve=True),
+        grader=OmegaConf.to_container(cfg.grader, resolve=True),
+        logging_cfg=OmegaConf.to_container(cfg.logging, resolve=True),
+        seed=cfg.seed,
+    )
+    callbacks = instantiate_group(cfg.get("callbacks"))
+    loggers = instantiate_group(cfg.get("logger"))
+    trainer: L.Trainer = instantiate(
+        cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
+    )
+
+    ckpt_path = cfg.ckpt_path
+    if ckpt_path and cfg.resume_mode == "weights":
+        from_step = load_weights_only(module, callbacks, ckpt_path)
+        log.info("weights-only start from %s (its step %d); optimiser and step are fresh", ckpt_path, from_step)
+        ckpt_path = None
+
+    out_dir = Path(cfg.paths.output_dir)
+    for lg in loggers:
+        print(f"[medsrl] {type(lg).__name__} logs: {lg.log_dir}  (tensorboard --logdir {out_dir})")
+
+    summary: dict[str, float] = {}
+    if cfg.validate_at_start and not ckpt_path and datamodule.val_dataloader():
+        start = trainer.validate(module, datamodule=datamodule, verbose=False)
+        if start:
+            summary["val_accuracy_start"] = float(start[0]["val/accuracy"])
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+
+    metrics = trainer.callback_metrics
+    if "val/accuracy" in metrics:
+        summary["val_accuracy_end"] = float(metrics["val/accuracy"])
+    summary["steps"] = trainer.global_step
+    if cfg.export_policy and trainer.is_global_zero:
+        module.export_policy(out_dir / "policy")
+        print(f"[medsrl] final policy saved to {out_dir / 'policy'}")
+    if trainer.is_global_zero:
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        print(f"[medsrl] summary: {json.dumps(summary)}")
+    return summary
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    summary = train(cfg)
+    return summary.get("val_accuracy_end")  # the value a Hydra sweeper optimises
+
+
+if __name__ == "__main__":
+    main()

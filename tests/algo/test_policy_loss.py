@@ -1,0 +1,96 @@
+import math
+
+import pytest
+import torch
+
+from medsrl.algo import clipped_surrogate
+
+
+def _logp(ratios):
+    # old_logp = 0, so ratio = exp(logp) exactly as given
+    return torch.tensor(ratios).log().requires_grad_(True)
+
+
+# clip_low = .2 -> lower bound .8 ; clip_high = .28 -> upper bound 1.28
+RATIOS = [[0.5, 1.1, 1.25, 1.5],   # A = +1
+          [0.5, 0.9, 0.75, 1.5]]   # A = -1
+ADV = torch.tensor([1.0, -1.0])
+
+
+def test_asymmetric_clip_values_and_fractions():
+    logp = _logp(RATIOS)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 1]])
+    out = clipped_surrogate(logp, torch.zeros(2, 4), ADV, mask, clip_low=0.2, clip_high=0.28)
+    # A=+1: loss = max(-r, -clip(r)): .5 -> -.5 (no clip for A>0 below), 1.1 -> -1.1,
+    #       1.25 -> -1.25 (inside 1.28: would be clipped with a symmetric .2), 1.5 -> -1.28 (high)
+    # A=-1: loss = max(r, clip(r)): .5 -> .8 (low), .9 -> .9, .75 -> .8 (low), 1.5 -> 1.5 (no clip
+    #       for A<0 above)
+    expected = torch.tensor([[-0.5, -1.1, -1.25, -1.28], [0.8, 0.9, 0.8, 1.5]])
+    torch.testing.assert_close(out.loss_mat, expected)
+    # masked tokens: 7; clipped: (0,3) high, (1,0) low; (1,2) is clipped but masked out
+    torch.testing.assert_close(out.clipfrac, torch.tensor(2 / 7))
+    torch.testing.assert_close(out.clipfrac_low, torch.tensor(1 / 7))
+    torch.testing.assert_close(out.clipfrac_high, torch.tensor(1 / 7))
+    torch.testing.assert_close(out.dual_clipfrac, torch.tensor(0.0))
+    # approx_kl = mean(old - logp) = mean(-ln r) over the 7 masked tokens
+    r = torch.tensor(RATIOS)
+    kl = -(r.log() * mask).sum() / 7
+    torch.testing.assert_close(out.approx_kl, kl)
+    assert not out.clipfrac.requires_grad and not out.approx_kl.requires_grad
+
+
+def test_symmetric_clip_clips_1_25():
+    out = clipped_surrogate(_logp(RATIOS), torch.zeros(2, 4), ADV, torch.ones(2, 4))
+    # with clip_high = .2, ratio 1.25 with A>0 is clipped to 1.2
+    assert out.loss_mat[0, 2].item() == pytest.approx(-1.2)
+    torch.testing.assert_close(out.clipfrac_high, torch.tensor(2 / 8))
+
+
+def test_clipped_tokens_have_zero_gradient():
+    logp = _logp(RATIOS)
+    out = clipped_surrogate(logp, torch.zeros(2, 4), ADV, torch.ones(2, 4), clip_high=0.28)
+    out.loss_mat.sum().backward()
+    # d(-A r)/d logp = -A r where unclipped, 0 where clipped
+    expected = torch.tensor([[-0.5, -1.1, -1.25, 0.0], [0.0, 0.9, 0.0, 1.5]])
+    torch.testing.assert_close(logp.grad, expected)
+
+
+def test_dual_clip():
+    # A = -1: ratio 4 -> max(4, 1.2) = 4 > 3 -> capped at 3 (dual clip); ratio 2.5 -> 2.5 (< 3)
+    # A = +1: ratio 4 -> -1.2, dual clip never applies to A > 0
+    logp = _logp([[4.0, 2.5], [4.0, 1.0]])
+    adv = torch.tensor([[-1.0, -1.0], [1.0, 1.0]])
+    out = clipped_surrogate(logp, torch.zeros(2, 2), adv, torch.ones(2, 2), dual_clip=3.0)
+    torch.testing.assert_close(out.loss_mat, torch.tensor([[3.0, 2.5], [-1.2, -1.0]]))
+    torch.testing.assert_close(out.dual_clipfrac, torch.tensor(1 / 4))
+    out.loss_mat.sum().backward()
+    # dual-clipped token and high-clipped token: zero gradient; ratio 2.5 with A=-1: grad 2.5
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 2.5], [0.0, -1.0]]))
+    no_dual = clipped_surrogate(logp, torch.zeros(2, 2), adv, torch.ones(2, 2))
+    assert no_dual.loss_mat[0, 0].item() == pytest.approx(4.0)
+    with pytest.raises(ValueError):
+        clipped_surrogate(logp, torch.zeros(2, 2), adv, torch.ones(2, 2), dual_clip=1.0)
+
+
+def test_broadcast_advantages_equal_expanded():
+    g = torch.Generator().manual_seed(0)
+    logp, old = torch.randn(3, 5, generator=g) * 0.3, torch.randn(3, 5, generator=g) * 0.3
+    adv = torch.randn(3, generator=g)
+    mask = torch.rand(3, 5, generator=g) > 0.3
+    a = clipped_surrogate(logp, old, adv, mask, clip_high=0.28, dual_clip=3.0)
+    b = clipped_surrogate(logp, old, adv[:, None].expand(3, 5), mask, clip_high=0.28, dual_clip=3.0)
+    fields = ("loss_mat", "clipfrac", "clipfrac_low", "clipfrac_high", "dual_clipfrac", "approx_kl")
+    for f in fields:
+        torch.testing.assert_close(getattr(a, f), getattr(b, f))
+    assert a.clipfrac > 0  # the comparison covers clipped tokens too
+    torch.testing.assert_close(a.clipfrac, a.clipfrac_low + a.clipfrac_high)
+
+
+def test_log_ratio_clamped_before_exp():
+    # log-ratio 100 would overflow fp32 (e^100 = inf); it is clamped to 20 before exp
+    logp = torch.tensor([[100.0, -100.0]], requires_grad=True)
+    out = clipped_surrogate(logp, torch.zeros(1, 2), torch.tensor([-1.0]), torch.ones(1, 2))
+    assert torch.isfinite(out.loss_mat).all()
+    assert out.loss_mat[0, 0].item() == pytest.approx(math.exp(20.0), rel=1e-5)
+    out.loss_mat.sum().backward()
+    assert torch.isfinite(logp.grad).all()

@@ -1,0 +1,84 @@
+"""The LightningModule on its own: real-model architectures, the NaN guard, dynamic sampling."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from run_helpers import compose_train
+from shared_paths import require_shared
+
+from medsrl.data.arithmetic import generate_arithmetic
+from medsrl.data.datamodule import MathDataModule
+from medsrl.models.loading import load_tokenizer, random_model_like
+from medsrl.models.tiny import build_tiny_model
+from medsrl.models.char_tokenizer import build_char_tokenizer
+from medsrl.module import RLModule
+
+pytestmark = pytest.mark.slow
+
+
+def _datamodule(n_prompts: int = 2) -> MathDataModule:
+    return MathDataModule(
+        stages=[{"name": "A", "start_step": 0, "datasets": [
+            {"name": "a", "weight": 1.0, "source": generate_arithmetic(16, level=1, seed=0, split="train")}]}],
+        val=None,
+        prompts_per_step=n_prompts,
+    )
+
+
+def _fit(module: RLModule, dm: MathDataModule, steps: int = 1) -> L.Trainer:
+    trainer = L.Trainer(accelerator="cpu", max_steps=steps, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        limit_val_batches=0)
+    trainer.fit(module, datamodule=dm)
+    return trainer
+
+
+SMALL_ALGO = {"name": "grpo", "clip_high": 0.2, "dual_clip": None, "loss_agg_mode": "seq-mean-token-mean",
+              "kl_coef": 0.001, "entropy_coef": 0.01, "micro_batch_size": 4}
+
+
+@pytest.mark.parametrize("model_cfg", ["qwen2.5-math-1.5b", "qwen2.5-math-7b", "qwen3-1.7b", "qwen3-8b"])
+def test_real_model_config_takes_one_training_step(tmp_path, model_cfg):
+    """Each real config's architecture, at 2 random layers, with the shared Qwen tokenizer."""
+    tok_dir = require_shared("tokenizers", "qwen2.5-math")
+    cfg = compose_train(tmp_path, [f"model={model_cfg}"])
+    assert cfg.model.name_or_path.startswith("Qwen/")
+    tok = load_tokenizer(str(tok_dir))
+    policy = random_model_like(cfg.model.architecture, len(tok), num_hidden_layers=2)
+    assert policy.config.model_type == cfg.model.architecture
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    module = RLModule(policy, tok, algorithm=SMALL_ALGO,
+                      rollout={"n": 2, "max_new_tokens": 6}, optim={"lr": 1e-2, "warmup_steps": 0})
+    dm = _datamodule()
+    prompt = dm.prompts_for_step(0)[0].text
+    assert tok(prompt)["input_ids"][0] == tok.convert_tokens_to_ids("<|im_start|>")
+    trainer = _fit(module, dm)
+    assert trainer.global_step == 1
+    changed = [k for k, v in policy.state_dict().items() if not torch.equal(v, before[k])]
+    assert changed, "one step must change the weights"
+    assert module.ref_policy is not None  # KL on: a frozen reference copy
+    assert module.last_rollouts.ref_logp is not None
+
+
+def test_nonfinite_loss_skips_the_update_and_keeps_the_weights(monkeypatch, caplog):
+    tok = build_char_tokenizer()
+    policy = build_tiny_model(seed=0, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                              num_key_value_heads=1, intermediate_size=32)
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    module = RLModule(policy, tok, algorithm={**SMALL_ALGO, "kl_coef": 0.0},
+                      rollout={"n": 2, "max_new_tokens": 4}, optim={"lr": 1e-1, "warmup_steps": 0})
+    real = RLModule._micro_loss
+
+    def nan_loss(self, *args, **kwargs):
+        loss, metrics = real(self, *args, **kwargs)
+        return loss * float("nan"), metrics
+
+    monkeypatch.setattr(RLModule, "_micro_loss", nan_loss)
+    with caplog.at_level("WARNING"):
+        trainer = _fit(module, _datamodule())
+    assert trainer.global_step == 1  # the step still counts
+    for k, v in policy.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert any("non-finite loss" in r.getMessage() and "step 0" in r.getMessage() for r in caplog.records)

@@ -1,0 +1,103 @@
+"""End to end on CPU: a two-step run, resume, weights-only start, config errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hydra.errors import ConfigCompositionException
+from run_helpers import compose_train, read_metrics
+
+from medsrl.train import train
+
+pytestmark = pytest.mark.slow
+
+
+def test_two_step_run_writes_metrics_checkpoints_and_policy(tmp_path):
+    out = tmp_path / "run"
+    cfg = compose_train(out, ["export_policy=true", "validate_at_start=true"])
+    summary = train(cfg)
+    assert summary["steps"] == 2
+    assert 0.0 <= summary["val_accuracy_start"] <= 1.0
+    assert (out / "checkpoints" / "last.ckpt").exists()
+    assert (out / "checkpoints" / "step_000002.ckpt").exists()
+    assert (out / "policy" / "config.json").exists()
+    metrics = read_metrics(out)
+    step_rows = [m for m in metrics.values() if "train/reward" in m]
+    assert len(step_rows) == 2
+    for name in ["train/acc", "train/response_length", "train/truncation_rate", "train/clipfrac",
+                 "train/entropy", "train/zero_spread_group_frac", "train/time/generate",
+                 "train/time/update", "train/grader/timeouts_step"]:
+        assert any(name in m for m in step_rows), name
+
+
+STEP_METRICS = ["train/reward", "train/acc", "train/pg_loss", "train/entropy", "train/grad_norm",
+                "train/response_length", "train/clipfrac", "train/ppo_kl"]
+
+
+def test_resume_gives_the_same_step3_metrics(tmp_path):
+    straight = tmp_path / "straight"
+    train(compose_train(straight, ["trainer.max_steps=3", "algorithm=grpo"]))
+    first = tmp_path / "first"
+    train(compose_train(first, ["trainer.max_steps=2", "algorithm=grpo"]))
+    ckpt = first / "checkpoints" / "last.ckpt"
+    resumed = tmp_path / "resumed"
+    train(compose_train(resumed, ["trainer.max_steps=3", "algorithm=grpo", f"ckpt_path={ckpt}"]))
+
+    a = read_metrics(straight)
+    b = read_metrics(resumed)
+    step3_a = next(m for s, m in a.items() if m.get("train/reward") is not None and s == 2)
+    step3_b = next(m for s, m in b.items() if m.get("train/reward") is not None and s == 2)
+    for name in STEP_METRICS:
+        assert step3_b[name] == pytest.approx(step3_a[name], rel=1e-5, abs=1e-6), name
+    wa = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    wb = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
+
+
+def test_weights_only_start_keeps_weights_and_resets_step(tmp_path):
+    first = tmp_path / "a"
+    train(compose_train(first, ["trainer.max_steps=1"]))
+    ckpt = first / "checkpoints" / "last.ckpt"
+    second = tmp_path / "b"
+    cfg = compose_train(second, ["trainer.max_steps=1", f"ckpt_path={ckpt}", "resume_mode=weights",
+                                 "optim.lr=0.0"])
+    summary = train(cfg)
+    assert summary["steps"] == 1  # a fresh step counter, not 1 + 1
+    wa = torch.load(ckpt, weights_only=False)
+    wb = torch.load(second / "checkpoints" / "last.ckpt", weights_only=False)
+    assert wb["global_step"] == 1
+    for k, v in wa["state_dict"].items():  # lr 0: the stage-A weights came through unchanged
+        torch.testing.assert_close(v, wb["state_dict"][k])
+    assert wb["optimizer_states"][0]["state"][0]["step"] == 1  # fresh optimiser: one step only
+
+
+def test_stage_switch_happens_at_its_step_and_is_logged(tmp_path, caplog):
+    out = tmp_path / "stages"
+    stage_b = ("data.stages=[{name: A, start_step: 0, datasets: [{name: a, weight: 1.0, source: "
+               "{_target_: medsrl.data.arithmetic.generate_arithmetic, num: 32, level: 1, split: train}}]},"
+               "{name: B, start_step: 1, datasets: [{name: b, weight: 1.0, source: "
+               "{_target_: medsrl.data.arithmetic.generate_arithmetic, num: 32, level: 2, split: train}}]}]")
+    cfg = compose_train(out, [stage_b])
+    with caplog.at_level("INFO"):
+        train(cfg)
+    stages = [m["train/stage"] for s, m in sorted(read_metrics(out).items()) if "train/stage" in m]
+    assert stages == [0.0, 1.0]
+    assert any("A -> B" in r.getMessage() for r in caplog.records)
+
+
+def test_mistyped_key_fails_at_start(tmp_path):
+    with pytest.raises(ConfigCompositionException, match="clip_hgh"):
+        compose_train(tmp_path, ["algorithm.clip_hgh=0.3"])
+
+
+def test_added_unknown_algorithm_key_fails_before_training(tmp_path):
+    cfg = compose_train(tmp_path / "x", ["+algorithm.clip_hgh=0.3"])
+    with pytest.raises(ValueError, match="clip_hgh"):
+        train(cfg)
+
+
+def test_missing_required_value_fails_at_start(tmp_path):
+    cfg = compose_train(tmp_path / "x", ["model.name_or_path=???"])
+    with pytest.raises(ValueError, match="model.name_or_path"):
+        train(cfg)
