@@ -5,15 +5,15 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
-from run_helpers import compose_train
-from shared_paths import require_shared
 
 from medsrl.data.arithmetic import generate_arithmetic
 from medsrl.data.datamodule import MathDataModule
+from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.loading import load_tokenizer, random_model_like
 from medsrl.models.tiny import build_tiny_model
-from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.module import RLModule
+from run_helpers import compose_train
+from shared_paths import require_shared
 
 pytestmark = pytest.mark.slow
 

@@ -351,7 +351,7 @@ class RLModule(L.LightningModule):
         updates_done = 0
 
         self.policy.train()
-        for epoch in range(algo.ppo_epochs):
+        for _epoch in range(algo.ppo_epochs):
             for mb_groups in mini_batches:
                 rows = torch.nonzero(torch.isin(group_ids, mb_groups)).flatten()
                 mask = packed.response_mask[rows]

@@ -188,8 +188,16 @@ def test_stage_switch_prompts_and_log(caplog):
 def test_stage_b_starts_its_own_sequence():
     dm = two_stage()
     only_b = MathDataModule(
-        [{"name": "B", "start_step": 0, "datasets": [
-            {"name": "b", "weight": 0.7, "source": B}, {"name": "c", "weight": 0.3, "source": C}]}],
+        [
+            {
+                "name": "B",
+                "start_step": 0,
+                "datasets": [
+                    {"name": "b", "weight": 0.7, "source": B},
+                    {"name": "c", "weight": 0.3, "source": C},
+                ],
+            }
+        ],
         prompts_per_step=4,
     )
     for k in range(3):
@@ -289,7 +297,16 @@ def stage(name, start, datasets=None):
         ([stage("A", 0, [{"name": "a", "weight": 1, "source": []}])], {}, "is empty"),
         ([stage("A", 0, [{"name": "a", "weight": 1}])], {}, "needs a 'source'"),
         (
-            [stage("A", 0, [{"name": "a", "weight": 1, "source": A}, {"name": "a", "weight": 1, "source": B}])],
+            [
+                stage(
+                    "A",
+                    0,
+                    [
+                        {"name": "a", "weight": 1, "source": A},
+                        {"name": "a", "weight": 1, "source": B},
+                    ],
+                )
+            ],
             {},
             "dataset names must be unique",
         ),
@@ -348,8 +365,12 @@ def test_val_union_shuffled_cut_and_batched():
     assert all(isinstance(p, Prompt) for p in flat)
     assert len(set(keys(flat))) == 20
     assert set(keys(flat)) <= {ex.key for ex in B + C}
-    assert keys(flat) == keys(p for b in two_stage(val=val, val_size=20, val_batch_size=8).val_dataloader() for p in b)
-    assert keys(flat) == keys(list(dm.val_dataloader())[0] + list(dm.val_dataloader())[1] + list(dm.val_dataloader())[2])
+    assert keys(flat) == keys(
+        p for b in two_stage(val=val, val_size=20, val_batch_size=8).val_dataloader() for p in b
+    )
+    assert keys(flat) == keys(
+        list(dm.val_dataloader())[0] + list(dm.val_dataloader())[1] + list(dm.val_dataloader())[2]
+    )
     everything = two_stage(val=val, val_size=None, val_batch_size=64)
     (only,) = list(everything.val_dataloader())
     assert sorted(keys(only)) == sorted(ex.key for ex in B + C)
@@ -369,7 +390,10 @@ def test_hydra_instantiate(tmp_path):
 
     path = tmp_path / "toy.jsonl"
     path.write_text(
-        "".join(f'{{"problem": "What is {i}+{i}? Use \\\\boxed{{}}.", "answer": "{2 * i}"}}\n' for i in range(6))
+        "".join(
+            f'{{"problem": "What is {i}+{i}? Use \\\\boxed{{}}.", "answer": "{2 * i}"}}\n'
+            for i in range(6)
+        )
     )
     cfg = OmegaConf.create(
         {
@@ -384,7 +408,10 @@ def test_hydra_instantiate(tmp_path):
                         {
                             "name": "toy",
                             "weight": 1,
-                            "source": {"_target_": "medsrl.data.loaders.load_math_file", "path": str(path)},
+                            "source": {
+                                "_target_": "medsrl.data.loaders.load_math_file",
+                                "path": str(path),
+                            },
                         }
                     ],
                 },
@@ -404,14 +431,26 @@ def test_hydra_instantiate(tmp_path):
                     ],
                 },
             ],
-            "val": [{"name": "v", "source": {"_target_": "medsrl.data.loaders.load_math_file", "path": str(path)}}],
+            "val": [
+                {
+                    "name": "v",
+                    "source": {"_target_": "medsrl.data.loaders.load_math_file", "path": str(path)},
+                }
+            ],
         }
     )
     # a list of MathExample dataclasses cannot live in an OmegaConf node: convert to plain python
     dm = instantiate(cfg, _convert_="partial")
     assert isinstance(dm, MathDataModule)
     assert dm.stages[0].datasets[0].is_loaded and not dm.stages[1].datasets[0].is_loaded
-    assert {p.answer for s in (0, 1) for p in dm.prompts_for_step(s)} == {"0", "2", "4", "6", "8", "10"}
+    assert {p.answer for s in (0, 1) for p in dm.prompts_for_step(s)} == {
+        "0",
+        "2",
+        "4",
+        "6",
+        "8",
+        "10",
+    }
     assert {p.source for p in dm.prompts_for_step(2)} == {"lazy"}
     assert dm.prompts_for_step(0)[0].text.startswith("<|im_start|>user\nWhat is")
     assert len(dm.val_prompts()) == 6

@@ -8,50 +8,81 @@ import logging
 from pathlib import Path
 
 import pytest
-from shared_paths import require_shared
 
 from medsrl.data.example import MathExample, prompt_key
-from medsrl.data.loaders import DataError, extract_last_boxed, load_math_file, strip_instructions
+from medsrl.data.loaders import DataError, load_math_file, strip_instructions
+from medsrl.reward.extract import extract_last_boxed
+from shared_paths import require_shared
 
 LOGGER = "medsrl.data.loaders"
 
 # file -> (examples kept, rows skipped, first problem prefix, first answer), read off the files.
 SHARED_FILES = {
     "math500/test.jsonl": (
-        500, 0,
+        500,
+        0,
         "Convert the point $(0,3)$ in rectangular coordinates to polar coordinates.",
         "\\left( 3, \\frac{\\pi}{2} \\right)",
     ),
     "aime24/test.jsonl": (30, 0, "Every morning Aya goes for a $9$-kilometer-long walk", "204"),
     "amc23/test.jsonl": (40, 0, "Cities $A$ and $B$ are $45$ miles apart.", "27"),
     "minerva_math/test.jsonl": (
-        272, 0,
+        272,
+        0,
         "Each of the two Magellan telescopes has a diameter of $6.5 \\mathrm{~m}$.",
         "1.6",
     ),
     "olympiadbench/test.jsonl": (675, 0, "Xenia and Sergey play the following game.", "2"),
     "gsm8k/test.jsonl": (1319, 0, "Janet’s ducks lay 16 eggs per day.", "18"),
-    "deepscaler_eval/aime.json": (30, 0, "Every morning Aya goes for a $9$-kilometer-long walk", "204"),
+    "deepscaler_eval/aime.json": (
+        30,
+        0,
+        "Every morning Aya goes for a $9$-kilometer-long walk",
+        "204",
+    ),
     "deepscaler_eval/amc.json": (
-        83, 0, "$\\frac{m}{n}$ is the Irreducible fraction value of \\[3+\\frac{1}{3+", "142"
+        83,
+        0,
+        "$\\frac{m}{n}$ is the Irreducible fraction value of \\[3+\\frac{1}{3+",
+        "142",
     ),
     "deepscaler_eval/math.json": (
-        500, 0,
+        500,
+        0,
         "Convert the point $(0,3)$ in rectangular coordinates",
         "\\left( 3, \\frac{\\pi}{2} \\right)",
     ),
     "deepscaler_eval/minerva.json": (272, 0, "If the Bohr energy levels scale as $Z^{2}$,", "9.6"),
-    "deepscaler_eval/olympiad_bench.json": (675, 0, "Xenia and Sergey play the following game.", "2"),
+    "deepscaler_eval/olympiad_bench.json": (
+        675,
+        0,
+        "Xenia and Sergey play the following game.",
+        "2",
+    ),
     "math_train/math.json": (7470, 4, "Let \\[f(x) = \\left\\{\n\\begin{array}{cl} ax+3,", "0"),
-    "math_train_verl/train.parquet": (7498, 2, "Let \\[f(x) = \\left\\{\n\\begin{array}{cl} ax+3,", "0"),
+    "math_train_verl/train.parquet": (
+        7498,
+        2,
+        "Let \\[f(x) = \\left\\{\n\\begin{array}{cl} ax+3,",
+        "0",
+    ),
     "simplelr_math_35/train.parquet": (
-        8521, 2, "Let $a$ and $b$ be the two real values of $x$ for which\\[\\sqrt[3]{x}", "118"
+        8521,
+        2,
+        "Let $a$ and $b$ be the two real values of $x$ for which\\[\\sqrt[3]{x}",
+        "118",
     ),
     "dapo_math_17k/dapo_math_17k.parquet": (
-        17917, 0, "In triangle $ABC$, $\\sin \\angle A = \\frac{4}{5}$ and", "34"
+        17917,
+        0,
+        "In triangle $ABC$, $\\sin \\angle A = \\frac{4}{5}$ and",
+        "34",
     ),
     "deepscaler_train_aime/aime.json": (
-        975, 0, "Let $x$, $y$ and $z$ all exceed $1$ and let $w$ be a positive number", "60"
+        975,
+        0,
+        "Let $x$, $y$ and $z$ all exceed $1$ and let $w$ be a positive number",
+        "60",
     ),
 }
 
@@ -314,7 +345,9 @@ def test_explicit_dotted_fields_jsonl(tmp_path):
         path, name="toy", problem_field="prompt.0.content", answer_field="reward_model.ground_truth"
     )
     assert [(ex.problem, ex.answer, ex.source) for ex in examples] == [("What is 2+3?", "5", "toy")]
-    with pytest.raises(DataError, match=r"row 1 \(line 2\): missing problem \(field 'prompt\.0\.content'\)"):
+    with pytest.raises(
+        DataError, match=r"row 1 \(line 2\): missing problem \(field 'prompt\.0\.content'\)"
+    ):
         load_math_file(path, problem_field="prompt.0.content", on_bad_row="raise")
     # auto-detection picks `answer` first
     assert load_math_file(path, limit=1)[0].answer == "wrong"
@@ -341,12 +374,25 @@ def test_answer_formats(tmp_path):
 
 def test_instruction_suffixes_and_chat_strings(tmp_path):
     rows = [
-        {"problem": "Find x. Let's think step by step and output the final answer within \\boxed{}.", "answer": "1"},
-        {"prompt": [{"role": "system", "content": "sys"}, {"role": "user", "content": "Find y."}], "answer": "2"},
         {
-            "prompt": [{"content": "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nFind z.\n"
-                                   "Please reason step by step, and put your final answer within "
-                                   "\\boxed{{}}.<|im_end|>\n<|im_start|>assistant\n"}],
+            "problem": "Find x. Let's think step by step and output the final answer within \\boxed{}.",
+            "answer": "1",
+        },
+        {
+            "prompt": [
+                {"role": "system", "content": "sys"},
+                {"role": "user", "content": "Find y."},
+            ],
+            "answer": "2",
+        },
+        {
+            "prompt": [
+                {
+                    "content": "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nFind z.\n"
+                    "Please reason step by step, and put your final answer within "
+                    "\\boxed{{}}.<|im_end|>\n<|im_start|>assistant\n"
+                }
+            ],
             "answer": "3",
         },
     ]
@@ -380,15 +426,21 @@ def test_parquet_roundtrip(tmp_path):
         load_math_file(path, on_bad_row="raise")
 
 
-def test_extract_last_boxed():
-    assert extract_last_boxed("a \\boxed{1} b \\boxed{\\frac{a}{b}} c") == "\\frac{a}{b}"
-    assert extract_last_boxed("\\boxed{unclosed") is None
-    assert extract_last_boxed("no box") is None
-    assert extract_last_boxed("$\\boxed 5$") == "5"
-    assert extract_last_boxed("\\fbox{x}") == "x"
-
-
 def test_prompt_key_is_stable():
     assert len(prompt_key("x")) == 16
     assert prompt_key("x") == "11f6ad8ec52a2984"  # sha1("x")[:16]
     assert prompt_key("x") != prompt_key("y")
+
+
+def test_require_shared_skips_locally_and_fails_on_ci(tmp_path, monkeypatch):
+    import shared_paths
+
+    monkeypatch.setattr(shared_paths, "SHARED_DIR", tmp_path)
+    (tmp_path / "data").mkdir()
+    assert shared_paths.require_shared("data") == tmp_path / "data"
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="MEDSRL_SHARED_DIR"):
+        shared_paths.require_shared("data", "absent.jsonl")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="absent.jsonl"):
+        shared_paths.require_shared("data", "absent.jsonl")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from shared_paths import require_shared
 
 from medsrl.data.template import QWEN_MATH_SYSTEM_PROMPT, render_prompt
+from shared_paths import require_shared
 
 PROBLEM = "What is $1+1$?"
 

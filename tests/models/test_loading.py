@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from shared_paths import require_shared
 
 from medsrl.data.template import render_prompt
 from medsrl.models.loading import (
@@ -18,6 +17,7 @@ from medsrl.models.loading import (
 from medsrl.models.tiny import build_tiny_model
 from medsrl.rollout.base import SamplingParams
 from medsrl.rollout.hf import HFRolloutEngine
+from shared_paths import require_shared
 
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128}
 
@@ -67,8 +67,12 @@ def test_load_policy_tiny_param_count_and_dtype():
     assert sum(p.numel() for p in model.parameters()) == 101 * 64 + 2 * per_layer + 64 == 80768
     assert model.config.model_type == "qwen2"
     same = build_tiny_model(**TINY)
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), same.parameters(), strict=True))
-    bf16 = load_policy("tiny", tiny={**TINY, "seed": 1}, dtype="bfloat16", attn_implementation="eager")
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.parameters(), same.parameters(), strict=True)
+    )
+    bf16 = load_policy(
+        "tiny", tiny={**TINY, "seed": 1}, dtype="bfloat16", attn_implementation="eager"
+    )
     assert next(bf16.parameters()).dtype is torch.bfloat16
     assert bf16.config._attn_implementation == "eager"
     # default preset is about 1M parameters

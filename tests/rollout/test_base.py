@@ -27,7 +27,13 @@ def test_sampling_params_defaults_and_validation():
     assert not p.greedy and SamplingParams(temperature=0.0).greedy
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.n = 3  # type: ignore[misc]
-    for bad in ({"n": 0}, {"max_new_tokens": 0}, {"top_p": 0.0}, {"top_p": 1.5}, {"temperature": -1}):
+    for bad in (
+        {"n": 0},
+        {"max_new_tokens": 0},
+        {"top_p": 0.0},
+        {"top_p": 1.5},
+        {"temperature": -1},
+    ):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
 
@@ -48,7 +54,9 @@ def test_rollout_batch_len_and_truncated():
 
 
 def test_hf_engine_satisfies_protocol():
-    engine = HFRolloutEngine(build_tiny_model(hidden_size=32, num_hidden_layers=1), build_char_tokenizer())
+    engine = HFRolloutEngine(
+        build_tiny_model(hidden_size=32, num_hidden_layers=1), build_char_tokenizer()
+    )
     assert isinstance(engine, RolloutEngine)
 
 

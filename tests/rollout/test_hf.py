@@ -28,6 +28,18 @@ def model():
     return build_tiny_model(seed=0, hidden_size=64, num_hidden_layers=2, intermediate_size=128)
 
 
+@pytest.fixture()
+def sharp_model():
+    """Large random weights, so greedy continuations depend on the whole (unpadded) context."""
+    model = build_tiny_model(seed=0, hidden_size=64, num_hidden_layers=2, intermediate_size=128)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
+    return model
+
+
 def _prompts():
     return [render_prompt(p) for p in PROBLEMS]
 
@@ -50,6 +62,7 @@ def test_default_stop_ids_and_pad(model, tok):
     assert engine.stop_token_ids == [2, 0]  # <|im_end|>, <|endoftext|> (eos is <|im_end|>)
     assert engine.pad_token_id == 0
     assert HFRolloutEngine(model, tok, stop_token_ids=[2]).stop_token_ids == [2]
+    assert len(engine.generate([], SamplingParams(n=2, max_new_tokens=3))) == 0
 
 
 def test_batch_fields_are_consistent(model, tok):
@@ -91,7 +104,8 @@ def test_seeded_generation_is_reproducible_and_keeps_global_rng(model, tok):
     assert len({tuple(r) for r in a.response_ids}) > 1
 
 
-def test_greedy_matches_manual_argmax_and_is_chunking_invariant(model, tok):
+def test_greedy_matches_manual_argmax_and_is_chunking_invariant(sharp_model, tok):
+    model = sharp_model
     prompts = _prompts()
     params = SamplingParams(n=2, temperature=0.0, max_new_tokens=4)
     big = HFRolloutEngine(model, tok, max_batch_size=64).generate(prompts, params)
@@ -101,8 +115,9 @@ def test_greedy_matches_manual_argmax_and_is_chunking_invariant(model, tok):
         expected = _manual_greedy(model, big.prompt_ids[k], 4)
         got = big.response_ids[k]
         assert got == expected[: len(got)]
-    # greedy: the n copies of a prompt are identical
+    # greedy: the n copies of a prompt are identical; different prompts continue differently
     assert big.response_ids[0] == big.response_ids[1]
+    assert len({tuple(r) for r in big.response_ids}) == 3
 
 
 def test_model_generation_config_defaults_do_not_leak(model, tok):
@@ -121,9 +136,10 @@ def test_model_generation_config_defaults_do_not_leak(model, tok):
     prompt = _prompts()[0]
     engine = HFRolloutEngine(model, tok)
     greedy = engine.generate([prompt], SamplingParams(n=1, temperature=0.0, max_new_tokens=6))
-    assert greedy.response_ids[0] == _manual_greedy(model, greedy.prompt_ids[0], 6)[
-        : len(greedy.response_ids[0])
-    ]
+    assert (
+        greedy.response_ids[0]
+        == _manual_greedy(model, greedy.prompt_ids[0], 6)[: len(greedy.response_ids[0])]
+    )
     assert model.generation_config is odd  # restored
     # sampling is not collapsed by the model's top_k=1: several distinct continuations
     sampled = engine.generate([prompt], SamplingParams(n=8, max_new_tokens=3, seed=0))
@@ -182,6 +198,32 @@ def test_train_mode_is_restored(model, tok):
     assert all(p.grad is None for p in model.parameters())
 
 
+def _sloped_model(tok):
+    """Logits independent of the input: -0.01 * token id, stop tokens never sampled."""
+    model = build_tiny_model(seed=0, hidden_size=32, num_hidden_layers=1, intermediate_size=32)
+    vocab = model.config.vocab_size
+    head = torch.nn.Linear(model.config.hidden_size, vocab, bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.copy_(-0.01 * torch.arange(vocab, dtype=torch.float32))
+        head.bias[[0, 2]] = -100.0
+    model.lm_head = head
+    model.config.tie_word_embeddings = False
+    return model
+
+
+def test_sampling_uses_full_distribution_and_top_p(tok):
+    """No hidden top_k (transformers defaults to 50); top_p cuts the tail."""
+    engine = HFRolloutEngine(_sloped_model(tok), tok)
+    full = engine.generate(["a"], SamplingParams(n=16, max_new_tokens=16, seed=0))
+    drawn = [t for r in full.response_ids for t in r]
+    assert len(drawn) == 256 and max(drawn) >= 60
+    cut = engine.generate(["a"], SamplingParams(n=16, top_p=0.3, max_new_tokens=16, seed=0))
+    drawn = [t for r in cut.response_ids for t in r]
+    assert max(drawn) < 40
+    assert len(set(drawn)) > 10
+
+
 def _chain_model(tok, successor: dict[str, str]):
     """A model whose greedy next token depends only on the current token: ``successor`` map.
 
@@ -229,7 +271,9 @@ def test_forced_stop_token_trims_and_reports_stop(tok):
     assert batch.finish_reason[2:] == ["length", "length"]
     assert batch.truncated == [False, False, True, True]
     # sampling at a low temperature follows the same chain
-    sampled = engine.generate(["q1"], SamplingParams(n=3, temperature=0.3, max_new_tokens=8, seed=0))
+    sampled = engine.generate(
+        ["q1"], SamplingParams(n=3, temperature=0.3, max_new_tokens=8, seed=0)
+    )
     assert sampled.response_ids == [ids_abc + [2]] * 3
     assert sampled.finish_reason == ["stop"] * 3
 
@@ -250,3 +294,28 @@ def test_sync_weights_is_noop_for_shared_module(model, tok):
     engine.sync_weights(model)
     assert engine.model is model
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_kv_cache_used_even_with_checkpointing_training_setup(model, tok):
+    """Training sets ``config.use_cache=False`` with activation checkpointing; rollouts still cache."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    (enable or model.gradient_checkpointing_enable)()
+    model.config.use_cache = False
+    model.train()
+    lengths = []
+    orig_forward = model.forward
+
+    def spy(*args, **kwargs):
+        lengths.append(kwargs["input_ids"].shape[1])
+        return orig_forward(*args, **kwargs)
+
+    model.forward = spy
+    try:
+        engine = HFRolloutEngine(model, tok)
+        batch = engine.generate(["hello", "hi"], SamplingParams(n=2, max_new_tokens=4, seed=0))
+    finally:
+        del model.forward
+    assert lengths[0] == 5  # prefill of the left-padded prompts
+    assert all(n == 1 for n in lengths[1:])  # then one new token per step (KV cache)
+    assert len(lengths) == max(len(r) for r in batch.response_ids)
+    assert model.training

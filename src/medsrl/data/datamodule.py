@@ -26,7 +26,7 @@ from typing import Any
 import lightning
 import numpy as np
 
-from medsrl.data.example import MathExample, Prompt
+from medsrl.data.example import MathExample, Prompt, prompt_key
 from medsrl.data.template import render_prompt
 
 __all__ = ["DatasetSpec", "MathDataModule", "StageSpec", "largest_remainder_quotas"]
@@ -85,8 +85,6 @@ def _as_example(item: Any, dataset: str, i: int) -> MathExample:
     if isinstance(item, Mapping):  # e.g. an OmegaConf node from Hydra
         d = dict(item)
         if "key" not in d and "problem" in d:
-            from medsrl.data.example import prompt_key
-
             d["key"] = prompt_key(str(d["problem"]))
         d.setdefault("source", dataset)
         d.setdefault("row", i)
@@ -123,7 +121,9 @@ def _dataset_spec(obj: Any, where: str) -> DatasetSpec:
         raise ValueError(f"{where}: dataset needs a 'name'")
     source = d.get("source", d.get("examples"))
     if source is None:
-        raise ValueError(f"{where} ({d['name']!r}): dataset needs a 'source' (examples or callable)")
+        raise ValueError(
+            f"{where} ({d['name']!r}): dataset needs a 'source' (examples or callable)"
+        )
     source = _plain(source)
     if isinstance(source, Mapping):
         raise ValueError(
@@ -281,7 +281,9 @@ class MathDataModule(lightning.LightningDataModule):
         template = dict(_plain(template) or {})
         unknown = set(template) - _TEMPLATE_KEYS
         if unknown:
-            raise ValueError(f"template: unknown keys {sorted(unknown)} (allowed: {sorted(_TEMPLATE_KEYS)})")
+            raise ValueError(
+                f"template: unknown keys {sorted(unknown)} (allowed: {sorted(_TEMPLATE_KEYS)})"
+            )
         self.template = template
 
         stages = _plain(stages)
@@ -294,11 +296,15 @@ class MathDataModule(lightning.LightningDataModule):
             for s in self.stages
         }
         for s in self.stages:
-            starved = [d.name for d, q in zip(s.datasets, self._quotas[s.name], strict=True) if q == 0]
+            starved = [
+                d.name for d, q in zip(s.datasets, self._quotas[s.name], strict=True) if q == 0
+            ]
             if starved:
                 log.warning(
                     "stage %s: prompts_per_step=%d is too small to give datasets %s a slot",
-                    s.name, self.prompts_per_step, starved,
+                    s.name,
+                    self.prompts_per_step,
+                    starved,
                 )
 
         val = _plain(val)
@@ -429,7 +435,7 @@ class MathDataModule(lightning.LightningDataModule):
                 continue
             size = len(ds.examples)
             perm = np.random.default_rng(
-                _seed_int(self.seed, "extra", stage.name, ds.name, step)
+                _seed_int(self.seed, "extra", stage.name, ds.name, step, round)
             ).permutation(size)
             used_set = set(used)
             fresh = [int(i) for i in perm if int(i) not in used_set]
@@ -481,7 +487,8 @@ class MathDataModule(lightning.LightningDataModule):
         if saved_seed != self.seed:
             log.warning(
                 "data seed changed since the checkpoint: %s -> %s (the prompt order differs)",
-                saved_seed, self.seed,
+                saved_seed,
+                self.seed,
             )
         if saved_stages != current:
             log.warning(

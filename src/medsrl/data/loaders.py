@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from medsrl.data.example import MathExample, prompt_key
+from medsrl.reward.extract import extract_last_boxed
 
 __all__ = [
     "DataError",
-    "extract_last_boxed",
     "load_math_file",
     "strip_instructions",
 ]
@@ -79,48 +79,6 @@ MISSING: Any = _Missing()
 
 # --------------------------------------------------------------------------------------------
 # small text helpers
-
-
-def extract_last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces matched.
-
-    Returns None when there is none or its braces are unbalanced. ``\\boxed 5`` (no braces)
-    gives the token after the space.
-    """
-    if not isinstance(text, str):
-        return None
-    best = -1
-    name_len = 0
-    for name in ("\\boxed", "\\fbox"):
-        i = text.rfind(name)
-        if i > best:
-            best, name_len = i, len(name)
-    if best < 0:
-        return None
-    j = best + name_len
-    start = j
-    while j < len(text) and text[j] in " \t\n":
-        j += 1
-    if j >= len(text) or text[j] != "{":
-        if j > start:  # "\boxed 5": the token after the space
-            tokens = text[j:].replace("$", " ").split()
-            return tokens[0] if tokens else None
-        return None
-    depth = 0
-    k = j
-    while k < len(text):
-        c = text[k]
-        if c == "\\":  # an escaped character such as \{ or \} does not count
-            k += 2
-            continue
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return text[j + 1 : k]
-        k += 1
-    return None
 
 
 def strip_instructions(problem: str) -> str:
@@ -261,7 +219,9 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, int | None, Any]]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"{path}: line {lineno}: invalid JSON ({e.msg} at column {e.colno})") from e
+                raise DataError(
+                    f"{path}: line {lineno}: invalid JSON ({e.msg} at column {e.colno})"
+                ) from e
             yield row, lineno, obj
             row += 1
 
@@ -281,7 +241,9 @@ def _read_json(path: Path) -> Iterator[tuple[int, int | None, Any]]:
             else:
                 yield from _read_jsonl(path)
                 return
-        raise DataError(f"{path}: line {e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from e
+        raise DataError(
+            f"{path}: line {e.lineno}: invalid JSON ({e.msg} at column {e.colno})"
+        ) from e
     if isinstance(data, Mapping):
         lists = [v for v in data.values() if isinstance(v, list)]
         if len(lists) == 1:

@@ -206,7 +206,9 @@ def random_model_like(
     elif arch == "llama":
         cfg_cls, model_cls = LlamaConfig, LlamaForCausalLM
     else:
-        raise ValueError(f"random_model_like: unknown architecture {architecture!r}; use one of {_ARCHITECTURES}")
+        raise ValueError(
+            f"random_model_like: unknown architecture {architecture!r}; use one of {_ARCHITECTURES}"
+        )
     common.update(config_overrides)
     config = cfg_cls(**common)
     torch.manual_seed(seed)

@@ -97,7 +97,12 @@ def _is_complete(path: Path) -> bool:
 
 
 def ensure_warm_start(
-    cache_root: str | Path, model_config: dict, ws: WarmStartConfig, *, log_every: int = 50
+    cache_root: str | Path,
+    model_config: dict,
+    ws: WarmStartConfig,
+    *,
+    log_every: int = 50,
+    num_threads: int | None = None,
 ) -> Path:
     """Return a directory with a warm-started tiny model + char tokenizer (``save_pretrained``).
 
@@ -105,7 +110,8 @@ def ensure_warm_start(
     Training happens in a temporary directory next to the entry that is moved into place with
     ``os.replace`` only when complete, so a crash leaves no half-written entry. The directory
     also holds ``metrics.json`` (loss curve, val sampled / greedy accuracy, wall times) and
-    ``warmstart.json`` (the configs it was built from).
+    ``warmstart.json`` (the configs it was built from). ``num_threads`` (default: every core this
+    process may run on) only affects speed, not the cache key.
     """
     target = warm_start_dir(cache_root, model_config, ws)
     if _is_complete(target):
@@ -114,7 +120,7 @@ def ensure_warm_start(
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        _build(tmp, model_config, ws, log_every=log_every)
+        _build(tmp, model_config, ws, log_every=log_every, num_threads=num_threads)
         try:
             os.replace(tmp, target)
         except OSError:
@@ -389,10 +395,13 @@ def _num_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _build(out_dir: Path, model_config: dict, ws: WarmStartConfig, *, log_every: int) -> None:
+def _build(
+    out_dir: Path, model_config: dict, ws: WarmStartConfig, *, log_every: int, num_threads: int | None
+) -> None:
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     previous_threads = torch.get_num_threads()
-    torch.set_num_threads(_num_threads())
+    torch.set_num_threads(num_threads or _num_threads())
     try:
         tokenizer = build_char_tokenizer()
         examples = generate_arithmetic(ws.num_examples, level=ws.level, seed=ws.seed, split="train")
@@ -409,6 +418,7 @@ def _build(out_dir: Path, model_config: dict, ws: WarmStartConfig, *, log_every:
         )
         curve = train_model(model, enc, ws, log_every=log_every)
         train_s = time.perf_counter() - t0
+        train_cpu_s = time.process_time() - cpu0
         ev = evaluate(model, tokenizer, ws)
         log.info(
             "warm start done: loss %.4f, val sampled acc %.3f, greedy acc %.3f (%.0fs)",
@@ -426,7 +436,9 @@ def _build(out_dir: Path, model_config: dict, ws: WarmStartConfig, *, log_every:
             "final_loss": curve[-1]["loss"] if curve else None,
             **ev,
             "train_wall_s": round(train_s, 2),
+            "train_cpu_s": round(train_cpu_s, 2),
             "wall_s": round(time.perf_counter() - t0, 2),
+            "cpu_s": round(time.process_time() - cpu0, 2),
             "num_threads": torch.get_num_threads(),
             "num_params": sum(p.numel() for p in model.parameters()),
             "train_examples": len(enc.suffixes),

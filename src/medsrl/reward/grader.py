@@ -59,8 +59,9 @@ _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![A-Za-z])")
 # (Searched for at the end only, so the cost stays linear in the length of a runaway answer.)
 _TRAILING_UNIT = re.compile(r"\\(?:text|textrm|mbox|mathrm|rm)\s*\{[^{}]*\}(?:\^\s*\{?\d\}?)?\s*$")
 _WHOLE_TEXT = re.compile(r"^\\(?:text|textrm|textbf|mbox|mathrm)\s*\{([^{}]*)\}$")
-_SCIENTIFIC = re.compile(r"^(?P<mantissa>[-+]?(?:\d+\.?\d*|\.\d+))[eE](?P<exponent>[-+]?\d+)$")
-_PLAIN_NUMBER = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)$")
+_SCIENTIFIC = re.compile(r"^(?P<mantissa>[-+]?(?:\d+(?:\.\d*)?|\.\d+))[eE](?P<exponent>[-+]?\d+)$")
+_PLAIN_NUMBER = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)$")
+_MAX_FAST_NUMBER_CHARS = 200
 # Comparison operators, rewritten to one-character tokens before matching a chained inequality.
 _LESS_EQUAL = re.compile(r"\\(?:leqslant|leq|le)(?![A-Za-z])|≤")
 _GREATER_EQUAL = re.compile(r"\\(?:geqslant|geq|ge)(?![A-Za-z])|≥")
@@ -170,8 +171,11 @@ def _braced(token: str) -> str:
 
 
 def _as_number(key: str) -> Fraction | None:
-    """The exact value of a plain decimal like ``025``, ``-3.5`` or ``.35``; ``None`` otherwise."""
-    if not _PLAIN_NUMBER.match(key):
+    """The exact value of a plain decimal like ``025``, ``-3.5`` or ``.35``; ``None`` otherwise.
+
+    Runaway digit strings are left to the (time-limited) workers.
+    """
+    if len(key) > _MAX_FAST_NUMBER_CHARS or not _PLAIN_NUMBER.match(key):
         return None
     return Fraction(key)
 
@@ -274,7 +278,9 @@ def _worker_main(conn: Connection, compare_fn: CompareFn) -> None:
 class _Worker:
     """One grading process and the task it is running (if any)."""
 
-    def __init__(self, ctx: mp.context.BaseContext, compare_fn: CompareFn, startup_timeout_s: float):
+    def __init__(
+        self, ctx: mp.context.BaseContext, compare_fn: CompareFn, startup_timeout_s: float
+    ):
         self.conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(
             target=_worker_main, args=(child_conn, compare_fn), daemon=True, name="medsrl-grader"
@@ -317,7 +323,9 @@ class MathGrader:
     ``compare_fn(gold, answer) -> bool`` (a picklable top-level function, default
     ``answers_equivalent``) is called only for pairs that ``quick_verdict`` cannot settle.
     Because workers are spawned, a script that creates a grader needs the usual
-    ``if __name__ == "__main__":`` guard.
+    ``if __name__ == "__main__":`` guard, and each worker re-imports the main module (Python's
+    spawn semantics), so it starts in seconds: with one worker, the first slow comparison after a
+    timeout waits for the replacement to start (that wait does not count against ``timeout_s``).
     """
 
     def __init__(
@@ -335,13 +343,19 @@ class MathGrader:
             try:  # fail here, not at the first grade() deep inside a training step
                 pickle.dumps(compare_fn)
             except Exception as exc:
-                raise ValueError(f"compare_fn must be a picklable top-level function: {exc}") from exc
+                raise ValueError(
+                    f"compare_fn must be a picklable top-level function: {exc}"
+                ) from exc
         self.timeout_s = timeout_s
         self.num_workers = num_workers
         self.compare_fn = compare_fn
         self.startup_timeout_s = startup_timeout_s
         self.stats: dict[str, int] = {
-            "graded": 0, "timeouts": 0, "errors": 0, "no_box": 0, "fast_path": 0
+            "graded": 0,
+            "timeouts": 0,
+            "errors": 0,
+            "no_box": 0,
+            "fast_path": 0,
         }
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
@@ -456,7 +470,9 @@ class MathGrader:
                 break  # a replacement may still be starting; the next call picks it up
             waiting = [w for w in self._workers if w.task is not None or not w.ready]
             next_deadline = min(w.deadline for w in waiting)
-            ready_conns = wait([w.conn for w in waiting], max(0.0, next_deadline - time.monotonic()))
+            ready_conns = wait(
+                [w.conn for w in waiting], max(0.0, next_deadline - time.monotonic())
+            )
             for slot, worker in enumerate(self._workers):
                 if worker.conn in ready_conns:
                     self._receive(slot, worker, results)

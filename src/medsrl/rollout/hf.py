@@ -147,6 +147,8 @@ class HFRolloutEngine:
         """Sample ``params.n`` responses for each prompt (grouped by prompt, in order)."""
         if isinstance(prompts, str):
             raise TypeError("HFRolloutEngine.generate expects a list of prompt strings")
+        if len(prompts) == 0:
+            return RolloutBatch([], [], [], [], [])
         prompt_ids: list[list[int]] = [
             list(ids) for ids in self.tokenizer(list(prompts))["input_ids"]
         ]
@@ -200,7 +202,7 @@ class HFRolloutEngine:
         attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
         for row, seq in enumerate(seqs):
             input_ids[row, width - len(seq) :] = torch.as_tensor(seq, dtype=torch.long)
-            attention_mask[row, width - len(seq) :] = 1; attention_mask[:] = 1
+            attention_mask[row, width - len(seq) :] = 1
         return input_ids.to(device), attention_mask.to(device)
 
 
