@@ -30,6 +30,40 @@ class OverlongConfig:
 
 
 @dataclass
+class MedsConfig:
+    """MEDS (PAPER.md): per-prompt memory of answer-token logit features, HDBSCAN clusters, and a
+    penalty ``min(alpha * ln(|C| + 1), beta)`` on targeted responses. Defaults = the reference."""
+
+    alpha: float = 0.1
+    beta: float | None = None  # None: 2 * alpha, as in the reference
+    layers: Any = 14  # last N layers, "half", "all", or a list of 1-based layer numbers
+    diff: bool = False  # first differences across the selected layers
+    final_norm: bool = False  # final norm on intermediate layers (a textbook logit lens)
+    target: str = "wrong"  # wrong | right | both | none
+    noise_is_cluster: bool = True  # noise counts as one cluster (reference); False: no penalty
+    k: int = 3  # nearest neighbours in the label vote
+    min_cluster_size: int = 2
+    min_samples: int = 1
+    cap_per_key: int | None = None  # oldest out past this many entries per (key, correctness)
+    mode: str = "cluster"  # cluster | single (ablation: size = the key's whole history)
+    refit: str = "background"  # background | sync (reference order)
+    refit_workers: int = 1
+    reset_on_stage_change: bool = False
+    snapshot_every_n_steps: int = 20  # 0: no snapshots
+    panels_every_n_steps: int = 10  # TensorBoard histogram and text panel; 0: off
+
+    def __post_init__(self) -> None:
+        if self.target not in ("wrong", "right", "both", "none"):
+            raise ValueError(f"meds.target={self.target!r}; valid: wrong, right, both, none")
+        if self.mode not in ("cluster", "single"):
+            raise ValueError(f"meds.mode={self.mode!r}; valid: cluster, single")
+        if self.refit not in ("background", "sync"):
+            raise ValueError(f"meds.refit={self.refit!r}; valid: background, sync")
+        if self.alpha < 0 or self.k < 1:
+            raise ValueError("meds.alpha must be >= 0 and meds.k >= 1")
+
+
+@dataclass
 class AlgorithmConfig:
     """Loss and advantage settings (GRPO, DAPO, Dr.GRPO are presets of these)."""
 
@@ -47,6 +81,7 @@ class AlgorithmConfig:
     micro_batch_size: int = 32  # sequences per forward/backward
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    meds: MedsConfig | None = None  # set (algorithm=meds): the MEDS callbacks join the run
 
     def __post_init__(self) -> None:
         if self.loss_agg_mode not in LOSS_AGG_MODES:
@@ -111,9 +146,9 @@ def build(cls, values: dict[str, Any] | Any | None, section: str):
     unknown = sorted(set(values) - set(known))
     if unknown:
         raise ValueError(f"unknown key(s) in {section}: {unknown}; known: {sorted(known)}")
-    nested = {DynamicSamplingConfig: "dynamic_sampling", OverlongConfig: "overlong"}
+    nested = {DynamicSamplingConfig: "dynamic_sampling", OverlongConfig: "overlong", MedsConfig: "meds"}
     for sub_cls, name in nested.items():
-        if name in values and name in known and not isinstance(values[name], sub_cls):
+        if values.get(name) is not None and name in known and not isinstance(values[name], sub_cls):
             values[name] = build(sub_cls, values[name], f"{section}.{name}")
     if "betas" in values:
         values["betas"] = tuple(values["betas"])

@@ -17,7 +17,7 @@ import copy
 import logging
 import math
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import lightning as L
@@ -184,12 +184,14 @@ class RLModule(L.LightningModule):
             self._skip_update(step, metrics, timer)
             return
 
-        rollouts = self._make_step_rollouts(step, prompts, rollout, grades)
+        rollouts = self._make_step_rollouts(step, batch.get("stage"), prompts, rollout, grades)
         callbacks = rollout_callbacks(self.trainer)
         with timer("logprob"):
             for cb in callbacks:
                 cb.on_before_logprob_forward(self.trainer, self, rollouts)
-            rollouts.old_logp, _ = self._logprobs(self.policy, rollouts.packed, with_entropy=False)
+            rollouts.old_logp, _ = self._logprobs(
+                self.policy, rollouts.packed, with_entropy=False, rollouts=rollouts, callbacks=callbacks
+            )
             for cb in callbacks:
                 cb.on_after_logprob_forward(self.trainer, self, rollouts)
             if self.ref_policy is not None:
@@ -274,7 +276,7 @@ class RLModule(L.LightningModule):
         }
         return kept_prompts, merged, [g for gs in kept_grades for g in gs], metrics
 
-    def _make_step_rollouts(self, step, prompts, rollout: RolloutBatch, grades) -> StepRollouts:
+    def _make_step_rollouts(self, step, stage, prompts, rollout: RolloutBatch, grades) -> StepRollouts:
         packed = pack_rollouts(rollout.prompt_ids, rollout.response_ids, self.tokenizer.pad_token_id)
         acc = torch.tensor([g.score for g in grades], dtype=torch.float32)
         reward = acc.clone()
@@ -286,6 +288,7 @@ class RLModule(L.LightningModule):
             )
         return StepRollouts(
             step=step,
+            stage=stage,
             prompts=prompts,
             group_ids=torch.tensor(rollout.prompt_index, dtype=torch.long),
             response_ids=rollout.response_ids,
@@ -312,8 +315,12 @@ class RLModule(L.LightningModule):
         )
         return out.logits[:, :-1, :]
 
-    def _logprobs(self, model, packed: PackedRollouts, with_entropy: bool):
-        """No-grad log-probs of the response tokens, in micro-batches."""
+    def _logprobs(self, model, packed: PackedRollouts, with_entropy: bool, rollouts=None, callbacks=()):
+        """No-grad log-probs of the response tokens, in micro-batches.
+
+        With ``rollouts``, each micro-batch forward runs inside every callback's
+        ``logprob_microbatch`` context (MEDS reads its features from this same forward).
+        """
         B = packed.input_ids.shape[0]
         mb = self.algo.micro_batch_size
         logps, ents = [], []
@@ -321,8 +328,13 @@ class RLModule(L.LightningModule):
         model.eval()
         with torch.no_grad():
             for start in range(0, B, mb):
-                rows = slice(start, min(start + mb, B))
-                logits = self._forward(model, packed, rows)
+                stop = min(start + mb, B)
+                rows = slice(start, stop)
+                with ExitStack() as stack:
+                    if rollouts is not None:
+                        for cb in callbacks:
+                            stack.enter_context(cb.logprob_microbatch(self.trainer, self, rollouts, start, stop))
+                    logits = self._forward(model, packed, rows)
                 labels = packed.input_ids[rows, packed.prompt_length :]
                 logps.append(token_logprobs(logits, labels))
                 if with_entropy:

@@ -23,6 +23,7 @@ import torch  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+from medsrl.callbacks.meds import meds_callbacks  # noqa: E402
 from medsrl.callbacks.protocol import RolloutCallback  # noqa: E402
 from medsrl.models.policy import build_policy  # noqa: E402
 from medsrl.module import RLModule  # noqa: E402
@@ -81,6 +82,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         seed=cfg.seed,
     )
     callbacks = instantiate_group(cfg.get("callbacks"))
+    if module.algo.meds is not None:  # algorithm=meds: capture -> shaping -> memory, first in order
+        callbacks = meds_callbacks(module.algo.meds) + callbacks
     loggers = instantiate_group(cfg.get("logger"))
     trainer: L.Trainer = instantiate(
         cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]

@@ -8,6 +8,7 @@ middle of a step, between grading and the policy update. Callbacks that subclass
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ class StepRollouts:
     """
 
     step: int
+    stage: str | None
     prompts: list[Prompt]  # one per group
     group_ids: torch.Tensor  # long [B], index into ``prompts``
     response_ids: list[list[int]]
@@ -59,6 +61,12 @@ class RolloutCallback(Callback):
 
     def on_before_logprob_forward(self, trainer, module, rollouts: StepRollouts) -> None:
         """Before the no-grad forward that computes old log-probs (e.g. arm capture hooks)."""
+
+    def logprob_microbatch(
+        self, trainer, module, rollouts: StepRollouts, start: int, stop: int
+    ) -> AbstractContextManager:
+        """A context wrapped around the forward of rows ``start:stop`` of that pass."""
+        return nullcontext()
 
     def on_after_logprob_forward(self, trainer, module, rollouts: StepRollouts) -> None:
         """After that forward (e.g. collect captured features into ``rollouts.features``)."""
