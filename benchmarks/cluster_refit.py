@@ -7,7 +7,7 @@ a few Gaussian blobs per key plus scattered noise, shaped like per-layer answer-
 
 - ``sync_s``: one after the other in this process (the reference order);
 - ``background_s``: submit all to ``BackgroundRefitter`` (process pool), then ``drain``;
-- overlap, per executor (``process``, ``thread``), on the first ``--overlap-keys`` keys: a fixed
+- overlap, per executor (``process``, ``thread``), on about ``--overlap-seconds`` of keys: a fixed
   torch matmul workload (sized to take about as long as those fits) runs in the main thread
   while the re-fits run in the background. ``matmul_alone_s`` and ``fit_alone_s`` are each on
   its own; ``matmul_with_fits_s`` is the workload's time beside the fits, ``total_s`` until both
@@ -138,7 +138,8 @@ def bench(points: int, args, rng: np.random.Generator, matmul: Matmul) -> dict:
         res["background_s"] = round(timed_background(rf, stores), 3)
     log(f"[{points}] background (process, {args.workers} worker) {res['background_s']} s")
 
-    sub = stores[: args.overlap_keys]
+    # enough keys for about --overlap-seconds of fitting, so both workloads run a while
+    sub = stores[: int(np.clip(args.overlap_seconds * args.keys / res["sync_s"], 1, args.keys))]
     t0 = time.perf_counter()
     for x in sub:
         fit_cluster_labels(x)
@@ -169,7 +170,7 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=512)
     ap.add_argument("--points", type=int, nargs="+", default=[256, 2048])
     ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--overlap-keys", type=int, default=64)
+    ap.add_argument("--overlap-seconds", type=float, default=3.0)
     ap.add_argument("--torch-threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +64,19 @@ def load_weights_only(module: RLModule, callbacks: list, ckpt_path: str) -> int:
     return int(ckpt.get("global_step", 0))
 
 
-def train(cfg: DictConfig) -> dict[str, float]:
-    """Run one training job and return its summary (start/end held-out accuracy, steps)."""
+@dataclass
+class Run:
+    """The parts of one training job, built from the config (benchmarks reach into these)."""
+
+    trainer: L.Trainer
+    module: RLModule
+    datamodule: L.LightningDataModule
+    callbacks: list
+    loggers: list
+
+
+def build_run(cfg: DictConfig) -> Run:
+    """Instantiate data, policy, module, callbacks, loggers and the Lightning trainer."""
     check_config(cfg)
     L.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision("high")
@@ -88,6 +100,14 @@ def train(cfg: DictConfig) -> dict[str, float]:
     trainer: L.Trainer = instantiate(
         cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
     )
+    return Run(trainer, module, datamodule, callbacks, loggers)
+
+
+def train(cfg: DictConfig, run: Run | None = None) -> dict[str, float]:
+    """Run one training job and return its summary (start/end held-out accuracy, steps)."""
+    run = run or build_run(cfg)
+    trainer, module, datamodule = run.trainer, run.module, run.datamodule
+    callbacks, loggers = run.callbacks, run.loggers
 
     ckpt_path = cfg.ckpt_path
     if ckpt_path and cfg.resume_mode == "weights":

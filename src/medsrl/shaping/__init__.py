@@ -29,6 +29,13 @@ _EXPORTS = {
     "meds_penalty": "penalty",
     "BackgroundRefitter": "refit",
     "RefitError": "refit",
+    "locate_answer": "answer_locator",
+    "locate_answers": "answer_locator",
+    "CaptureTargets": "logit_capture",
+    "LayerLogitCapture": "logit_capture",
+    "answer_targets": "logit_capture",
+    "layer_differences": "logit_capture",
+    "select_layers": "logit_capture",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -63,5 +70,13 @@ if TYPE_CHECKING:  # let type checkers and IDEs see the names
         advantage_order_changed,
         apply_penalty,
         meds_penalty,
+    )
+    from medsrl.shaping.answer_locator import locate_answer, locate_answers  # noqa: F401
+    from medsrl.shaping.logit_capture import (  # noqa: F401
+        CaptureTargets,
+        LayerLogitCapture,
+        answer_targets,
+        layer_differences,
+        select_layers,
     )
     from medsrl.shaping.refit import BackgroundRefitter, RefitError  # noqa: F401

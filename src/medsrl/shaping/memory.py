@@ -17,7 +17,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,8 @@ def _frozen(x: np.ndarray) -> np.ndarray:
 
 @dataclass
 class MemoryEntry:
-    """One store. Arrays are read-only views owned by the memory: copy before changing them."""
+    """One store, as a value: arrays are read-only, and ``add``/``set_labels`` put a new entry
+    in the memory rather than changing this one (an entry you hold stays as it was)."""
 
     features: np.ndarray  # [N, D] float32
     steps: np.ndarray  # [N] int64, the step each row was added at
@@ -156,8 +157,7 @@ class ErrorMemory:
             )
         new = np.full(len(entry), -1, np.int64)
         new[:upto] = lab
-        entry.labels = _frozen(new)
-        entry.fitted_upto = upto
+        self._stores[(key, bool(correct))] = replace(entry, labels=_frozen(new), fitted_upto=upto)
 
     def reset(self) -> None:
         self._stores.clear()

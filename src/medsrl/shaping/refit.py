@@ -6,22 +6,33 @@ visit of that key, typically many steps later. So ``submit`` hands the re-fit to
 the step goes on (advantages, policy update); ``wait(key)`` is called just before the key is
 used again and returns at once unless the fit is still running.
 
-Threads or processes: measured on the 2-core CPU box this was written on (hdbscan 0.8.44,
-2048 x 14 float32 features per key, main thread running 256x256 torch matmuls, one worker):
+Threads or processes: processes. hdbscan 0.8.44's Cython has no ``with nogil`` block, so a fit
+holds the GIL from start to end, and a thread running it starves the main thread, which needs
+the GIL between torch ops (and for every kernel launch of a GPU step). Measured on the 2-core
+box this was written on (24 keys x 2048 x 14 features, 1 worker, torch on 1 thread, median of 3
+interleaved rounds; another job kept one core busy throughout, so only one core was free):
 
-- thread pool: *no* overlap. hdbscan's Cython holds the GIL for nearly all of a fit, so the
-  matmul loop ran 1.81 s alone and 4.34 s beside 40 fits (2.51 s alone); everything together
-  took 4.34 s, the serial sum (4.32 s).
-- process pool (spawn): the fits run in parallel with the main thread; on an idle 2-core box the
-  matmul loop is barely slowed and the total is close to max(fit, matmul) rather than the sum
-  (numbers from ``benchmarks/cluster_refit.py`` are in its output).
+=====================================  =========  ===========  ============
+main thread                            alone      fits thread  fits process
+=====================================  =========  ===========  ============
+256x256 matmul loop, wall              1.73 s     4.24 s       3.45 s
+matmul + fits, both done               4.20 s *   4.25 s       4.21 s
+tiny-op dispatch rate (64x64 ops/s)    88.0 k     22.5 k       41.9 k
+=====================================  =========  ===========  ============
 
-So the default is a process pool with the ``spawn`` start method (no fork of a process that
-holds torch thread pools or CUDA state; a [2048, 14] float32 array pickles in microseconds).
-The workers import this package once at start (a second or two, done in the background).
-``executor="thread"`` remains for comparison. ``mode="sync"`` fits inside ``submit``, the
-reference order; both modes give identical labels for the same features (same function, same
-bytes).
+(* serial sum: fits alone 2.47 s.) With one free core nothing can overlap, but the thread
+variant also takes ~3/4 of the main thread's time (the GIL), while the process gets the fair OS
+half. Where a core is to spare (the CPU side of a GPU box) a process can run entirely beside
+the step; a thread cannot. ``benchmarks/cluster_refit.py`` repeats the comparison
+(``overlap_process`` / ``overlap_thread`` in its JSON; its default run on the same busy box:
+dispatch rate 0.53 of alone beside a process, 0.33 beside a thread, at 2048 points).
+
+The default start method is ``forkserver`` (``spawn`` where unavailable): no fork of a process
+that holds torch thread pools or CUDA state. Workers import only numpy and hdbscan (this
+package's ``__init__`` is lazy); the forkserver itself imports the main module once. A
+[2048, 14] float32 array pickles in microseconds. ``executor="thread"`` stays for comparison.
+``mode="sync"`` fits inside ``submit``, the reference order; both modes give identical labels
+for the same features (same function, same bytes).
 
 Failures: an exception raised by the fit surfaces as ``RefitError`` naming the key. A worker
 process that dies (segfault, OOM kill) breaks the pool: the key being collected is recomputed in
