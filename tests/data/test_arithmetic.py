@@ -85,7 +85,10 @@ def test_phrasing_varies():
 
 
 def test_splits_are_disjoint():
-    sets = {s: {e.problem for e in generate_arithmetic(500, level=1, seed=0, split=s)} for s in ("train", "val", "test")}
+    sets = {
+        s: {e.problem for e in generate_arithmetic(500, level=1, seed=0, split=s)}
+        for s in ("train", "val", "test")
+    }
     assert not sets["train"] & sets["val"]
     assert not sets["train"] & sets["test"]
     assert not sets["val"] & sets["test"]

@@ -70,7 +70,9 @@ def test_creates_loadable_dir_and_reuses_it(tmp_path, count_training):
     tok = AutoTokenizer.from_pretrained(path)
     assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 1
     assert tok.pad_token_id == 0 and tok.eos_token_id == 2 and tok.padding_side == "left"
-    assert tok("<|im_start|>ab")["input_ids"] == build_char_tokenizer()("<|im_start|>ab")["input_ids"]
+    assert (
+        tok("<|im_start|>ab")["input_ids"] == build_char_tokenizer()("<|im_start|>ab")["input_ids"]
+    )
 
     metrics = json.loads((path / "metrics.json").read_text())
     assert [e["step"] for e in metrics["loss_curve"]] == [1, 2, 3]
@@ -94,7 +96,10 @@ def test_changed_config_changes_dir(tmp_path):
     assert warm_start_dir(tmp_path, MICRO_MODEL, micro_ws(system_prompt=None)) != base
     assert warm_start_dir(tmp_path, {**MICRO_MODEL, "hidden_size": 64}, micro_ws()) != base
     # Spelling out a default of the tiny config does not change the entry.
-    assert warm_start_dir(tmp_path, {**MICRO_MODEL, "max_position_embeddings": 1024}, micro_ws()) == base
+    assert (
+        warm_start_dir(tmp_path, {**MICRO_MODEL, "max_position_embeddings": 1024}, micro_ws())
+        == base
+    )
 
 
 def test_crash_leaves_no_cache_entry(tmp_path, monkeypatch):

@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from medsrl.data.example import MathExample, prompt_key
 
@@ -102,7 +102,9 @@ def _choices(spec: Level, value: int) -> list[tuple[str, list[int]]]:
     return out
 
 
-def _render(start: int, start_phrase: int, steps: list[tuple[str, int, int]]) -> tuple[str, str, int]:
+def _render(
+    start: int, start_phrase: int, steps: list[tuple[str, int, int]]
+) -> tuple[str, str, int]:
     """(problem, solution, answer) for a start value and steps (op, operand, phrase index)."""
     parts = [START_PHRASES[start_phrase].format(n=start)]
     lines = []
@@ -131,12 +133,12 @@ def _draw(spec: Level, rng: random.Random) -> tuple[str, str, int]:
     return _render(start, start_phrase, steps)
 
 
-@lru_cache(maxsize=None)
+@cache
 def space_size(level: int) -> int:
     """Number of distinct problem texts of a level (all splits together)."""
     spec = _level(level)
 
-    @lru_cache(maxsize=None)
+    @cache
     def paths(value: int, remaining: int) -> int:
         if remaining == 0:
             return 1
@@ -168,7 +170,13 @@ def _enumerate_split(level: int, split: str) -> tuple[tuple[str, str, int], ...]
         for op, operands in _choices(spec, value):
             for d in operands:
                 for phrase in range(len(OP_PHRASES[op])):
-                    walk(start, start_phrase, _apply(op, value, d), [*steps, (op, d, phrase)], remaining - 1)
+                    walk(
+                        start,
+                        start_phrase,
+                        _apply(op, value, d),
+                        [*steps, (op, d, phrase)],
+                        remaining - 1,
+                    )
 
     for start in range(spec.start_min, spec.start_max + 1):
         for start_phrase in range(len(START_PHRASES)):

@@ -48,9 +48,9 @@ _MIN_SHARED_PREFIX = 16
 class WarmStartConfig:
     """How the tiny model is warm-started (every field is part of the cache key)."""
 
-    steps: int = 400
-    batch_size: int = 64
-    lr: float = 3e-3
+    steps: int = 1000
+    batch_size: int = 16
+    lr: float = 1e-3
     warmup_steps: int = 20
     weight_decay: float = 0.0
     min_lr_ratio: float = 0.1  # cosine decay from lr to lr * min_lr_ratio
@@ -59,7 +59,7 @@ class WarmStartConfig:
     num_examples: int = 20000
     seed: int = 0
     system_prompt: str | None = field(default=QWEN_MATH_SYSTEM_PROMPT)
-    max_length: int = 256  # training sequences (prompt + solution) longer than this are dropped
+    max_length: int = 320  # training sequences (prompt + solution) longer than this are dropped
     eval_examples: int = 128  # val problems for the final sampled / greedy accuracy
     eval_max_new_tokens: int = 96
 
@@ -156,7 +156,9 @@ def encode_examples(
         "input_ids"
     ]
     pairs = [
-        (p, r) for p, r in zip(prompt_ids, response_ids, strict=True) if len(p) + len(r) <= max_length
+        (p, r)
+        for p, r in zip(prompt_ids, response_ids, strict=True)
+        if len(p) + len(r) <= max_length
     ]
     if len(pairs) < len(examples):
         log.warning(
@@ -212,7 +214,9 @@ def sequence_loss(model, prefix: torch.Tensor | None, ids: torch.Tensor, labels:
         cache = model(input_ids=prefix, use_cache=True).past_key_values
         cache.batch_repeat_interleave(batch)
         position_ids = torch.arange(p, p + width).unsqueeze(0).expand(batch, -1)
-        logits = model(input_ids=ids, past_key_values=cache, position_ids=position_ids, use_cache=True).logits
+        logits = model(
+            input_ids=ids, past_key_values=cache, position_ids=position_ids, use_cache=True
+        ).logits
     else:
         logits = model(input_ids=ids, use_cache=False).logits
     # Token t predicts token t + 1; the first suffix token is never a response token.
@@ -342,9 +346,15 @@ def generate_responses(
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     for lo in range(0, len(problems), batch_size):
-        prompts = [render_prompt(p, system_prompt=system_prompt) for p in problems[lo : lo + batch_size]]
+        prompts = [
+            render_prompt(p, system_prompt=system_prompt) for p in problems[lo : lo + batch_size]
+        ]
         enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        sampling = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0} if do_sample else {"do_sample": False}
+        sampling = (
+            {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+            if do_sample
+            else {"do_sample": False}
+        )
         out = model.generate(
             input_ids=enc["input_ids"],
             attention_mask=enc["attention_mask"],
@@ -380,7 +390,8 @@ def evaluate(model, tokenizer, ws: WarmStartConfig) -> dict[str, Any]:
         result[f"{name}_generated_tokens"] = n_tok
         result[f"{name}_generate_s"] = round(secs, 2)
         result[f"{name}_examples"] = [
-            {"problem": p, "answer": ex.answer, "response": t} for p, ex, t in list(zip(problems, val, texts))[:4]
+            {"problem": p, "answer": ex.answer, "response": t}
+            for p, ex, t in list(zip(problems, val, texts, strict=True))[:4]
         ]
     return result
 
@@ -396,7 +407,12 @@ def _num_threads() -> int:
 
 
 def _build(
-    out_dir: Path, model_config: dict, ws: WarmStartConfig, *, log_every: int, num_threads: int | None
+    out_dir: Path,
+    model_config: dict,
+    ws: WarmStartConfig,
+    *,
+    log_every: int,
+    num_threads: int | None,
 ) -> None:
     t0 = time.perf_counter()
     cpu0 = time.process_time()
@@ -446,7 +462,11 @@ def _build(
         }
         (out_dir / "warmstart.json").write_text(
             json.dumps(
-                {"warm_start": asdict(ws), "model_config": model_config, "key": warm_start_key(model_config, ws)},
+                {
+                    "warm_start": asdict(ws),
+                    "model_config": model_config,
+                    "key": warm_start_key(model_config, ws),
+                },
                 indent=2,
             )
         )

@@ -55,6 +55,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # let type checkers and IDEs see the names
+    from medsrl.shaping.answer_locator import locate_answer, locate_answers  # noqa: F401
     from medsrl.shaping.clustering import (  # noqa: F401
         NOISE,
         cluster_sizes,
@@ -64,19 +65,18 @@ if TYPE_CHECKING:  # let type checkers and IDEs see the names
         single_cluster_sizes,
         top1_eigen_ratio,
     )
-    from medsrl.shaping.memory import ErrorMemory, MemoryEntry, MemoryKey, load_snapshot  # noqa: F401
-    from medsrl.shaping.penalty import (  # noqa: F401
-        TARGETS,
-        advantage_order_changed,
-        apply_penalty,
-        meds_penalty,
-    )
-    from medsrl.shaping.answer_locator import locate_answer, locate_answers  # noqa: F401
     from medsrl.shaping.logit_capture import (  # noqa: F401
         CaptureTargets,
         LayerLogitCapture,
         answer_targets,
         layer_differences,
         select_layers,
+    )
+    from medsrl.shaping.memory import ErrorMemory, MemoryEntry, MemoryKey, load_snapshot  # noqa: F401
+    from medsrl.shaping.penalty import (  # noqa: F401
+        TARGETS,
+        advantage_order_changed,
+        apply_penalty,
+        meds_penalty,
     )
     from medsrl.shaping.refit import BackgroundRefitter, RefitError  # noqa: F401

@@ -1,0 +1,54 @@
+"""MEDS end to end: a micro warm-started model writes boxed answers, the memory fills, wrong
+answers that repeat are penalised, and a resumed run continues with the same memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from run_helpers import MICRO_WARM_START, compose_train, read_metrics
+
+from medsrl.train import train
+
+pytestmark = pytest.mark.slow
+
+# Four prompts, all of them every step: each key comes back every step, so memory matters.
+FOUR_PROMPTS = [
+    "data.stages=[{name: A, start_step: 0, datasets: [{name: a, weight: 1.0, source: "
+    "{_target_: medsrl.data.arithmetic.generate_arithmetic, num: 4, level: 1, split: train}}]}]",
+    "algorithm=meds",
+    "algorithm.meds.snapshot_every_n_steps=1",
+]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("ws-cache")
+
+
+def _run(out, cache_dir, extra):
+    return train(compose_train(out, MICRO_WARM_START + FOUR_PROMPTS + extra, cache_dir=cache_dir))
+
+
+def test_meds_fills_memory_penalises_and_resumes_identically(tmp_path, cache_dir):
+    straight = tmp_path / "straight"
+    _run(straight, cache_dir, ["trainer.max_steps=3"])
+    m = read_metrics(straight)
+    steps = [m[s] for s in sorted(m) if "train/meds/memory_entries" in m[s]]
+    assert len(steps) == 3
+    assert steps[0]["train/meds/answer_found_rate"] > 0.5  # the warm start taught the \boxed{}
+    assert steps[0]["train/meds/penalty_max"] == 0.0  # first visit: memory only
+    assert steps[2]["train/meds/memory_entries"] > steps[0]["train/meds/memory_entries"] > 0
+    assert steps[2]["train/meds/penalty_max"] > 0.0  # repeated mistakes now cost
+    assert (straight / "memory" / "memory.npz").exists() or any(straight.rglob("memory.npz"))
+
+    first = tmp_path / "first"
+    _run(first, cache_dir, ["trainer.max_steps=2"])
+    resumed = tmp_path / "resumed"
+    _run(resumed, cache_dir, ["trainer.max_steps=3", f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}"])
+    a = read_metrics(straight)[2]
+    b = read_metrics(resumed)[2]
+    for name in ["train/reward", "train/score", "train/meds/penalty_mean", "train/meds/penalty_max",
+                 "train/meds/memory_entries", "train/meds/cluster_size_mean", "train/pg_loss"]:
+        assert b[name] == pytest.approx(a[name], rel=1e-5, abs=1e-6), name
+    ckpt = torch.load(resumed / "checkpoints" / "last.ckpt")  # loads with weights_only=True
+    assert any("ErrorMemoryCallback" in k for k in ckpt["callbacks"])
