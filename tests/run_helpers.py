@@ -40,8 +40,8 @@ def read_metrics(out_dir: Path) -> dict[int, dict[str, float]]:
 # \boxed{} (mostly wrong answers), which is what MEDS needs to have features to work with.
 MICRO_WARM_START = [
     "model.warm_start={steps: 300, batch_size: 32, lr: 1.0e-2, warmup_steps: 10, num_examples: 2000,"
-    " eval_examples: 8, eval_max_new_tokens: 24, system_prompt: null}",
+    " eval_examples: 8, eval_max_new_tokens: 48, system_prompt: null}",
     "data.template.system_prompt=null",
-    "rollout.max_new_tokens=24",
+    "rollout.max_new_tokens=48",
     "algorithm.overlong.buffer_length=4",
 ]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from run_helpers import MICRO_WARM_START, compose_train, read_metrics
 
 from medsrl.train import train
+from run_helpers import MICRO_WARM_START, compose_train, read_metrics
 
 pytestmark = pytest.mark.slow
 

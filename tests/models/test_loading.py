@@ -140,3 +140,19 @@ def test_random_real_architecture_with_qwen_tokenizer(arch, qwen_tok):
         assert reason == ("stop" if ids_[-1] in (151645, 151643) else "length")
     greedy = engine.generate(prompts[:1], SamplingParams(n=1, temperature=0.0, max_new_tokens=4))
     assert len(greedy.response_ids[0]) >= 1
+
+
+def test_char_tokenizer_saved_beside_a_qwen2_config_keeps_spaces(tmp_path):
+    """AutoTokenizer alone would pick Qwen2Tokenizer from config.json and drop spaces/newlines."""
+    from medsrl.models.char_tokenizer import build_char_tokenizer
+    from medsrl.models.tiny import build_tiny_model
+
+    build_tiny_model(seed=0, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     num_key_value_heads=1, intermediate_size=32).save_pretrained(tmp_path)
+    original = build_char_tokenizer()
+    original.save_pretrained(tmp_path)
+    text = "<|im_start|>user\nStart at 4, add 2.<|im_end|>\n<|im_start|>assistant\n4 + 2 = 6. \\boxed{6}"
+    loaded = load_tokenizer(str(tmp_path))
+    assert loaded(text)["input_ids"] == original(text)["input_ids"]
+    assert loaded.decode(loaded(text)["input_ids"]) == text
+    assert loaded.padding_side == "left"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -19,7 +20,6 @@ from medsrl.models.warmstart import (
     encode_examples,
     ensure_warm_start,
     is_correct,
-    last_boxed,
     sequence_loss,
     warm_start_dir,
 )
@@ -121,7 +121,39 @@ def test_crash_leaves_no_cache_entry(tmp_path, monkeypatch):
     assert not warm_start_dir(tmp_path, MICRO_MODEL, ws).exists()
 
 
+def test_killed_builder_temp_dir_is_cleaned_up(tmp_path):
+    """A temp dir whose builder process died (SIGKILL skips clean-up) is removed on the next call."""
+    import socket
+    import subprocess
+    import sys
+
+    ws = micro_ws()
+    name = warm_start_dir(tmp_path, MICRO_MODEL, ws).name
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    stale = tmp_path / f".{name}.tmp-dead"
+    stale.mkdir()
+    (stale / "builder.pid").write_text(f"{socket.gethostname()} {int(dead.stdout)}")
+    (stale / "model.safetensors").write_text("half written")
+    live = tmp_path / f".{name}.tmp-live"  # a concurrent builder that is still running
+    live.mkdir()
+    (live / "builder.pid").write_text(f"{socket.gethostname()} {os.getpid()}")
+    path = ensure_warm_start(tmp_path, MICRO_MODEL, ws, num_threads=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, live.name])
+
+
 def test_loss_decreases_on_a_fixed_batch():
+    # One thread: on a busy 2-core machine two spinning threads make this test 10x slower.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _fixed_batch_losses_decrease()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fixed_batch_losses_decrease():
     torch.manual_seed(0)
     tok = build_char_tokenizer()
     ws = micro_ws(steps=30, batch_size=8, lr=3e-3, warmup_steps=3, num_examples=8)
@@ -164,10 +196,8 @@ def test_no_system_prompt_has_no_shared_prefix():
 
 
 def test_local_grading():
-    assert last_boxed("1 + 2 = 3. \\boxed{3}") == "3"
-    assert last_boxed("\\boxed{1} then \\boxed{{2}}") == "{2}"
-    assert last_boxed("no box") is None
-    assert last_boxed("\\boxed{12") is None
-    assert is_correct("5 * 2 = 10. \\boxed{ 10 }", "10")
+    assert is_correct("5 * 2 = 10. 10 - 4 = 6. \\boxed{6}", "6")
+    assert is_correct("\\boxed{1} then \\boxed{ 12 }", "12")
+    assert not is_correct("\\boxed{12} then \\boxed{1}", "12")
     assert not is_correct("\\boxed{10}", "12")
     assert not is_correct("10", "10")

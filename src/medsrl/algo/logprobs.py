@@ -49,7 +49,7 @@ class _TokenLogprob(torch.autograd.Function):
         grad = torch.empty_like(logits)
         for g, x, y, s, go in zip(
             grad.split(r, dim=-2), logits.split(r, dim=-2), labels.split(r, dim=-1),
-            lse.split(r, dim=-1), grad_out.split(r, dim=-1),
+            lse.split(r, dim=-1), grad_out.split(r, dim=-1), strict=True,
         ):
             go = _acc(go).unsqueeze(-1)
             d = -go * torch.exp(_acc(x) - s.unsqueeze(-1))  # -grad * softmax

@@ -222,8 +222,9 @@ def generate_arithmetic(
     rng = random.Random(f"arithmetic|{seed}|{level}|{split}")
     seen: set[str] = set()
     items: list[tuple[str, str, int]] = []
-    # Give up drawing after this many draws in a row that add nothing new.
-    stall_limit = 20_000 + 20 * num
+    # Give up drawing after this many draws in a row that add nothing new (an enumerable space is
+    # then filled up from its enumeration, so it can give up sooner).
+    stall_limit = 2_000 + 2 * num if enumerable else 20_000 + 20 * num
     stalled = 0
     while len(items) < num:
         problem, solution, answer = _draw(spec, rng)

@@ -9,8 +9,10 @@ weights.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,10 +21,11 @@ from transformers import (
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
 )
 
 from medsrl.data.template import ENDOFTEXT, IM_END
-from medsrl.models.char_tokenizer import build_char_tokenizer
+from medsrl.models.char_tokenizer import build_char_tokenizer, char_vocab
 from medsrl.models.tiny import build_tiny_model
 
 CHAR_TOKENIZER_NAMES = ("char",)
@@ -91,6 +94,18 @@ def _load_error(name_or_path: str, what: str, err: Exception) -> ModelLoadError:
     )
 
 
+def is_char_tokenizer_dir(path: str | Path) -> bool:
+    """True when ``path`` holds the tiny preset's char tokenizer (its exact vocabulary)."""
+    file = Path(path) / "tokenizer.json"
+    if not file.is_file():
+        return False
+    try:
+        model = json.loads(file.read_text()).get("model", {})
+    except (OSError, ValueError):
+        return False
+    return model.get("type") == "WordLevel" and model.get("vocab") == char_vocab()
+
+
 def load_tokenizer(
     name_or_path: str | None, *, trust_remote_code: bool = False
 ) -> PreTrainedTokenizerBase:
@@ -103,10 +118,11 @@ def load_tokenizer(
         return build_char_tokenizer()
     name_or_path = str(name_or_path)
     source = _check_local(name_or_path, "tokenizer")
+    # A saved char tokenizer next to a Qwen2 config.json: AutoTokenizer would pick Qwen2Tokenizer
+    # from the model type and rebuild a byte-level pre-tokenizer that drops spaces and newlines.
+    cls = PreTrainedTokenizerFast if is_char_tokenizer_dir(source) else AutoTokenizer
     try:
-        tok = AutoTokenizer.from_pretrained(
-            source, padding_side="left", trust_remote_code=trust_remote_code
-        )
+        tok = cls.from_pretrained(source, padding_side="left", trust_remote_code=trust_remote_code)
     except Exception as err:  # OSError, ValueError (bad repo id), EnvironmentError, ...
         raise _load_error(name_or_path, "tokenizer", err) from err
     tok.padding_side = "left"
