@@ -226,6 +226,14 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, int | None, Any]]:
             row += 1
 
 
+def _parses(line: str) -> bool:
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
 def _read_json(path: Path) -> Iterator[tuple[int, int | None, Any]]:
     text = path.read_text(encoding="utf-8")
     try:
@@ -233,14 +241,9 @@ def _read_json(path: Path) -> Iterator[tuple[int, int | None, Any]]:
     except json.JSONDecodeError as e:
         # some ".json" files are really JSON Lines
         first_line = text.lstrip().split("\n", 1)[0]
-        if e.lineno > 1 and first_line.startswith("{"):
-            try:
-                json.loads(first_line)
-            except json.JSONDecodeError:
-                pass
-            else:
-                yield from _read_jsonl(path)
-                return
+        if e.lineno > 1 and first_line.startswith("{") and _parses(first_line):
+            yield from _read_jsonl(path)
+            return
         raise DataError(
             f"{path}: line {e.lineno}: invalid JSON ({e.msg} at column {e.colno})"
         ) from e

@@ -26,6 +26,7 @@ Conventions (deliberate, documented choices):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import pickle
@@ -304,10 +305,8 @@ class _Worker:
 
     def stop(self) -> None:
         """Ask politely, then kill: leaves no zombie either way."""
-        try:
+        with contextlib.suppress(OSError, ValueError):  # the worker may be gone already
             self.conn.send(None)
-        except (OSError, ValueError):
-            pass
         self.process.join(timeout=1)
         self.kill()
 
@@ -414,10 +413,8 @@ class MathGrader:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown: best effort only
             self.close()
-        except Exception:
-            pass
 
     # -- comparison backends ------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ without this package, written atomically).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -341,8 +342,7 @@ def _fsync_dir(directory: Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):  # some filesystems cannot fsync a directory
+            os.fsync(fd)
     finally:
         os.close(fd)
