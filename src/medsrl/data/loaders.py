@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from medsrl.data.example import MathExample, prompt_key
+from medsrl.data.example import MathExample
 from medsrl.reward.extract import extract_last_boxed
 
 __all__ = [
@@ -399,16 +399,7 @@ def load_math_file(
             bad_reasons.append(reason)
             continue
         assert problem is not None and answer is not None
-        examples.append(
-            MathExample(
-                key=prompt_key(problem),
-                problem=problem,
-                answer=answer,
-                source=source,
-                row=row,
-                solution=solution,
-            )
-        )
+        examples.append(MathExample.make(problem, answer, source, row, solution))
 
     if bad_rows:
         shown = ", ".join(str(r) for r in bad_rows[:_MAX_ROWS_SHOWN])
