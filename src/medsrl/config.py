@@ -93,10 +93,27 @@ class AlgorithmConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """Engine settings of the vLLM backend (``rollout.backend=vllm``); the HF backend ignores them.
+
+    On the CPU build ``gpu_memory_utilization`` is a fraction of host memory; set
+    ``kv_cache_memory_bytes`` there instead to size the KV cache exactly.
+    """
+
+    gpu_memory_utilization: float = 0.5  # colocated: the trainer needs the rest
+    kv_cache_memory_bytes: int | None = None  # overrides gpu_memory_utilization when set
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False  # True: no CUDA graphs / torch.compile (faster start)
+    enable_sleep_mode: bool = False  # free weights + KV cache between rollouts (GPU builds)
+    dtype: str = "auto"  # auto: the policy's dtype
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+
+
+@dataclass
 class RolloutConfig:
     """Sampling settings for training rollouts and for validation."""
 
-    backend: str = "hf"
+    backend: str = "hf"  # hf | vllm
     n: int = 8
     temperature: float = 1.0
     top_p: float = 1.0
@@ -105,6 +122,7 @@ class RolloutConfig:
     val_n: int = 1
     val_temperature: float = 1.0
     val_top_p: float = 1.0
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
 @dataclass
@@ -146,7 +164,12 @@ def build(cls, values: dict[str, Any] | Any | None, section: str):
     unknown = sorted(set(values) - set(known))
     if unknown:
         raise ValueError(f"unknown key(s) in {section}: {unknown}; known: {sorted(known)}")
-    nested = {DynamicSamplingConfig: "dynamic_sampling", OverlongConfig: "overlong", MedsConfig: "meds"}
+    nested = {
+        DynamicSamplingConfig: "dynamic_sampling",
+        OverlongConfig: "overlong",
+        MedsConfig: "meds",
+        VLLMConfig: "vllm",
+    }
     for sub_cls, name in nested.items():
         if values.get(name) is not None and name in known and not isinstance(values[name], sub_cls):
             values[name] = build(sub_cls, values[name], f"{section}.{name}")

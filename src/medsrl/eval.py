@@ -1,13 +1,16 @@
-"""Evaluation entry point (``medsrl-eval``): sampled accuracy (mean@n) of a policy on a data set.
+"""Evaluation entry point (``medsrl-eval``): pass@k, mean@n, maj@n and diversity on benchmarks.
 
-Loads an exported Hugging Face directory, a model name, or a Lightning checkpoint of a training
-run (the run's saved Hydra config rebuilds the model before the weights are loaded). Writes every
-generation with its grade to ``generations.jsonl`` and the figures to ``metrics.json``.
+Models: ``model_path`` (an exported Hugging Face directory, a model name or a training run's
+``.ckpt``; one, a list, or ``{row name: path}``) and/or ``runs_dir`` (a multirun directory: each run's exported policy,
+else its ``last.ckpt``). Benchmarks: the ``benchmark`` config group (``benchmark=[math500,aime24]``).
+
+Writes into the output directory: ``generations.jsonl`` (every response with its grade and MEDS
+feature, appended as produced; rerunning into the same directory resumes), ``results.md`` /
+``.csv`` / ``.json`` (one row per run and benchmark) and ``pass_at_k.png``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -19,12 +22,13 @@ CONFIG_DIR = str(ROOT / "configs")
 import hydra  # noqa: E402
 import torch  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
 
-from medsrl.data.template import render_prompt  # noqa: E402
+from medsrl.evaluation.report import plot_pass_at_k, write_csv, write_json, write_markdown  # noqa: E402
+from medsrl.evaluation.runner import EvalSettings, problems_from, sample_problems, summarize_records  # noqa: E402
+from medsrl.evaluation.store import GenerationStore  # noqa: E402
 from medsrl.models.loading import load_policy, load_tokenizer  # noqa: E402
 from medsrl.reward.grader import MathGrader  # noqa: E402
-from medsrl.rollout.base import SamplingParams  # noqa: E402
 from medsrl.rollout.hf import HFRolloutEngine  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -47,55 +51,147 @@ def load_for_eval(model_path: str, tokenizer: str | None, dtype: str):
         cache = Path(os.environ["MEDSRL_ROOT"]) / "data" / "cache"
         policy, tok = build_policy(model_cfg, cache)
         state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
-        policy.load_state_dict({k.removeprefix("policy."): v for k, v in state.items() if k.startswith("policy.")})
+        policy.load_state_dict(
+            {k.removeprefix("policy."): v for k, v in state.items() if k.startswith("policy.")}
+        )
         return policy, tok
     return load_policy(model_path, dtype=dtype), load_tokenizer(tokenizer or model_path)
 
 
-def evaluate(cfg: DictConfig) -> dict[str, float]:
+def run_name(path: str | Path) -> str:
+    """A short row label: the run directory for ``<run>/policy`` and ``<run>/checkpoints/x.ckpt``."""
+    p = Path(path)
+    if p.name == "policy":
+        return p.parent.name
+    if p.suffix == ".ckpt" and p.parent.name == "checkpoints":
+        return f"{p.parent.parent.name}/{p.stem}"
+    return str(path) if not p.exists() else p.name
+
+
+def runs_in(runs_dir: str | Path) -> list[tuple[str, str]]:
+    """``(name, model path)`` of every run under a (multi)run directory, in name order.
+
+    A run is a directory with a ``policy/`` export or a ``checkpoints/last.ckpt``; its name
+    carries the Hydra overrides that distinguish it (``0: optim.lr=1e-5``).
+    """
+    found = []
+    for d in sorted(Path(runs_dir).iterdir(), key=lambda p: (len(p.name), p.name)):
+        if (d / "policy" / "config.json").exists():
+            path = d / "policy"
+        elif (d / "checkpoints" / "last.ckpt").exists():
+            path = d / "checkpoints" / "last.ckpt"
+        else:
+            continue
+        overrides = d / ".hydra" / "overrides.yaml"
+        label = d.name
+        if overrides.exists():
+            items = [str(x) for x in OmegaConf.load(overrides)]
+            label += (": " + " ".join(items)) if items else ""
+        found.append((label, str(path)))
+    if not found:
+        raise FileNotFoundError(
+            f"{runs_dir}: no run with a policy/ export or checkpoints/last.ckpt"
+        )
+    return found
+
+
+def models_to_evaluate(cfg: DictConfig) -> list[tuple[str, str]]:
+    """``(row name, model path)`` pairs: ``model_path`` (one, a list, or ``{name: path}``) and the
+    runs of ``runs_dir``."""
+    paths = cfg.model_path
+    if isinstance(paths, DictConfig):
+        models = [(str(name), str(path)) for name, path in paths.items()]
+    else:
+        paths = [] if paths is None else list(paths) if isinstance(paths, ListConfig) else [paths]
+        models = [(run_name(p), str(p)) for p in paths]
+    if cfg.runs_dir:
+        models += runs_in(cfg.runs_dir)
+    if not models:
+        raise ValueError(
+            "nothing to evaluate: set model_path=<dir|name|.ckpt> (or a list, or {name: path}) "
+            "or runs_dir=<multirun dir>"
+        )
+    names = [m[0] for m in models]
+    if len(set(names)) != len(names):
+        models = [(f"{i}:{name}", path) for i, (name, path) in enumerate(models)]
+    return models
+
+
+def settings_from(cfg: DictConfig) -> EvalSettings:
+    return EvalSettings(
+        n=cfg.n,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed,
+        batch_size=cfg.batch_size,
+        feature_layers=OmegaConf.to_container(cfg.feature_layers)
+        if isinstance(cfg.feature_layers, ListConfig)
+        else cfg.feature_layers,
+        extra={"template": OmegaConf.to_container(cfg.template, resolve=True), "limit": cfg.limit},
+    )
+
+
+def evaluate(cfg: DictConfig) -> list[dict]:
+    """Evaluate every model on every benchmark; write the generations, tables and plot."""
     out_dir = Path(cfg.paths.output_dir)
-    policy, tok = load_for_eval(cfg.model_path, cfg.tokenizer, cfg.dtype)
-    examples = instantiate(cfg.dataset)
-    engine = HFRolloutEngine(policy, tok, max_batch_size=cfg.batch_size)
-    template = OmegaConf.to_container(cfg.template, resolve=True)
-    correct, total = 0.0, 0
-    per_problem: list[float] = []
-    with MathGrader(timeout_s=cfg.grader.timeout_s, num_workers=cfg.grader.num_workers) as grader, open(
-        out_dir / "generations.jsonl", "w"
-    ) as f:
-        chunk = max(1, cfg.batch_size // cfg.n)
-        for start in range(0, len(examples), chunk):
-            batch = examples[start : start + chunk]
-            params = SamplingParams(
-                n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p,
-                max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + start,
-            )
-            rollout = engine.generate([render_prompt(e.problem, **template) for e in batch], params)
-            grades = grader.grade_batch(rollout.response_text, [batch[i].answer for i in rollout.prompt_index])
-            hits = [0.0] * len(batch)
-            for i, g in enumerate(grades):
-                p = rollout.prompt_index[i]
-                hits[p] += g.score
-                f.write(json.dumps({"key": batch[p].key, "problem": batch[p].problem, "gold": batch[p].answer,
-                                    "response": rollout.response_text[i], "extracted": g.extracted,
-                                    "score": g.score, "finish_reason": rollout.finish_reason[i]}) + "\n")
-            per_problem += [h / cfg.n for h in hits]
-            correct += sum(g.score for g in grades)
-            total += len(grades)
-    metrics = {
-        "mean_at_n": correct / max(total, 1),
-        "n": cfg.n,
-        "problems": len(examples),
-        "any_correct": sum(p > 0 for p in per_problem) / max(len(per_problem), 1),
-    }
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    print(f"[medsrl] {cfg.model_path}: mean@{cfg.n} = {metrics['mean_at_n']:.4f} on {len(examples)} problems")
-    return metrics
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settings = settings_from(cfg)
+    template = settings.extra["template"]
+    benchmarks = {name: instantiate(src) for name, src in cfg.benchmark.items()}
+    for name, examples in benchmarks.items():
+        if cfg.limit is not None:
+            benchmarks[name] = examples[: cfg.limit]
+        log.info("benchmark %s: %d problems", name, len(benchmarks[name]))
+    device = cfg.device if cfg.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    rows = []
+    with (
+        GenerationStore(out_dir / "generations.jsonl") as store,
+        MathGrader(timeout_s=cfg.grader.timeout_s, num_workers=cfg.grader.num_workers) as grader,
+    ):
+        for run, path in models_to_evaluate(cfg):
+            policy, tok = load_for_eval(path, cfg.tokenizer, cfg.dtype)
+            policy.to(device).eval()
+            engine = HFRolloutEngine(policy, tok, max_batch_size=cfg.batch_size)
+            for bench, examples in benchmarks.items():
+                records = sample_problems(
+                    policy,
+                    tok,
+                    engine,
+                    grader,
+                    problems_from(examples, template),
+                    settings,
+                    run=run,
+                    benchmark=bench,
+                    store=store,
+                    fingerprint=settings.fingerprint(path, bench),
+                )
+                row = summarize_records(run, bench, records)
+                rows.append(row)
+                log.info(
+                    "%s / %s: pass@1 %.4f, pass@%d %.4f",
+                    run,
+                    bench,
+                    row["pass@1"],
+                    cfg.n,
+                    row[f"pass@{cfg.n}"],
+                )
+            del policy, engine
+    write_markdown(rows, out_dir / "results.md")
+    write_csv(rows, out_dir / "results.csv")
+    write_json(rows, out_dir / "results.json")
+    plot_pass_at_k(rows, out_dir / "pass_at_k.png")
+    print((out_dir / "results.md").read_text())
+    print(
+        f"[medsrl] results in {out_dir} (results.md / .csv / .json, pass_at_k.png, generations.jsonl)"
+    )
+    return rows
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="eval")
 def main(cfg: DictConfig) -> float:
-    return evaluate(cfg)["mean_at_n"]
+    rows = evaluate(cfg)
+    return float(sum(r["pass@1"] for r in rows) / len(rows))
 
 
 if __name__ == "__main__":

@@ -9,11 +9,19 @@ moves tensors and logs. One training step (``trainer.global_step`` counts these)
 
 Optimisation is manual: a step may run several mini-batch updates, and only the last one goes
 through Lightning's optimizer wrapper so that ``global_step`` advances once per RL step.
+
+Several processes (``trainer=ddp``): each rank takes a contiguous shard of the step's prompts and
+generates, grades and scores only those (a group never spans ranks); dynamic sampling counts kept
+groups over all ranks; the loss of a mini-batch is normalised by its global token / sequence count
+and the gradients are summed over ranks in one all-reduce per update, so a run on W ranks makes
+the same updates as one process with the same global batch. DDP's own per-backward gradient sync
+is switched off for this (ranks may run different numbers of micro-batches).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import time
@@ -46,7 +54,15 @@ from medsrl.config import (
 from medsrl.reward.grader import MathGrader
 from medsrl.reward.overlong import overlong_penalty
 from medsrl.rollout.base import PackedRollouts, RolloutBatch, SamplingParams, pack_rollouts
-from medsrl.rollout.hf import HFRolloutEngine
+from medsrl.rollout.factory import BACKENDS, build_engine
+from medsrl.utils.distributed import (
+    all_gather_objects,
+    all_reduce_grads,
+    all_reduce_sum,
+    is_distributed,
+    rank_and_size,
+    shard_bounds,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +114,10 @@ class RLModule(L.LightningModule):
                 f"algorithm.overlong.buffer_length={ov.buffer_length} must be between 0 and "
                 f"rollout.max_new_tokens={self.rollout_cfg.max_new_tokens}"
             )
-        if self.rollout_cfg.backend != "hf":
-            raise ValueError(f"rollout.backend={self.rollout_cfg.backend!r}: only 'hf' is built")
+        if self.rollout_cfg.backend not in BACKENDS:
+            raise ValueError(
+                f"rollout.backend={self.rollout_cfg.backend!r}; valid: {', '.join(BACKENDS)}"
+            )
 
     # ------------------------------------------------------------------ setup
 
@@ -112,9 +130,15 @@ class RLModule(L.LightningModule):
                 timeout_s=self.grader_cfg.timeout_s, num_workers=self.grader_cfg.num_workers
             )
         if self.engine is None:
-            self.engine = HFRolloutEngine(
-                self.policy, self.tokenizer, max_batch_size=self.rollout_cfg.max_batch_size
-            )
+            cfg = self.rollout_cfg
+            self.engine = build_engine(cfg, self.policy, self.tokenizer, seed=self.seed)
+
+    def on_train_start(self) -> None:
+        # A resumed fit restores the weights after setup built the engine: serve those, not the base.
+        self.engine.sync_weights(self.policy)
+        ddp = self.trainer.strategy.model
+        if is_distributed() and hasattr(ddp, "require_backward_grad_sync"):
+            ddp.require_backward_grad_sync = False  # we all-reduce once per update (_update)
 
     def teardown(self, stage: str) -> None:
         if self.grader is not None and stage == "fit":
@@ -179,8 +203,8 @@ class RLModule(L.LightningModule):
             acc = torch.tensor([g.score for g in grades])
             metrics["zero_spread_group_frac"] = _zero_spread_frac(acc, rollout.prompt_index)
 
-        if len(rollout) == 0:
-            # Nothing to learn from: advance the step without touching the weights.
+        if min(all_gather_objects(len(rollout))) == 0:
+            # Nothing to learn from (on some rank): advance the step without touching the weights.
             self._skip_update(step, metrics, timer)
             return
 
@@ -228,31 +252,45 @@ class RLModule(L.LightningModule):
         )
 
     def _generate(self, prompts, step: int, round_: int) -> tuple[list, RolloutBatch]:
+        """Generate for this rank's contiguous shard of ``prompts`` (all of them in one process).
+
+        The shard starting at prompt ``s`` is sampled with seed ``base + s``, which the engine
+        continues per chunk, so the responses do not depend on the number of ranks.
+        """
         cfg = self.rollout_cfg
+        rank, size = rank_and_size()
+        start, stop = shard_bounds(len(prompts), rank, size)
         params = self._sampling(step, round_, cfg.n, cfg.temperature, cfg.top_p)
-        return list(prompts), self.engine.generate([p.text for p in prompts], params)
+        params = dataclasses.replace(params, seed=params.seed + start)
+        shard = list(prompts)[start:stop]
+        return shard, self.engine.generate([p.text for p in shard], params)
 
     def _dynamic_sampling(self, batch, prompts, rollout, grades, step, timer):
-        """DAPO: keep groups whose accuracy differs; generate extra rounds until the batch is full."""
-        target = len(prompts)
-        kept_prompts, kept_rollouts, kept_grades = [], [], []
+        """DAPO: keep groups whose accuracy differs; generate extra rounds until the batch is full.
+
+        The batch is the step's global prompt count; kept groups are counted over all ranks, and
+        the surplus of the last round is cut in (round, rank, prompt) order, which is the order
+        of one process holding every prompt.
+        """
+        target = len(batch["prompts"])
+        kept_by_round: list[list[tuple[Any, RolloutBatch, list]]] = []
         first_zero_frac = None
         rounds = 0
+        total = 0
         while True:
             acc = torch.tensor([g.score for g in grades])
-            groups = torch.tensor(rollout.prompt_index)
-            keep = keep_mask_by_group_spread(acc, groups)
+            groups = torch.tensor(rollout.prompt_index, dtype=torch.long)
+            keep = keep_mask_by_group_spread(acc, groups) if len(acc) else torch.zeros(0, dtype=torch.bool)
             if first_zero_frac is None:
-                first_zero_frac = _zero_spread_frac(acc, rollout.prompt_index)
-            kept_groups = sorted({int(g) for g in groups[keep].tolist()})
-            for g in kept_groups:
-                if len(kept_prompts) >= target:
-                    break
+                zero = _zero_spread_frac(acc, rollout.prompt_index) * len(prompts) if len(acc) else 0.0
+                first_zero_frac = all_reduce_sum(zero) / max(all_reduce_sum(len(prompts)), 1)
+            kept = []
+            for g in sorted({int(g) for g in groups[keep].tolist()}):
                 rows = [i for i, pi in enumerate(rollout.prompt_index) if pi == g]
-                kept_prompts.append(prompts[g])
-                kept_rollouts.append(_select(rollout, rows))
-                kept_grades.append([grades[i] for i in rows])
-            if len(kept_prompts) >= target or rounds >= self.algo.dynamic_sampling.max_rounds:
+                kept.append((prompts[g], _select(rollout, rows), [grades[i] for i in rows]))
+            kept_by_round.append(kept)
+            total += all_reduce_sum(len(kept))
+            if total >= target or rounds >= self.algo.dynamic_sampling.max_rounds:
                 break
             rounds += 1
             extra = self.trainer.datamodule.extra_prompts(step, rounds, target)
@@ -262,19 +300,22 @@ class RLModule(L.LightningModule):
                 grades = self.grader.grade_batch(
                     rollout.response_text, [prompts[i].answer for i in rollout.prompt_index]
                 )
-        if len(kept_prompts) < target:
+        take = _my_share(all_gather_objects([len(k) for k in kept_by_round]), rank_and_size()[0], target)
+        chosen = [item for kept, n in zip(kept_by_round, take, strict=True) for item in kept[:n]]
+        filled = min(int(total), target)
+        if filled < target:
             log.info(
                 "step %d: dynamic sampling filled %d/%d groups after %d extra rounds",
-                step, len(kept_prompts), target, rounds,
+                step, filled, target, rounds,
             )
-        merged = _concat(kept_rollouts)
+        merged = _concat([r for _, r, _ in chosen])
         metrics = {
             "zero_spread_group_frac": first_zero_frac,
             "dynamic_sampling/extra_rounds": float(rounds),
-            "dynamic_sampling/kept_groups": float(len(kept_prompts)),
-            "dynamic_sampling/batch_fill": len(kept_prompts) / max(target, 1),
+            "dynamic_sampling/kept_groups": float(filled),
+            "dynamic_sampling/batch_fill": filled / max(target, 1),
         }
-        return kept_prompts, merged, [g for gs in kept_grades for g in gs], metrics
+        return [p for p, _, _ in chosen], merged, [g for _, _, gs in chosen for g in gs], metrics
 
     def _make_step_rollouts(self, step, stage, prompts, rollout: RolloutBatch, grades) -> StepRollouts:
         packed = pack_rollouts(rollout.prompt_ids, rollout.response_ids, self.tokenizer.pad_token_id)
@@ -351,12 +392,19 @@ class RLModule(L.LightningModule):
         sched = self.lr_schedulers()
         packed = rollouts.packed
         advantages = advantages.to(self.device)
-        num_groups = len(rollouts.prompts)
+        # Mini-batches are ranges of global group indices (this rank holds groups offset..);
+        # every rank runs the same number of updates, possibly with no rows of its own.
+        rank = rank_and_size()[0]
+        counts = all_gather_objects(len(rollouts.prompts))
+        offset, mine, num_groups = sum(counts[:rank]), counts[rank], sum(counts)
         per_update = algo.mini_batch_prompts or num_groups
         group_ids = rollouts.group_ids
-        order = torch.arange(num_groups)
-        mini_batches = [order[i : i + per_update] for i in range(0, num_groups, per_update)]
+        mini_batches = []
+        for lo in range(0, num_groups, per_update):
+            first, last = max(lo, offset), min(lo + per_update, offset + mine)
+            mini_batches.append(torch.arange(first, max(first, last)) - offset)
         total_updates = algo.ppo_epochs * len(mini_batches)
+        params = [p for p in self.policy.parameters() if p.requires_grad]
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
         nonfinite = 0
@@ -367,8 +415,8 @@ class RLModule(L.LightningModule):
             for mb_groups in mini_batches:
                 rows = torch.nonzero(torch.isin(group_ids, mb_groups)).flatten()
                 mask = packed.response_mask[rows]
-                num_tokens = float(mask.sum().item())
-                num_seqs = float(len(rows))
+                num_tokens = all_reduce_sum(float(mask.sum().item()))
+                num_seqs = all_reduce_sum(float(len(rows)))
                 opt.zero_grad(set_to_none=True)
                 bad = False
                 for start in range(0, len(rows), algo.micro_batch_size):
@@ -381,6 +429,9 @@ class RLModule(L.LightningModule):
                     for k, v in m.items():
                         sums[k] = sums.get(k, 0.0) + v * len(mrows)
                         counts[k] = counts.get(k, 0) + len(mrows)
+                bad = all_reduce_sum(float(bad)) > 0
+                if not bad:
+                    all_reduce_grads(params)
                 grad_norm = float("nan") if bad else self._grad_norm()
                 if bad or not math.isfinite(grad_norm):
                     nonfinite += 1
@@ -463,6 +514,8 @@ class RLModule(L.LightningModule):
     # ------------------------------------------------------------ logging
 
     def _log_step(self, metrics: dict[str, float], stage: str | None) -> None:
+        if is_distributed():
+            metrics = _mean_over_ranks(all_gather_objects(metrics))
         bar = {"reward", "acc"}
         for k, v in metrics.items():
             if v is None:
@@ -527,6 +580,30 @@ class _PhaseTimer:
         out = {f"time/{k}": v for k, v in self.times.items()}
         out["time/step"] = time.perf_counter() - self.t0
         return out
+
+
+def _my_share(counts: list[list[int]], rank: int, target: int) -> list[int]:
+    """Per round, how many of this rank's kept groups make the batch: the first ``target`` kept
+    groups in (round, rank) order. ``counts[q][r]``: groups rank ``q`` kept in round ``r``."""
+    budget = target
+    mine = []
+    for r in range(len(counts[0])):
+        for q, per_round in enumerate(counts):
+            n = min(per_round[r], max(budget, 0))
+            budget -= n
+            if q == rank:
+                mine.append(n)
+    return mine
+
+
+def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric averaged over the ranks that report it (shards are near-equal in size)."""
+    keys = dict.fromkeys(k for m in per_rank for k in m)
+    out = {}
+    for k in keys:
+        vals = [m[k] for m in per_rank if m.get(k) is not None]
+        out[k] = sum(vals) / len(vals) if vals else None
+    return out
 
 
 def _zero_spread_frac(acc: torch.Tensor, prompt_index: list[int]) -> float:

@@ -319,3 +319,16 @@ def test_kv_cache_used_even_with_checkpointing_training_setup(model, tok):
     assert all(n == 1 for n in lengths[1:])  # then one new token per step (KV cache)
     assert len(lengths) == max(len(r) for r in batch.response_ids)
     assert model.training
+
+
+def test_splitting_prompts_at_chunk_boundaries_with_offset_seeds_gives_the_same_samples(model, tok):
+    """What a distributed run relies on: rank r generating prompts s..s+k-1 with seed + s
+    samples exactly what one process generating all prompts with seed does."""
+    prompts = [*_prompts(), "3 + 4 = ?"]
+    engine = HFRolloutEngine(model, tok, max_batch_size=4)  # 2 prompts per chunk at n=2
+    params = SamplingParams(n=2, max_new_tokens=6, seed=7)
+    whole = engine.generate(prompts, params)
+    first = engine.generate(prompts[:2], params)
+    second = engine.generate(prompts[2:], SamplingParams(n=2, max_new_tokens=6, seed=7 + 2))
+    assert first.response_ids + second.response_ids == whole.response_ids
+    assert len({tuple(r) for r in whole.response_ids}) > 1

@@ -5,20 +5,28 @@ Order inside a step (PAPER.md steps 4-5): the shaping callback reads labels stor
 (``labels_for``), then this callback appends the step's features and submits each touched key's
 re-fit to a background worker. The re-fit is needed only when the key comes back, so the policy
 update runs meanwhile; ``labels_for`` waits for a key only if its re-fit is still running.
+
+Several processes: each rank scores its own prompts, but the memory is replicated. Every step the
+ranks all-gather the new (key, correctness, feature) rows and insert all of them in rank order, so
+every rank holds the same memory, re-fits the same clusters and computes the penalties one
+process would. Rank 0 writes the snapshots; the checkpoint (written by rank 0) holds it once; at
+each snapshot step the ranks compare memory digests and stop with an error if they ever differ.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 
 import numpy as np
 
 from medsrl.callbacks.logit_capture import FEATURES, SAMPLE_INDEX
-from medsrl.callbacks.protocol import RolloutCallback, StepRollouts
+from medsrl.callbacks.protocol import RolloutCallback, StepRollouts, run_log_dir
 from medsrl.shaping.clustering import NOISE, top1_eigen_ratio
 from medsrl.shaping.memory import ErrorMemory, MemoryEntry
 from medsrl.shaping.refit import BackgroundRefitter
+from medsrl.utils.distributed import all_gather_objects
 
 log = logging.getLogger(__name__)
 
@@ -115,24 +123,45 @@ class ErrorMemoryCallback(RolloutCallback):
         rows = rollouts.features[SAMPLE_INDEX].tolist()
         keys = rollouts.keys
         correct = (rollouts.acc > 0.5).tolist()
-        by_store: dict[tuple[str, bool], list[int]] = {}
-        for j, i in enumerate(rows):
-            by_store.setdefault((keys[i], bool(correct[i])), []).append(j)
-        x = feats.numpy()
-        for (key, ok), js in by_store.items():
+        local = ([(keys[i], bool(correct[i])) for i in rows], feats.numpy())
+        by_store: dict[tuple[str, bool], list[np.ndarray]] = {}
+        for stores, x in all_gather_objects(local):  # every rank's new rows, in rank order
+            for j, store in enumerate(stores):
+                by_store.setdefault(store, []).append(x[j])
+        for (key, ok), vecs in by_store.items():
             self._collect(key, ok)  # a running re-fit of this key must land before the add
-            self.memory.add(key, ok, x[js], rollouts.step)
+            self.memory.add(key, ok, np.stack(vecs), rollouts.step)
             self.refitter.submit((key, ok), self.memory.get(key, ok).features)
         self._apply(self.refitter.collect())
         rollouts.metrics.update(self._metrics([k for k in by_store if not k[1]]))
         if self.snapshot_every_n_steps and (rollouts.step + 1) % self.snapshot_every_n_steps == 0:
+            self.check_replicas(rollouts.step)
             self.snapshot(trainer, rollouts.step)
+
+    def digest(self) -> str:
+        """A hash of every stored key, feature and step: equal on all ranks of a healthy run.
+
+        (Labels are left out: a re-fit may have landed on one rank and not yet on another; they
+        are a deterministic function of the features.)
+        """
+        h = hashlib.sha1()
+        for entry in self.memory.state_dict()["entries"]:
+            h.update(f"{entry['key']}|{entry['correct']}|".encode())
+            h.update(np.ascontiguousarray(entry["features"]).tobytes())
+            h.update(np.ascontiguousarray(entry["steps"]).tobytes())
+        return h.hexdigest()
+
+    def check_replicas(self, step: int) -> None:
+        """Raise if the ranks' memories differ (they never should; this catches it early)."""
+        digests = all_gather_objects(self.digest())
+        if len(set(digests)) > 1:
+            raise RuntimeError(f"step {step}: MEDS memory differs across ranks: {digests}")
 
     def snapshot(self, trainer, step: int) -> Path | None:
         """Write ``memory/memory.npz`` atomically (open with ``numpy.load``; see ErrorMemory)."""
         if not trainer.is_global_zero:
             return None
-        root = Path(self.snapshot_dir or trainer.log_dir or trainer.default_root_dir)
+        root = Path(self.snapshot_dir or run_log_dir(trainer))
         path = root / "memory" / "memory.npz"
         self.memory.snapshot(path)
         log.info("MEDS memory snapshot at step %d: %s (%d entries)", step, path, self.memory.num_entries())

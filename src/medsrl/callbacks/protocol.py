@@ -78,3 +78,15 @@ class RolloutCallback(Callback):
 def rollout_callbacks(trainer) -> list[RolloutCallback]:
     """The trainer's rollout callbacks, in order."""
     return [cb for cb in trainer.callbacks if isinstance(cb, RolloutCallback)]
+
+
+def run_log_dir(trainer) -> str:
+    """Where a callback writes its files: the first logger's directory, else the root dir.
+
+    Unlike ``trainer.log_dir`` (a broadcast under DDP, which deadlocks when only rank 0 asks),
+    this makes no collective call.
+    """
+    for logger in trainer.loggers:
+        if getattr(logger, "log_dir", None):
+            return str(logger.log_dir)
+    return str(trainer.default_root_dir)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from medsrl.callbacks.protocol import RolloutCallback, StepRollouts
+from medsrl.callbacks.protocol import RolloutCallback, StepRollouts, run_log_dir
 
 
 class SampleLogger(RolloutCallback):
@@ -37,8 +37,8 @@ class SampleLogger(RolloutCallback):
                     "score": float(rollouts.scores[i]),
                 }
             )
-        if trainer.is_global_zero and trainer.log_dir:
-            path = Path(trainer.log_dir) / "samples.jsonl"
+        if trainer.is_global_zero:
+            path = Path(run_log_dir(trainer)) / "samples.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a") as f:
                 for r in records:

@@ -1,4 +1,5 @@
-"""Rollout generation: the engine protocol, the HF ``generate`` engine and batch packing."""
+"""Rollout generation: the engine protocol, the HF ``generate`` engine, the backend factory
+(``build_engine``; the vLLM engine is imported only when asked for) and batch packing."""
 
 from medsrl.rollout.base import (
     FINISH_LENGTH,
@@ -10,6 +11,7 @@ from medsrl.rollout.base import (
     pack_rollouts,
     response_logits_slice,
 )
+from medsrl.rollout.factory import build_engine
 from medsrl.rollout.hf import HFRolloutEngine
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "RolloutBatch",
     "RolloutEngine",
     "SamplingParams",
+    "build_engine",
     "pack_rollouts",
     "response_logits_slice",
 ]

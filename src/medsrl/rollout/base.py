@@ -100,7 +100,7 @@ class RolloutBatch:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """A generation backend (Hugging Face ``generate`` now, vLLM later)."""
+    """A generation backend (Hugging Face ``generate`` or vLLM; see ``medsrl.rollout.factory``)."""
 
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch: ...
 

@@ -9,10 +9,14 @@ Our :class:`SamplingParams` are the only sampling settings used: the model's own
 swapped for a clean one for the duration of the call, in which ``top_k=0``, ``min_p``/``typical_p``
 etc. are neutral.
 
-Seeding: with ``params.seed`` set, the call runs inside ``torch.random.fork_rng`` after
-``torch.manual_seed(seed)``, so it is reproducible for the same prompts, params, model and
-``max_batch_size`` (on GPU up to kernel non-determinism) and it leaves the global RNG stream of the
-caller untouched. Without a seed, sampling draws from the global RNG.
+Seeding: prompts are generated in chunks of whole prompts (``max_batch_size // n`` prompts, at
+least one). With ``params.seed`` set, the call runs inside ``torch.random.fork_rng`` and the chunk
+whose first prompt is prompt ``i`` of the call is drawn after ``torch.manual_seed(seed + i)``. So a
+call is reproducible for the same prompts, params, model and ``max_batch_size`` (on GPU up to
+kernel non-determinism), it leaves the global RNG stream of the caller untouched, and a caller
+that splits its prompts at chunk boundaries (a rank of a distributed run taking prompts
+``s..s+k-1`` with ``seed + s``) gets exactly the responses of the unsplit call. Without a seed,
+sampling draws from the global RNG.
 """
 
 from __future__ import annotations
@@ -77,7 +81,8 @@ class HFRolloutEngine:
 
     ``stop_token_ids`` defaults to the ids of ``<|im_end|>``, ``<|endoftext|>`` and the eos token
     that exist in the tokenizer. ``max_batch_size`` caps the number of sequences per ``generate``
-    call (each prompt is repeated ``n`` times, so one call holds ``max_batch_size`` responses).
+    call (each prompt is repeated ``n`` times, so one call holds ``max_batch_size // n`` prompts;
+    a single prompt with ``n > max_batch_size`` is generated in one call of ``n``).
     Prompts are tokenized with the tokenizer's default special-token handling (as vLLM does).
     """
 
@@ -169,8 +174,12 @@ class HFRolloutEngine:
             _swapped_generation_config(model, config),
             _seeded(params.seed, device),
         ):
-            for start in range(0, len(order), self.max_batch_size):
-                chunk = [prompt_ids[i] for i in order[start : start + self.max_batch_size]]
+            per_chunk = max(1, self.max_batch_size // params.n)
+            for first in range(0, len(prompts), per_chunk):
+                if params.seed is not None:
+                    torch.manual_seed(params.seed + first)
+                rows = order[first * params.n : (first + per_chunk) * params.n]
+                chunk = [prompt_ids[i] for i in rows]
                 input_ids, attention_mask = self._left_pad(chunk, device)
                 out = model.generate(
                     input_ids=input_ids,

@@ -1,0 +1,94 @@
+"""Diversity of one problem's n responses: distinct answers, feature spread, error clusters.
+
+MEDS claims that penalising repeated errors makes a policy explore: its wrong answers should be
+more varied (more distinct strings, more clusters in feature space) and its features less
+concentrated along one direction (lower top-1 eigen ratio). Feature rows are the per-response
+vectors the MEDS memory stores (e.g. the per-layer logit profile at the answer); the geometry
+matches training: clusters via ``fit_cluster_labels``, eigen ratio via ``top1_eigen_ratio``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from medsrl.evaluation.passk import answer_key
+from medsrl.shaping.clustering import fit_cluster_labels, top1_eigen_ratio
+
+DIVERSITY_KEYS = ("distinct_answers", "distinct_wrong", "eigen_ratio", "wrong_clusters")
+
+
+def distinct_answers(answers: Sequence[str | None]) -> int:
+    """Number of different answers, grouped as in majority voting (``answer_key``: exact string
+    after stripping). Samples with no answer are not counted."""
+    return len({answer_key(a) for a in answers} - {None})
+
+
+def distinct_wrong_answers(answers: Sequence[str | None], scores: Sequence[float]) -> int:
+    """Number of different *wrong* answers (score < 1, an answer was given).
+
+    Why separate from ``distinct_answers``: a problem has one right answer, so the spread of the
+    errors is what repeated-error penalties are meant to change.
+    """
+    if len(answers) != len(scores):
+        raise ValueError(f"{len(answers)} answers but {len(scores)} scores")
+    return len({answer_key(a) for a, s in zip(answers, scores, strict=True) if s < 1.0} - {None})
+
+
+def feature_eigen_ratio(features: np.ndarray) -> float:
+    """Top-1 eigen ratio ``lambda_1 / sum(lambda)`` of the covariance of the feature rows [N, D].
+
+    Near 1: the responses vary along one direction (collapsed); towards ``1/D`` when many rows
+    spread evenly over all D directions. Raw (not normalised) rows, as the training metric ``meds/top1_eigen_ratio``. ``nan``
+    when undefined: fewer than 2 rows, or all rows equal (zero variance); average with
+    ``np.nanmean``.
+    """
+    return top1_eigen_ratio(features)
+
+
+def wrong_cluster_count(
+    features: np.ndarray, *, min_cluster_size: int = 2, min_samples: int = 1
+) -> int:
+    """Number of error modes among the wrong responses' feature rows [N, D], counted as MEDS does.
+
+    Clustering as in MEDS training (``fit_cluster_labels``: L2-normalised rows, Euclidean,
+    ``min_cluster_size=2``, ``min_samples=1``), and, as in the reference penalty, the noise points
+    together count as one cluster. So 0 rows give 0, errors that are all alike give 1 (HDBSCAN
+    never returns the whole set as one cluster: it calls it noise), two separate modes give 2.
+    """
+    x = np.asarray(features, dtype=np.float64)
+    if x.ndim != 2:
+        raise ValueError(f"expected a 2-D array [N, D], got shape {x.shape}")
+    if x.shape[0] == 0:
+        return 0
+    labels = fit_cluster_labels(x, min_cluster_size=min_cluster_size, min_samples=min_samples)
+    return len(set(labels.tolist()))
+
+
+def problem_diversity(
+    answers: Sequence[str | None], scores: Sequence[float], features: np.ndarray | None = None
+) -> dict[str, float]:
+    """All diversity figures of one problem, keyed by ``DIVERSITY_KEYS``.
+
+    ``features`` [n, D] is aligned with ``answers``/``scores`` (row i = response i); a response
+    without a feature (e.g. its answer could not be located) has a row of NaN and is left out.
+    The eigen ratio uses every present row, the cluster count the present rows of wrong
+    responses (score < 1). Without features both are ``nan``.
+    """
+    out = {
+        "distinct_answers": float(distinct_answers(answers)),
+        "distinct_wrong": float(distinct_wrong_answers(answers, scores)),
+        "eigen_ratio": float("nan"),
+        "wrong_clusters": float("nan"),
+    }
+    if features is None:
+        return out
+    x = np.asarray(features, dtype=np.float64)
+    if x.ndim != 2 or x.shape[0] != len(scores):
+        raise ValueError(f"features must be [{len(scores)}, D], got shape {x.shape}")
+    present = np.isfinite(x).all(axis=1)
+    wrong = np.asarray(scores, dtype=np.float64) < 1.0
+    out["eigen_ratio"] = feature_eigen_ratio(x[present])
+    out["wrong_clusters"] = float(wrong_cluster_count(x[present & wrong]))
+    return out

@@ -1,0 +1,97 @@
+"""Unbiased pass@k over n samples per problem, and majority-vote accuracy (maj@n).
+
+A response is *correct* when its score is 1 (the grader's full credit), as in the rest of
+``medsrl.evaluation``.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem with ``c`` correct out of ``n`` samples.
+
+    The probability that a random k-subset of the n samples holds at least one correct one,
+    ``1 - C(n-c, k) / C(n, k)`` (Chen et al., 2021). Computed as the product
+    ``1 - prod_{i=n-c+1}^{n} (1 - k/i)``, which stays finite where the binomials overflow a
+    float (n in the thousands). ``n - c < k`` gives 1.0: every k-subset must hold a correct one.
+    """
+    n, c, k = operator.index(n), operator.index(c), operator.index(k)
+    if not 0 <= c <= n:
+        raise ValueError(f"need 0 <= c <= n, got c={c}, n={n}")
+    if not 1 <= k <= n:
+        raise ValueError(f"need 1 <= k <= n, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def pass_at_k_array(n: int, correct_counts: np.ndarray | Sequence[int], k: int) -> np.ndarray:
+    """pass@k [P] (float64) of each problem, from its number of correct samples out of ``n``.
+
+    Counts must be integers (a float count raises ``TypeError`` rather than being truncated).
+    """
+    counts = np.asarray(correct_counts).ravel().tolist()
+    return np.array([pass_at_k(n, c, k) for c in counts], dtype=np.float64)
+
+
+def mean_pass_at_k(
+    n: int, correct_counts: np.ndarray | Sequence[int], ks: Sequence[int]
+) -> dict[int, float]:
+    """``{k: pass@k averaged over problems}``; the benchmark-level figure a paper reports."""
+    if len(correct_counts) == 0:
+        raise ValueError("no problems: pass@k of an empty benchmark is undefined")
+    return {int(k): float(pass_at_k_array(n, correct_counts, k).mean()) for k in ks}
+
+
+def default_ks(n: int) -> list[int]:
+    """``[1, 2, 4, ..., n]``: the powers of 2 up to ``n``, plus ``n`` itself if it is not one.
+
+    Why powers of 2: pass@k curves are read on a log-2 k axis.
+    """
+    n = operator.index(n)
+    if n < 1:
+        raise ValueError(f"need n >= 1, got {n}")
+    ks = [1 << i for i in range(n.bit_length()) if 1 << i <= n]
+    return ks if ks[-1] == n else [*ks, n]
+
+
+def answer_key(answer: str | None) -> str | None:
+    """Grouping key of an extracted answer: the string with outer whitespace stripped.
+
+    ``None`` (nothing extracted) and an empty or whitespace-only answer (e.g. ``\\boxed{}``) are
+    no answer and give ``None``. Only exact strings are merged: ``1/2`` and ``\\frac{1}{2}`` are
+    two different answers here, even though the grader would accept both.
+    """
+    if answer is None:
+        return None
+    key = answer.strip()
+    return key or None
+
+
+def majority_vote_correct(answers: Sequence[str | None], scores: Sequence[float]) -> float:
+    """1.0 if the most frequent answer among the samples of one problem is correct, else 0.0.
+
+    Answers are grouped by ``answer_key`` (exact string after stripping; equivalent but
+    differently written answers are not merged, so they split the vote). Samples with no answer do
+    not vote; if none answered, 0.0. A tie in count goes to the answer that occurs first. A group
+    is correct if its first member's score is 1; members of one group share one string, so they
+    share one grade.
+    """
+    if len(answers) != len(scores):
+        raise ValueError(f"{len(answers)} answers but {len(scores)} scores")
+    votes: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for i, answer in enumerate(answers):
+        key = answer_key(answer)
+        if key is not None:
+            votes[key] = votes.get(key, 0) + 1
+            first.setdefault(key, i)
+    if not votes:
+        return 0.0
+    winner = max(votes, key=votes.__getitem__)  # max keeps the first of equal counts
+    return 1.0 if scores[first[winner]] >= 1.0 else 0.0

@@ -1,0 +1,255 @@
+"""Rollouts with an in-process (colocated) vLLM engine, fed the policy's weights in place.
+
+Creation: only the policy's config and the tokenizer are written to a temp dir; the engine starts
+with ``load_format="dummy"`` (random weights) and then receives the live weights through
+:meth:`VLLMRolloutEngine.sync_weights`, the same path every later update takes. So nothing as large
+as the weights goes to disk, and the sync path is exercised from the first rollout on.
+
+Weight sync needs the engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: set here when
+unset, an error when set to anything else): the weights are handed to the worker by reference,
+not serialised. (With ``tensor_parallel_size > 1`` vLLM starts worker processes and the weights
+are pickled to them instead: untested here.) Inside the worker it uses the in-place ``reload_weights`` with a weights iterator when
+the installed vLLM offers it (required on the CPU build, whose linear layers are repacked after
+loading, so a plain ``load_weights`` fails there), else the model's ``load_weights`` (older GPU
+builds). The prefix cache is reset after every sync: cached KV blocks belong to the old weights.
+
+Sampling mirrors :class:`~medsrl.rollout.hf.HFRolloutEngine`: prompts are tokenized (and responses
+decoded) by our tokenizer, every response is its own request (vLLM refuses ``n > 1`` when greedy),
+response ``j`` of prompt ``i`` seeded with ``(params.seed + i) * 2**20 + j``. So a call is
+reproducible, no two responses share a random stream, and, as with the HF backend, a caller that
+takes prompts ``s..`` with ``seed + s`` (a rank's shard) gets the responses of the whole call
+(up to floating-point differences between batch compositions). The model's own ``generation_config`` is ignored
+(``generation_config="vllm"``): our :class:`SamplingParams` are the only settings.
+
+vLLM keeps its parallel state in process globals and an engine's shutdown tears it down, so one
+engine lives per process: creating one closes the previous one (a later garbage collection of the
+old one would otherwise break the new one).
+
+``vllm`` is imported lazily: the main environment does not have it (see ``make test-vllm``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import weakref
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from medsrl.models.loading import stop_token_ids as default_stop_token_ids
+from medsrl.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, SamplingParams
+
+log = logging.getLogger(__name__)
+
+IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+SLEEP_TAGS = ("weights", "kv_cache")
+SEED_STRIDE = 2**20  # more than any n: responses of one prompt get consecutive seeds
+_live: weakref.ref | None = None  # the process's one open engine
+
+
+class _DropMessage(logging.Filter):
+    """Drops one known-harmless vLLM warning that would otherwise repeat at every sync."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+def _quiet_rotary_warning() -> None:
+    # The rotary cos/sin cache is computed, not loaded; reload restores it and warns each time.
+    name = "vllm.model_executor.model_loader.reload.layerwise"
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _DropMessage) for f in logger.filters):
+        logger.addFilter(_DropMessage("RotaryEmbedding: Failed to load weights"))
+
+
+def _load_into_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> str:
+    """Runs inside the vLLM worker: copy ``weights`` into its model in place; returns the API used."""
+    reload = getattr(worker, "reload_weights", None)
+    if reload is not None:
+        reload(weights_iterator=iter(weights))
+        return "reload_weights"
+    worker.model_runner.model.load_weights(iter(weights))
+    return "load_weights"
+
+
+def _engine_dtype(dtype: str, model: torch.nn.Module) -> str:
+    """``auto`` means the policy's dtype (vLLM's own ``auto`` would run a float32 model in 16 bits)."""
+    if dtype != "auto":
+        return dtype
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
+def _close_previous() -> None:
+    previous = _live() if _live is not None else None
+    if previous is not None and not previous.closed:
+        log.info("closing the previous vLLM engine: one per process")
+        previous.close()
+
+
+class VLLMRolloutEngine:
+    """A :class:`~medsrl.rollout.base.RolloutEngine` backed by an in-process ``vllm.LLM``.
+
+    ``stop_token_ids`` defaults to those of :func:`medsrl.models.loading.stop_token_ids`. The
+    engine options are passed to ``vllm.LLM``; ``kv_cache_memory_bytes`` and ``max_model_len``
+    only when set. ``enable_sleep_mode`` frees the engine's weights and KV cache between calls
+    where the platform supports it (CUDA); elsewhere it is ignored with a log line.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        stop_token_ids: list[int] | None = None,
+        gpu_memory_utilization: float = 0.5,
+        kv_cache_memory_bytes: int | None = None,
+        tensor_parallel_size: int = 1,
+        enforce_eager: bool = False,
+        enable_sleep_mode: bool = False,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        os.environ.setdefault(IN_PROCESS_ENV, "0")
+        if os.environ[IN_PROCESS_ENV] != "0":
+            raise ValueError(f"VLLMRolloutEngine syncs weights in process: set {IN_PROCESS_ENV}=0")
+        try:
+            import vllm
+            from vllm.platforms import current_platform
+        except ImportError as e:
+            raise ImportError(
+                "rollout.backend=vllm needs vllm: pip install -e '.[vllm]' (GPU), or the CPU build "
+                "in .venv-vllm (make test-vllm)"
+            ) from e
+
+        global _live
+        _close_previous()
+        self.llm = None
+        self.tokenizer = tokenizer
+        ids = default_stop_token_ids(tokenizer) if stop_token_ids is None else list(stop_token_ids)
+        if not ids:
+            raise ValueError("VLLMRolloutEngine needs at least one stop token id")
+        self.stop_token_ids: list[int] = [int(i) for i in ids]
+        self.sleep_mode = bool(enable_sleep_mode) and current_platform.is_sleep_mode_available()
+        if enable_sleep_mode and not self.sleep_mode:
+            log.info(
+                "rollout.vllm.enable_sleep_mode ignored: not supported on %s", current_platform
+            )
+        self._asleep: set[str] = set()
+        self._dir = tempfile.TemporaryDirectory(prefix="medsrl-vllm-")
+        model.config.save_pretrained(self._dir.name)  # config + tokenizer only: no weights on disk
+        tokenizer.save_pretrained(self._dir.name)
+        options = dict(kv_cache_memory_bytes=kv_cache_memory_bytes, max_model_len=max_model_len)
+        self.llm = vllm.LLM(
+            model=self._dir.name,
+            load_format="dummy",  # the real weights arrive through sync_weights below
+            generation_config="vllm",
+            dtype=_engine_dtype(dtype, model),
+            seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            enforce_eager=enforce_eager,
+            enable_sleep_mode=self.sleep_mode,
+            **{k: v for k, v in options.items() if v is not None},
+        )
+        _live = weakref.ref(self)
+        _quiet_rotary_warning()
+        self.load_api = ""  # which worker API the last sync used
+        self.sync_weights(model)
+
+    @property
+    def closed(self) -> bool:
+        return self.llm is None
+
+    def close(self) -> None:
+        """Shut the engine down now (idempotent); it cannot generate afterwards."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+            self._dir.cleanup()
+
+    # -- RolloutEngine -------------------------------------------------------------------------
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Copy ``model``'s current weights into the engine in place, then drop the prefix cache."""
+        self._check_open()
+        self._wake(["weights"])
+        weights = [(name, t.detach()) for name, t in model.state_dict().items()]
+        with torch.no_grad():
+            self.load_api = self.llm.collective_rpc(_load_into_worker, args=(weights,))[0]
+        if "kv_cache" not in self._asleep and not self.llm.reset_prefix_cache():
+            log.warning("vLLM prefix cache not reset after the weight sync")
+
+    def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:
+        """Sample ``params.n`` responses for each prompt (grouped by prompt, in order)."""
+        if isinstance(prompts, str):
+            raise TypeError("VLLMRolloutEngine.generate expects a list of prompt strings")
+        if len(prompts) == 0:
+            return RolloutBatch([], [], [], [], [])
+        self._check_open()
+        prompt_ids = [list(ids) for ids in self.tokenizer(list(prompts))["input_ids"]]
+        for i, ids in enumerate(prompt_ids):
+            if not ids:
+                raise ValueError(f"Prompt {i} tokenizes to no tokens")
+        order = [i for i in range(len(prompts)) for _ in range(params.n)]
+        requests = [{"prompt_token_ids": prompt_ids[i]} for i in order]
+        sampling = [self._sampling_params(params, i, k % params.n) for k, i in enumerate(order)]
+        self._wake(list(SLEEP_TAGS))
+        try:
+            outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        finally:
+            self._sleep()
+        responses = [list(out.outputs[0].token_ids) for out in outputs]
+        return RolloutBatch(
+            prompt_index=order,
+            prompt_ids=[list(prompt_ids[i]) for i in order],
+            response_ids=responses,
+            response_text=list(self.tokenizer.batch_decode(responses, skip_special_tokens=True)),
+            finish_reason=[self._finish_reason(out.outputs[0]) for out in outputs],
+        )
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self.llm is None:
+            raise RuntimeError("this vLLM engine was closed (a newer one replaced it)")
+
+    def _sampling_params(self, params: SamplingParams, prompt: int, sample: int):
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        return VLLMSamplingParams(
+            n=1,
+            temperature=0.0 if params.greedy else float(params.temperature),
+            top_p=1.0 if params.greedy else float(params.top_p),
+            max_tokens=params.max_new_tokens,
+            stop_token_ids=list(self.stop_token_ids),
+            ignore_eos=True,  # only our stop ids end a response, as in the HF backend
+            seed=None if params.seed is None else (params.seed + prompt) * SEED_STRIDE + sample,
+            detokenize=False,  # decoded by our tokenizer, exactly as the HF backend does
+        )
+
+    def _finish_reason(self, completion: Any) -> str:
+        if completion.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM request ended with {completion.finish_reason!r}")
+        ids = completion.token_ids
+        return FINISH_STOP if ids and ids[-1] in self.stop_token_ids else FINISH_LENGTH
+
+    def _wake(self, tags: list[str]) -> None:
+        todo = [t for t in tags if t in self._asleep]
+        if todo:
+            self.llm.wake_up(tags=todo)
+            self._asleep.difference_update(todo)
+            if "kv_cache" in todo:
+                self.llm.reset_prefix_cache()
+
+    def _sleep(self) -> None:
+        if self.sleep_mode and not self._asleep:
+            self.llm.sleep(level=1)  # weights offloaded to host memory, KV cache dropped
+            self._asleep.update(SLEEP_TAGS)

