@@ -143,6 +143,17 @@ def test_sampled_batch_fields_and_seeds(engine, tok):
         engine.generate("1+1?", params)
 
 
+def test_many_long_seeded_prompts_in_one_call(engine, tok):
+    """More prompt tokens than one scheduler step takes: on the CPU build a prefill split over
+    two steps crashed seeded sampling (generator offsets); the engine keeps prefills whole."""
+    engine.sync_weights(_sharp(2))
+    budget = engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    prompt = _prompts()[0] + " pad" * 20
+    count = budget // len(tok(prompt)["input_ids"]) + 8
+    out = engine.generate([prompt] * count, SamplingParams(n=4, max_new_tokens=4, seed=3))
+    assert len(out) == 4 * count
+
+
 def test_sync_after_an_optimiser_step_changes_outputs(engine, tok):
     model = _sharp(2)
     engine.sync_weights(model)

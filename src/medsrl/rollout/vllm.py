@@ -147,6 +147,11 @@ class VLLMRolloutEngine:
         model.config.save_pretrained(self._dir.name)  # config + tokenizer only: no weights on disk
         tokenizer.save_pretrained(self._dir.name)
         options = dict(kv_cache_memory_bytes=kv_cache_memory_bytes, max_model_len=max_model_len)
+        if current_platform.is_cpu():
+            # vLLM 0.32 CPU: a prefill split over two scheduler steps rewinds the seeded request's
+            # generator offset, which CPU generators do not support (RuntimeError). Whole
+            # prefills only; the scheduler waits instead of splitting.
+            options["enable_chunked_prefill"] = False
         self.llm = vllm.LLM(
             model=self._dir.name,
             load_format="dummy",  # the real weights arrive through sync_weights below
