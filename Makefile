@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 	@$(BIN)/python -c "import torch; print('[medsrl] torch', torch.__version__, 'cuda' if torch.cuda.is_available() else 'cpu')"
 	touch $(STAMP)
 
-train: install ## Train the default (tiny preset, DAPO) on CPU; ARGS="..." adds Hydra overrides
+train: install ## Train the default (tiny preset, MEDS = DAPO + reward shaping) on CPU; ARGS="..." adds Hydra overrides
 	$(BIN)/medsrl-train $(ARGS)
 
 eval: install ## Evaluate the last `make train` policy: pass@k (n=16), diversity, table + PNG; ARGS="..."

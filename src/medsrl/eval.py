@@ -48,6 +48,8 @@ def load_for_eval(model_path: str, tokenizer: str | None, dtype: str):
             )
         cfg = OmegaConf.load(run_cfg)
         model_cfg = OmegaConf.to_container(cfg.model, resolve=False)
+        # The checkpoint holds every weight: build the architecture only, never a warm start.
+        model_cfg["warm_start"] = None
         cache = Path(os.environ["MEDSRL_ROOT"]) / "data" / "cache"
         policy, tok = build_policy(model_cfg, cache)
         state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
