@@ -82,3 +82,39 @@ def test_nonfinite_loss_skips_the_update_and_keeps_the_weights(monkeypatch, capl
     for k, v in policy.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert any("non-finite loss" in r.getMessage() and "step 0" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("dynamic_sampling", [False, True])
+def test_engine_logprobs_are_carried_and_compared_with_the_trainers(dynamic_sampling, monkeypatch):
+    """HF rollouts share the trainer's module, so the gap is numerics only (KV cache vs one
+    forward); sampling at temperature 0.5 opens a real gap, which the metric must show. With
+    dynamic sampling the log-probs must follow the kept groups (a random model answers nothing
+    right, so every third response is graded right here to give groups a spread)."""
+    from medsrl.reward.grader import GradeResult, MathGrader
+
+    real = MathGrader.grade_batch
+
+    def some_right(self, responses, golds):
+        return [GradeResult(1.0, "x", True) if i % 3 == 0 else g
+                for i, g in enumerate(real(self, responses, golds))]
+
+    monkeypatch.setattr(MathGrader, "grade_batch", some_right)
+    tok = build_char_tokenizer()
+    gaps = {}
+    for temperature in (1.0, 0.5):
+        policy = build_tiny_model(seed=0, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                  num_key_value_heads=1, intermediate_size=32)
+        algo = {**SMALL_ALGO, "kl_coef": 0.0,
+                "dynamic_sampling": {"enabled": dynamic_sampling, "max_rounds": 2}}
+        module = RLModule(policy, tok, algorithm=algo, optim={"lr": 1e-2, "warmup_steps": 0},
+                          rollout={"n": 4, "max_new_tokens": 6, "temperature": temperature, "logprobs": True})
+        trainer = _fit(module, _datamodule(4))
+        r = module.last_rollouts
+        assert r.engine_logp is not None and r.engine_logp.shape == r.old_logp.shape
+        assert (r.engine_logp * (1 - r.packed.response_mask)).abs().sum() == 0  # padding stays 0
+        assert ((r.engine_logp < 0) == r.packed.response_mask.bool()).all()
+        gaps[temperature] = {k: float(v) for k, v in trainer.callback_metrics.items() if "engine/" in k}
+    assert gaps[1.0]["train/engine/logprob_diff_mean"] < 1e-4
+    assert gaps[1.0]["train/engine/kl_k3"] < 1e-6
+    assert gaps[0.5]["train/engine/logprob_diff_mean"] > 1e-2
+    assert gaps[0.5]["train/engine/kl_k3"] > 1e-4

@@ -119,6 +119,7 @@ class RolloutConfig:
     top_p: float = 1.0
     max_new_tokens: int = 256
     max_batch_size: int = 64  # sequences per generate call
+    logprobs: bool = False  # engine sampling log-probs, logged against the trainer's (train/engine/*)
     val_n: int = 1
     val_temperature: float = 1.0
     val_top_p: float = 1.0

@@ -38,6 +38,7 @@ from medsrl.algo import (
     keep_mask_by_group_spread,
     kl_estimate,
     masked_mean,
+    sampling_mismatch,
     token_entropy,
     token_logprobs,
 )
@@ -220,6 +221,9 @@ class RLModule(L.LightningModule):
                 cb.on_after_logprob_forward(self.trainer, self, rollouts)
             if self.ref_policy is not None:
                 rollouts.ref_logp, _ = self._logprobs(self.ref_policy, rollouts.packed, False)
+        if rollouts.engine_logp is not None:
+            gap = sampling_mismatch(rollouts.engine_logp, rollouts.old_logp, rollouts.packed.response_mask)
+            metrics.update({f"engine/{k}": v for k, v in gap.items()})
         with timer("callbacks"):
             for cb in callbacks:
                 cb.on_rollouts_scored(self.trainer, self, rollouts)
@@ -241,7 +245,7 @@ class RLModule(L.LightningModule):
 
     # ----------------------------------------------------------- generation
 
-    def _sampling(self, step: int, round_: int, n: int, temperature: float, top_p: float):
+    def _sampling(self, step: int, round_: int, n: int, temperature: float, top_p: float, logprobs=False):
         # Seeded by (seed, step, round): a resumed run samples exactly what an uninterrupted one would.
         return SamplingParams(
             n=n,
@@ -249,6 +253,7 @@ class RLModule(L.LightningModule):
             top_p=top_p,
             max_new_tokens=self.rollout_cfg.max_new_tokens,
             seed=(self.seed * 1_000_003 + step * 101 + round_) % (2**31),
+            logprobs=logprobs,
         )
 
     def _generate(self, prompts, step: int, round_: int) -> tuple[list, RolloutBatch]:
@@ -260,7 +265,7 @@ class RLModule(L.LightningModule):
         cfg = self.rollout_cfg
         rank, size = rank_and_size()
         start, stop = shard_bounds(len(prompts), rank, size)
-        params = self._sampling(step, round_, cfg.n, cfg.temperature, cfg.top_p)
+        params = self._sampling(step, round_, cfg.n, cfg.temperature, cfg.top_p, cfg.logprobs)
         params = dataclasses.replace(params, seed=params.seed + start)
         shard = list(prompts)[start:stop]
         return shard, self.engine.generate([p.text for p in shard], params)
@@ -287,7 +292,7 @@ class RLModule(L.LightningModule):
             kept = []
             for g in sorted({int(g) for g in groups[keep].tolist()}):
                 rows = [i for i, pi in enumerate(rollout.prompt_index) if pi == g]
-                kept.append((prompts[g], _select(rollout, rows), [grades[i] for i in rows]))
+                kept.append((prompts[g], rollout.select(rows), [grades[i] for i in rows]))
             kept_by_round.append(kept)
             total += all_reduce_sum(len(kept))
             if total >= target or rounds >= self.algo.dynamic_sampling.max_rounds:
@@ -308,7 +313,7 @@ class RLModule(L.LightningModule):
                 "step %d: dynamic sampling filled %d/%d groups after %d extra rounds",
                 step, filled, target, rounds,
             )
-        merged = _concat([r for _, r, _ in chosen])
+        merged = RolloutBatch.concat_groups([r for _, r, _ in chosen])
         metrics = {
             "zero_spread_group_frac": first_zero_frac,
             "dynamic_sampling/extra_rounds": float(rounds),
@@ -340,6 +345,7 @@ class RLModule(L.LightningModule):
             acc=acc,
             reward=reward,
             scores=reward.clone(),
+            engine_logp=_padded(rollout.response_logprobs, packed.response_length, self.device),
         )
 
     # ------------------------------------------------------------- forward
@@ -616,26 +622,14 @@ def _zero_spread_frac(acc: torch.Tensor, prompt_index: list[int]) -> float:
     return 1.0 - kept / num_groups
 
 
-def _select(batch: RolloutBatch, rows: list[int]) -> RolloutBatch:
-    return RolloutBatch(
-        prompt_index=[0] * len(rows),
-        prompt_ids=[batch.prompt_ids[i] for i in rows],
-        response_ids=[batch.response_ids[i] for i in rows],
-        response_text=[batch.response_text[i] for i in rows],
-        finish_reason=[batch.finish_reason[i] for i in rows],
-    )
-
-
-def _concat(groups: list[RolloutBatch]) -> RolloutBatch:
-    """Join single-group batches, renumbering prompt_index by group order."""
-    out = RolloutBatch(prompt_index=[], prompt_ids=[], response_ids=[], response_text=[], finish_reason=[])
-    for g, b in enumerate(groups):
-        out.prompt_index += [g] * len(b.response_ids)
-        out.prompt_ids += b.prompt_ids
-        out.response_ids += b.response_ids
-        out.response_text += b.response_text
-        out.finish_reason += b.finish_reason
-    return out
+def _padded(rows: list[list[float]] | None, width: int, device) -> torch.Tensor | None:
+    """Ragged per-token values as ``[B, width]``, zero-padded (``None`` stays ``None``)."""
+    if rows is None:
+        return None
+    out = torch.zeros(len(rows), width, dtype=torch.float32)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.as_tensor(row, dtype=torch.float32)
+    return out.to(device)
 
 
 def _rollout_metrics(r: StepRollouts, grader: MathGrader) -> dict[str, float]:

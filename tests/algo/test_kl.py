@@ -53,3 +53,20 @@ def test_k1_k3_unbiased_for_kl_pi_ref():
     for kind in ("k1", "k3"):
         est = kl_estimate(pi.log()[idx], ref.log()[idx], kind).mean()
         assert abs(est - kl_true) < 0.01, kind
+
+
+def test_sampling_mismatch_hand_checked():
+    from medsrl.algo.kl import sampling_mismatch
+
+    engine = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, 0.0, 0.0]])
+    trainer = torch.tensor([[-1.0, -1.5, 3.0], [-0.7, 5.0, 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])  # padding is ignored
+    got = sampling_mismatch(engine, trainer, mask)
+    assert got["logprob_diff_mean"] == pytest.approx((0.0 + 0.5 + 0.2) / 3)
+    assert got["logprob_diff_max"] == pytest.approx(0.5)
+    k3 = [0.0, math.exp(0.5) - 0.5 - 1, math.exp(-0.2) + 0.2 - 1]
+    assert got["kl_k3"] == pytest.approx(sum(k3) / 3)
+    pd = [0.0, abs(math.exp(-1.5) - math.exp(-2.0)), abs(math.exp(-0.7) - math.exp(-0.5))]
+    assert got["prob_diff_mean"] == pytest.approx(sum(pd) / 3)
+    assert sampling_mismatch(engine, engine, mask)["kl_k3"] == 0.0
+    assert sampling_mismatch(engine, trainer, torch.zeros_like(mask)) == {}

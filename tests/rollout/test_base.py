@@ -139,3 +139,39 @@ def test_packed_logprobs_match_unpadded_single_runs(attn):
         got = batch_lp[i, : len(r)]
         assert torch.allclose(got, alone_lp, atol=1e-5, rtol=0), (i, (got - alone_lp).abs().max())
         assert torch.all(batch_lp[i, len(r) :] == 0)
+
+
+def _batch(logprobs: bool) -> RolloutBatch:
+    return RolloutBatch(
+        prompt_index=[0, 0, 1],
+        prompt_ids=[[1], [1], [2]],
+        response_ids=[[5, 6], [7], [8, 9, 3]],
+        response_text=["a", "b", "c"],
+        finish_reason=["stop", "length", "stop"],
+        response_logprobs=[[-0.1, -0.2], [-0.3], [-0.4, -0.5, -0.6]] if logprobs else None,
+    )
+
+
+def test_rollout_batch_checks_logprob_lengths():
+    with pytest.raises(ValueError, match="response 1: 1 tokens but 2 log-probs"):
+        RolloutBatch([0, 0], [[1], [1]], [[5], [6]], ["a", "b"], ["stop"] * 2, [[-1.0], [-1.0, -2.0]])
+    with pytest.raises(ValueError, match="response_logprobs"):
+        RolloutBatch([0], [[1]], [[5]], ["a"], ["stop"], [])
+
+
+@pytest.mark.parametrize("logprobs", [False, True])
+def test_select_and_concat_groups_carry_every_field(logprobs):
+    b = _batch(logprobs)
+    first, second = b.select([0, 1]), b.select([2])
+    assert first.prompt_index == [0, 0] and second.prompt_index == [0]
+    joined = RolloutBatch.concat_groups([second, first])
+    assert joined.prompt_index == [0, 1, 1]
+    assert joined.response_ids == [[8, 9, 3], [5, 6], [7]]
+    assert joined.finish_reason == ["stop", "stop", "length"]
+    if logprobs:
+        assert joined.response_logprobs == [[-0.4, -0.5, -0.6], [-0.1, -0.2], [-0.3]]
+    else:
+        assert joined.response_logprobs is None
+    # mixing a batch without log-probs drops them rather than misaligning rows
+    assert RolloutBatch.concat_groups([_batch(True).select([0]), _batch(False).select([2])]).response_logprobs is None
+    assert len(RolloutBatch.concat_groups([])) == 0

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
+from logprob_reference import teacher_forced_logprobs
 from medsrl.data.template import render_prompt
 from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.tiny import build_tiny_model
@@ -332,3 +333,32 @@ def test_splitting_prompts_at_chunk_boundaries_with_offset_seeds_gives_the_same_
     second = engine.generate(prompts[2:], SamplingParams(n=2, max_new_tokens=6, seed=7 + 2))
     assert first.response_ids + second.response_ids == whole.response_ids
     assert len({tuple(r) for r in whole.response_ids}) > 1
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (1.3, 0.5), (0.0, 1.0)])
+def test_sampling_logprobs_match_a_teacher_forced_recompute(sharp_model, tok, temperature, top_p):
+    engine = HFRolloutEngine(sharp_model, tok, max_batch_size=4)
+    params = SamplingParams(n=3, max_new_tokens=12, temperature=temperature, top_p=top_p, seed=5, logprobs=True)
+    batch = engine.generate(_prompts(), params)
+    assert batch.response_logprobs is not None
+    sharp_model.eval()
+    for k in range(len(batch)):
+        got = torch.tensor(batch.response_logprobs[k])
+        assert got.shape == (len(batch.response_ids[k]),)
+        want = teacher_forced_logprobs(
+            sharp_model, batch.prompt_ids[k], batch.response_ids[k], temperature, top_p
+        )
+        assert torch.isfinite(got).all() and (got <= 0).all()
+        torch.testing.assert_close(got, want, atol=2e-4, rtol=0)
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_asking_for_logprobs_does_not_change_the_samples(sharp_model, tok, temperature, top_p):
+    engine = HFRolloutEngine(sharp_model, tok, max_batch_size=4)
+    params = SamplingParams(n=4, max_new_tokens=10, temperature=temperature, top_p=top_p, seed=3)
+    plain = engine.generate(_prompts(), params)
+    with_lp = engine.generate(_prompts(), SamplingParams(**{**params.__dict__, "logprobs": True}))
+    assert plain.response_logprobs is None
+    assert with_lp.response_ids == plain.response_ids
+    assert with_lp.finish_reason == plain.finish_reason
+    assert engine.generate([], SamplingParams(logprobs=True)).response_logprobs == []

@@ -225,6 +225,24 @@ def test_sleep_mode_is_ignored_with_a_log_line_on_cpu(tok, caplog):
     assert engine.generate(prompts, GREEDY).response_ids == _hf(model, tok, prompts).response_ids
 
 
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (0.0, 1.0)])
+def test_sampling_logprobs_match_a_teacher_forced_recompute(engine, tok, temperature, top_p):
+    from logprob_reference import teacher_forced_logprobs
+
+    model = _sharp(3).eval()
+    engine.sync_weights(model)
+    params = SamplingParams(n=3, max_new_tokens=10, temperature=temperature, top_p=top_p, seed=11)
+    plain = engine.generate(_prompts(), params)
+    batch = engine.generate(_prompts(), SamplingParams(**{**params.__dict__, "logprobs": True}))
+    assert plain.response_logprobs is None
+    assert batch.response_ids == plain.response_ids  # asking for log-probs changes no sample
+    for k in range(len(batch)):
+        got = torch.tensor(batch.response_logprobs[k])
+        want = teacher_forced_logprobs(model, batch.prompt_ids[k], batch.response_ids[k], temperature, top_p)
+        torch.testing.assert_close(got, want, atol=1e-3, rtol=0)
+    assert engine.generate([], SamplingParams(logprobs=True)).response_logprobs == []
+
+
 # -- end to end: the training loop with rollout=vllm ----------------------------------------------
 
 TRAIN_VLLM = [
@@ -251,12 +269,16 @@ def test_training_with_vllm_resumes_like_an_uninterrupted_run(tmp_path):
     """Step 3 after a resume samples from the restored weights: its metrics match a straight run.
 
     ``optim.lr`` is large so that two steps move the weights enough to change what is sampled.
+    The straight run also asks for the engine's log-probs: after every weight sync they must
+    agree with the trainer's (a stale engine would show a large gap), and asking for them must
+    not change a single sample (the resumed run does not ask).
     """
     from medsrl.train import build_run, train
     from run_helpers import compose_train, read_metrics
 
     straight, first, resumed = tmp_path / "straight", tmp_path / "first", tmp_path / "resumed"
-    assert train(compose_train(straight, TRAIN_VLLM + ["trainer.max_steps=3"]))["steps"] == 3
+    straight_cfg = compose_train(straight, TRAIN_VLLM + ["trainer.max_steps=3", "rollout.logprobs=true"])
+    assert train(straight_cfg)["steps"] == 3
     train(compose_train(first, TRAIN_VLLM + ["trainer.max_steps=2"]))
     ckpt = first / "checkpoints" / "last.ckpt"
     cfg = compose_train(resumed, TRAIN_VLLM + ["trainer.max_steps=3", f"ckpt_path={ckpt}"])
@@ -268,6 +290,8 @@ def test_training_with_vllm_resumes_like_an_uninterrupted_run(tmp_path):
     step3_b = next(m for s, m in b.items() if s == 2 and "train/reward" in m)
     for name in STEP_METRICS:
         assert step3_b[name] == pytest.approx(step3_a[name], rel=1e-5, abs=1e-6), name
+    gaps = [m["train/engine/logprob_diff_mean"] for m in a.values() if "train/engine/logprob_diff_mean" in m]
+    assert len(gaps) == 3 and max(gaps) < 1e-3, gaps
     # after the last step the engine serves the final policy
     module, prompts = run.module, _prompts()
     want = _hf(module.policy, module.tokenizer, prompts).response_ids

@@ -11,7 +11,7 @@ from medsrl.algo.dynamic_sampling import (
     keep_mask_by_group_spread,
     zero_spread_groups,
 )
-from medsrl.algo.kl import kl_estimate
+from medsrl.algo.kl import kl_estimate, sampling_mismatch
 from medsrl.algo.logprobs import masked_mean, token_entropy, token_logprobs
 from medsrl.algo.policy_loss import PolicyLossOutput, clipped_surrogate
 
@@ -26,6 +26,7 @@ __all__ = [
     "group_advantages",
     "keep_mask_by_group_spread",
     "kl_estimate",
+    "sampling_mismatch",
     "masked_mean",
     "token_entropy",
     "token_logprobs",

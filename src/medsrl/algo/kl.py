@@ -26,3 +26,26 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
         return 0.5 * (logp - ref_logp).square()
     log_ratio = (ref_logp - logp).clamp(-20.0, 20.0)
     return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-10.0, 10.0)
+
+
+def sampling_mismatch(engine_logp: Tensor, trainer_logp: Tensor, mask: Tensor) -> dict[str, float]:
+    """How far the distribution the rollouts were drawn from is from the one being trained.
+
+    ``engine_logp`` are the engine's sampling log-probs (after temperature / top-p), ``trainer_logp``
+    the trainer's log-probs of the same tokens (the old-policy forward). The gap holds the
+    engine's numerics (vLLM kernels, bf16, KV cache) and, when they are not 1, temperature and
+    top-p. As verl's ``rollout_probs_diff`` it is a diagnostic: a jump flags a broken weight sync
+    or a precision problem. Returns token means over ``mask`` (and the max of ``|diff|``).
+    """
+    m = mask.bool()
+    if not m.any():
+        return {}
+    diff = (trainer_logp - engine_logp)[m]
+    kl = kl_estimate(engine_logp[m], trainer_logp[m], "k3")  # KL(engine || trainer)
+    prob_diff = (trainer_logp[m].exp() - engine_logp[m].exp()).abs()
+    return {
+        "logprob_diff_mean": float(diff.abs().mean()),
+        "logprob_diff_max": float(diff.abs().max()),
+        "prob_diff_mean": float(prob_diff.mean()),
+        "kl_k3": float(kl.mean()),
+    }

@@ -44,6 +44,7 @@ class StepRollouts:
     scores: torch.Tensor  # float [B], what advantages are computed from
     old_logp: torch.Tensor | None = None  # [B, R]
     ref_logp: torch.Tensor | None = None  # [B, R]
+    engine_logp: torch.Tensor | None = None  # [B, R] the engine's sampling log-probs (rollout.logprobs)
     features: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)  # logged under train/
 

@@ -31,6 +31,7 @@ class SamplingParams:
 
     ``temperature <= 0`` means greedy decoding (``top_p`` is then ignored). ``seed`` makes a
     ``generate`` call reproducible for the same prompts, params and engine settings.
+    ``logprobs`` asks for :attr:`RolloutBatch.response_logprobs`; it never changes the samples.
     """
 
     n: int = 8
@@ -38,6 +39,7 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 256
     seed: int | None = None
+    logprobs: bool = False
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -65,6 +67,11 @@ class RolloutBatch:
     (when one was produced) and no padding; ``response_text`` is decoded with special tokens
     skipped; ``finish_reason`` is ``"stop"`` when a stop token was produced, ``"length"`` when
     ``max_new_tokens`` ran out first.
+
+    ``response_logprobs`` (only when :attr:`SamplingParams.logprobs` asked for it) holds, for
+    every response token, its log-prob under the distribution it was drawn from: the policy's
+    at the sampling temperature, renormalised over the top-p nucleus (plain log-softmax when
+    greedy). This is vLLM's ``processed_logprobs``.
     """
 
     prompt_index: list[int]
@@ -72,6 +79,7 @@ class RolloutBatch:
     response_ids: list[list[int]]
     response_text: list[str]
     finish_reason: list[str]
+    response_logprobs: list[list[float]] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.prompt_index)
@@ -81,9 +89,49 @@ class RolloutBatch:
             "response_text": len(self.response_text),
             "finish_reason": len(self.finish_reason),
         }
+        if self.response_logprobs is not None:
+            lengths["response_logprobs"] = len(self.response_logprobs)
         bad = {k: v for k, v in lengths.items() if v != n}
         if bad:
             raise ValueError(f"RolloutBatch fields disagree in length: prompt_index={n}, {bad}")
+        if self.response_logprobs is not None:
+            for i, (ids, lps) in enumerate(zip(self.response_ids, self.response_logprobs, strict=True)):
+                if len(ids) != len(lps):
+                    raise ValueError(
+                        f"RolloutBatch response {i}: {len(ids)} tokens but {len(lps)} log-probs"
+                    )
+
+    @classmethod
+    def empty(cls, logprobs: bool = False) -> RolloutBatch:
+        return cls([], [], [], [], [], [] if logprobs else None)
+
+    def select(self, rows: list[int]) -> RolloutBatch:
+        """The responses at ``rows``, numbered as one group (``prompt_index`` all 0)."""
+        lps = self.response_logprobs
+        return RolloutBatch(
+            prompt_index=[0] * len(rows),
+            prompt_ids=[self.prompt_ids[i] for i in rows],
+            response_ids=[self.response_ids[i] for i in rows],
+            response_text=[self.response_text[i] for i in rows],
+            finish_reason=[self.finish_reason[i] for i in rows],
+            response_logprobs=None if lps is None else [lps[i] for i in rows],
+        )
+
+    @classmethod
+    def concat_groups(cls, groups: list[RolloutBatch]) -> RolloutBatch:
+        """Join single-group batches; group ``g`` becomes ``prompt_index`` g. Log-probs are kept
+        only when every batch has them."""
+        with_lps = bool(groups) and all(b.response_logprobs is not None for b in groups)
+        out = cls.empty(logprobs=with_lps)
+        for g, b in enumerate(groups):
+            out.prompt_index += [g] * len(b)
+            out.prompt_ids += b.prompt_ids
+            out.response_ids += b.response_ids
+            out.response_text += b.response_text
+            out.finish_reason += b.finish_reason
+            if with_lps:
+                out.response_logprobs += b.response_logprobs
+        return out
 
     def __len__(self) -> int:
         return len(self.prompt_index)

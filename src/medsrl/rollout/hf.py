@@ -17,6 +17,13 @@ kernel non-determinism), it leaves the global RNG stream of the caller untouched
 that splits its prompts at chunk boundaries (a rank of a distributed run taking prompts
 ``s..s+k-1`` with ``seed + s``) gets exactly the responses of the unsplit call. Without a seed,
 sampling draws from the global RNG.
+
+Sampling log-probs (``params.logprobs``): ``generate`` applies a caller's logits processors
+*before* its own temperature / top-p warpers, and sampling happens after the last one. So when
+log-probs are asked for, temperature and top-p leave the generation config and run, as the same
+transformers warpers, inside :class:`_SampledTokenLogProbs`, which is then the last processor: it
+sees exactly the scores that are sampled from, and reads the sampled token's log-prob at the next
+call (or after ``generate`` for the last token). The samples are bit-identical either way.
 """
 
 from __future__ import annotations
@@ -25,7 +32,14 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
-from transformers import GenerationConfig, PreTrainedTokenizerBase
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedTokenizerBase,
+    TemperatureLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from medsrl.models.loading import stop_token_ids as default_stop_token_ids
 from medsrl.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, SamplingParams
@@ -117,7 +131,11 @@ class HFRolloutEngine:
             self.model = model
 
     def generation_config(self, params: SamplingParams) -> GenerationConfig:
-        """The complete generation config used for ``params`` (nothing left to model defaults)."""
+        """The complete generation config used for ``params`` (nothing left to model defaults).
+
+        With ``params.logprobs`` the temperature and top-p are left out here: they run in
+        :meth:`logits_processors` instead.
+        """
         common = dict(
             max_new_tokens=params.max_new_tokens,
             min_new_tokens=0,
@@ -136,10 +154,11 @@ class HFRolloutEngine:
         )
         if params.greedy:
             return GenerationConfig(do_sample=False, **common)
+        warp_here = not params.logprobs
         return GenerationConfig(
             do_sample=True,
-            temperature=float(params.temperature),
-            top_p=float(params.top_p),
+            temperature=float(params.temperature) if warp_here else 1.0,
+            top_p=float(params.top_p) if warp_here else 1.0,
             top_k=0,
             min_p=0.0,
             typical_p=1.0,
@@ -148,12 +167,22 @@ class HFRolloutEngine:
             **common,
         )
 
+    def log_prob_recorder(self, params: SamplingParams) -> _SampledTokenLogProbs:
+        """A fresh last processor for one ``generate`` call, with the warpers ``params`` needs."""
+        warpers: list[LogitsProcessor] = []
+        if not params.greedy:
+            if params.temperature != 1.0:
+                warpers.append(TemperatureLogitsWarper(float(params.temperature)))
+            if params.top_p < 1.0:
+                warpers.append(TopPLogitsWarper(top_p=float(params.top_p), min_tokens_to_keep=1))
+        return _SampledTokenLogProbs(warpers)
+
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:
         """Sample ``params.n`` responses for each prompt (grouped by prompt, in order)."""
         if isinstance(prompts, str):
             raise TypeError("HFRolloutEngine.generate expects a list of prompt strings")
         if len(prompts) == 0:
-            return RolloutBatch([], [], [], [], [])
+            return RolloutBatch.empty(params.logprobs)
         prompt_ids: list[list[int]] = [
             list(ids) for ids in self.tokenizer(list(prompts))["input_ids"]
         ]
@@ -163,6 +192,7 @@ class HFRolloutEngine:
         order = [i for i in range(len(prompts)) for _ in range(params.n)]
         responses: list[list[int]] = []
         finish: list[str] = []
+        logprobs: list[list[float]] | None = [] if params.logprobs else None
 
         model = self.model
         device = _model_device(model)
@@ -181,16 +211,21 @@ class HFRolloutEngine:
                 rows = order[first * params.n : (first + per_chunk) * params.n]
                 chunk = [prompt_ids[i] for i in rows]
                 input_ids, attention_mask = self._left_pad(chunk, device)
+                recorder = self.log_prob_recorder(params) if params.logprobs else None
                 out = model.generate(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
                     generation_config=config,
+                    logits_processor=LogitsProcessorList([recorder] if recorder else []),
                 )
-                new_tokens = out[:, input_ids.shape[1] :].tolist()
-                for row in new_tokens:
+                new_tokens = out[:, input_ids.shape[1] :]
+                row_logprobs = recorder.finish(new_tokens) if recorder else None
+                for r, row in enumerate(new_tokens.tolist()):
                     ids, reason = _trim(row, stop)
                     responses.append(ids)
                     finish.append(reason)
+                    if row_logprobs is not None:
+                        logprobs.append(row_logprobs[r][: len(ids)])
 
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         return RolloutBatch(
@@ -199,6 +234,7 @@ class HFRolloutEngine:
             response_ids=responses,
             response_text=list(texts),
             finish_reason=finish,
+            response_logprobs=logprobs,
         )
 
     # -- helpers -------------------------------------------------------------------------------
@@ -213,6 +249,44 @@ class HFRolloutEngine:
             input_ids[row, width - len(seq) :] = torch.as_tensor(seq, dtype=torch.long)
             attention_mask[row, width - len(seq) :] = 1
         return input_ids.to(device), attention_mask.to(device)
+
+
+class _SampledTokenLogProbs(LogitsProcessor):
+    """The last logits processor: applies ``warpers``, then records the sampled tokens' log-probs.
+
+    At call ``t`` it keeps the log-softmax of the final scores; at call ``t + 1`` the token drawn
+    from them is the last column of ``input_ids``, so only one ``[B]`` vector per step is kept,
+    never ``[B, V]`` scores for the whole response.
+    """
+
+    def __init__(self, warpers: list[LogitsProcessor]) -> None:
+        self.warpers = warpers
+        self.pending: torch.Tensor | None = None
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        for warper in self.warpers:
+            scores = warper(input_ids, scores)
+        if self.pending is not None:
+            self._take(input_ids[:, -1])
+        self.pending = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        self.steps.append(self.pending.gather(1, tokens[:, None].long()).squeeze(1))
+        self.pending = None
+
+    def finish(self, new_tokens: torch.Tensor) -> list[list[float]]:
+        """``[B, T]`` log-probs of the ``T`` generated tokens, as lists (rows not yet trimmed)."""
+        if self.pending is not None:
+            self._take(new_tokens[:, -1])
+        if len(self.steps) != new_tokens.shape[1]:
+            raise RuntimeError(
+                f"recorded {len(self.steps)} log-probs for {new_tokens.shape[1]} generated tokens"
+            )
+        if not self.steps:
+            return [[] for _ in range(new_tokens.shape[0])]
+        return torch.stack(self.steps, dim=1).tolist()
 
 
 def _trim(row: list[int], stop: set[int]) -> tuple[list[int], str]:

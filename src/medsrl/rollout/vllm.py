@@ -79,6 +79,13 @@ def _load_into_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> s
     return "load_weights"
 
 
+def _sampled_logprobs(completion: Any) -> list[float]:
+    """The log-prob vLLM returned for each token it sampled (``logprobs=0``)."""
+    if completion.logprobs is None:
+        raise RuntimeError("vLLM returned no log-probs although they were asked for")
+    return [float(step[tok].logprob) for tok, step in zip(completion.token_ids, completion.logprobs, strict=True)]
+
+
 def _engine_dtype(dtype: str, model: torch.nn.Module) -> str:
     """``auto`` means the policy's dtype (vLLM's own ``auto`` would run a float32 model in 16 bits)."""
     if dtype != "auto":
@@ -156,6 +163,7 @@ class VLLMRolloutEngine:
             model=self._dir.name,
             load_format="dummy",  # the real weights arrive through sync_weights below
             generation_config="vllm",
+            logprobs_mode="processed_logprobs",  # after temperature and top-p, as sampled
             dtype=_engine_dtype(dtype, model),
             seed=seed,
             gpu_memory_utilization=gpu_memory_utilization,
@@ -197,7 +205,7 @@ class VLLMRolloutEngine:
         if isinstance(prompts, str):
             raise TypeError("VLLMRolloutEngine.generate expects a list of prompt strings")
         if len(prompts) == 0:
-            return RolloutBatch([], [], [], [], [])
+            return RolloutBatch.empty(params.logprobs)
         self._check_open()
         prompt_ids = [list(ids) for ids in self.tokenizer(list(prompts))["input_ids"]]
         for i, ids in enumerate(prompt_ids):
@@ -212,12 +220,16 @@ class VLLMRolloutEngine:
         finally:
             self._sleep()
         responses = [list(out.outputs[0].token_ids) for out in outputs]
+        logprobs = None
+        if params.logprobs:
+            logprobs = [_sampled_logprobs(out.outputs[0]) for out in outputs]
         return RolloutBatch(
             prompt_index=order,
             prompt_ids=[list(prompt_ids[i]) for i in order],
             response_ids=responses,
             response_text=list(self.tokenizer.batch_decode(responses, skip_special_tokens=True)),
             finish_reason=[self._finish_reason(out.outputs[0]) for out in outputs],
+            response_logprobs=logprobs,
         )
 
     # -- helpers -------------------------------------------------------------------------------
@@ -238,6 +250,7 @@ class VLLMRolloutEngine:
             ignore_eos=True,  # only our stop ids end a response, as in the HF backend
             seed=None if params.seed is None else (params.seed + prompt) * SEED_STRIDE + sample,
             detokenize=False,  # decoded by our tokenizer, exactly as the HF backend does
+            logprobs=0 if params.logprobs else None,  # 0: the sampled token's only
         )
 
     def _finish_reason(self, completion: Any) -> str:
