@@ -64,6 +64,7 @@ from medsrl.utils.distributed import (
     rank_and_size,
     shard_bounds,
 )
+from medsrl.utils.sharding import full_weights, grad_norm, is_sharded, shard_policy
 
 log = logging.getLogger(__name__)
 
@@ -132,11 +133,38 @@ class RLModule(L.LightningModule):
             )
         if self.engine is None:
             cfg = self.rollout_cfg
+            if cfg.backend == "vllm" and is_distributed():
+                raise ValueError(
+                    "rollout=vllm runs in a single process for now: one engine per rank needs vLLM's "
+                    "external_launcher executor, which medsrl does not wire yet. Use rollout=hf "
+                    "with trainer=ddp / trainer=fsdp"
+                )
             self.engine = build_engine(cfg, self.policy, self.tokenizer, seed=self.seed)
+
+    def configure_model(self) -> None:
+        """Under ``trainer=fsdp``: shard the policy (one FSDP unit; see ``utils/sharding.py``)."""
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        strategy = self.trainer.strategy
+        if isinstance(strategy, FSDPStrategy) and not is_sharded(self.policy):
+            self.policy = shard_policy(self.policy, strategy)
+            if self.ref_policy is not None:  # FSDP moves only what it wraps
+                self.ref_policy.to(strategy.root_device)
+
+    @contextmanager
+    def full_policy(self):
+        """The policy as a plain module with all its weights, for generation and scoring.
+
+        Under FSDP the weights are gathered for the block, on every rank together; otherwise it
+        is the policy itself.
+        """
+        with full_weights(self.policy) as policy:
+            yield policy
 
     def on_train_start(self) -> None:
         # A resumed fit restores the weights after setup built the engine: serve those, not the base.
-        self.engine.sync_weights(self.policy)
+        with self.full_policy() as policy:
+            self.engine.sync_weights(policy)
         ddp = self.trainer.strategy.model
         if is_distributed() and hasattr(ddp, "require_backward_grad_sync"):
             ddp.require_backward_grad_sync = False  # we all-reduce once per update (_update)
@@ -211,11 +239,11 @@ class RLModule(L.LightningModule):
 
         rollouts = self._make_step_rollouts(step, batch.get("stage"), prompts, rollout, grades)
         callbacks = rollout_callbacks(self.trainer)
-        with timer("logprob"):
+        with timer("logprob"), self.full_policy() as policy:
             for cb in callbacks:
                 cb.on_before_logprob_forward(self.trainer, self, rollouts)
             rollouts.old_logp, _ = self._logprobs(
-                self.policy, rollouts.packed, with_entropy=False, rollouts=rollouts, callbacks=callbacks
+                policy, rollouts.packed, with_entropy=False, rollouts=rollouts, callbacks=callbacks
             )
             for cb in callbacks:
                 cb.on_after_logprob_forward(self.trainer, self, rollouts)
@@ -233,8 +261,8 @@ class RLModule(L.LightningModule):
         )
         with timer("update"):
             update_metrics = self._update(rollouts, advantages, step)
-        with timer("sync"):
-            self.engine.sync_weights(self.policy)
+        with timer("sync"), self.full_policy() as policy:
+            self.engine.sync_weights(policy)
         self.last_rollouts = rollouts
 
         metrics.update(update_metrics)
@@ -268,7 +296,8 @@ class RLModule(L.LightningModule):
         params = self._sampling(step, round_, cfg.n, cfg.temperature, cfg.top_p, cfg.logprobs)
         params = dataclasses.replace(params, seed=params.seed + start)
         shard = list(prompts)[start:stop]
-        return shard, self.engine.generate([p.text for p in shard], params)
+        with self.full_policy():
+            return shard, self.engine.generate([p.text for p in shard], params)
 
     def _dynamic_sampling(self, batch, prompts, rollout, grades, step, timer):
         """DAPO: keep groups whose accuracy differs; generate extra rounds until the batch is full.
@@ -392,7 +421,14 @@ class RLModule(L.LightningModule):
     # -------------------------------------------------------------- update
 
     def _update(self, rollouts: StepRollouts, advantages: torch.Tensor, step: int) -> dict[str, float]:
-        """PPO epochs x mini-batches (whole groups) x micro-batches with gradient accumulation."""
+        """PPO epochs x mini-batches (whole groups) x micro-batches with gradient accumulation.
+
+        Gradients are summed over ranks once per update (DDP: ``all_reduce_grads``). Under FSDP the
+        backward passes themselves reduce-scatter (a mean over ranks, so the loss is scaled by the
+        world size to make it a sum), which makes every backward a collective: ranks with fewer
+        micro-batches run zero-weight ones to keep in step, and a non-finite loss is still
+        back-propagated (the update is then dropped on every rank).
+        """
         algo = self.algo
         opt = self.optimizers()
         sched = self.lr_schedulers()
@@ -411,6 +447,9 @@ class RLModule(L.LightningModule):
             mini_batches.append(torch.arange(first, max(first, last)) - offset)
         total_updates = algo.ppo_epochs * len(mini_batches)
         params = [p for p in self.policy.parameters() if p.requires_grad]
+        sharded = is_sharded(self.policy)
+        world = rank_and_size()[1]
+        mb_size = algo.micro_batch_size
         sums: dict[str, float] = {}
         counts: dict[str, int] = {}
         nonfinite = 0
@@ -425,21 +464,29 @@ class RLModule(L.LightningModule):
                 num_seqs = all_reduce_sum(float(len(rows)))
                 opt.zero_grad(set_to_none=True)
                 bad = False
-                for start in range(0, len(rows), algo.micro_batch_size):
-                    mrows = rows[start : start + algo.micro_batch_size].to(self.device)
+                num_micro = -(-len(rows) // mb_size)
+                if sharded:  # FSDP: every rank runs as many forward/backward passes as the busiest
+                    num_micro = max(all_gather_objects(num_micro))
+                for i in range(num_micro):
+                    mrows = rows[i * mb_size : (i + 1) * mb_size].to(self.device)
+                    weight = float(world) if sharded else 1.0
+                    if len(mrows) == 0:  # a pass to keep in step: any row of ours, weight 0
+                        mrows, weight = torch.zeros(1, dtype=torch.long, device=self.device), 0.0
                     loss, m = self._micro_loss(rollouts, advantages, mrows, num_tokens, num_seqs)
-                    if not torch.isfinite(loss):
+                    if weight and not torch.isfinite(loss):
                         bad = True
-                        break
-                    self.manual_backward(loss)
-                    for k, v in m.items():
-                        sums[k] = sums.get(k, 0.0) + v * len(mrows)
-                        counts[k] = counts.get(k, 0) + len(mrows)
+                        if not sharded:
+                            break
+                    self.manual_backward(loss * weight)
+                    if weight:
+                        for k, v in m.items():
+                            sums[k] = sums.get(k, 0.0) + v * len(mrows)
+                            counts[k] = counts.get(k, 0) + len(mrows)
                 bad = all_reduce_sum(float(bad)) > 0
-                if not bad:
+                if not bad and not sharded:
                     all_reduce_grads(params)
-                grad_norm = float("nan") if bad else self._grad_norm()
-                if bad or not math.isfinite(grad_norm):
+                norm = float("nan") if bad else grad_norm(params, sharded)
+                if bad or not math.isfinite(norm):
                     nonfinite += 1
                     log.warning(
                         "step %d: non-finite %s in update %d/%d; update skipped, weights unchanged",
@@ -447,10 +494,9 @@ class RLModule(L.LightningModule):
                     )
                     opt.zero_grad(set_to_none=True)
                 else:
-                    self.clip_gradients(
-                        opt, gradient_clip_val=self.optim_cfg.grad_clip, gradient_clip_algorithm="norm"
-                    )
-                    sums["grad_norm"] = sums.get("grad_norm", 0.0) + grad_norm
+                    if self.optim_cfg.grad_clip > 0:
+                        torch.nn.utils.clip_grads_with_norm_(params, self.optim_cfg.grad_clip, torch.tensor(norm))
+                    sums["grad_norm"] = sums.get("grad_norm", 0.0) + norm
                     counts["grad_norm"] = counts.get("grad_norm", 0) + 1
                 updates_done += 1
                 last = updates_done == total_updates
@@ -501,12 +547,6 @@ class RLModule(L.LightningModule):
             loss = loss + algo.kl_coef * aggregate_loss(kl, mask, algo.loss_agg_mode, **agg)
         return loss, metrics
 
-    def _grad_norm(self) -> float:
-        norms = [p.grad.detach().norm(2) for p in self.policy.parameters() if p.grad is not None]
-        if not norms:
-            return 0.0
-        return float(torch.linalg.vector_norm(torch.stack(norms), 2))
-
     def _skip_update(self, step: int, metrics: dict[str, float], timer) -> None:
         log.warning("step %d: no rollouts left to train on; step skipped", step)
         opt = self.optimizers()
@@ -538,7 +578,8 @@ class RLModule(L.LightningModule):
         prompts = list(batch)
         cfg = self.rollout_cfg
         params = self._sampling(10_000_000 + batch_idx, 0, cfg.val_n, cfg.val_temperature, cfg.val_top_p)
-        rollout = self.engine.generate([p.text for p in prompts], params)
+        with self.full_policy():
+            rollout = self.engine.generate([p.text for p in prompts], params)
         grades = self.grader.grade_batch(
             rollout.response_text, [prompts[i].answer for i in rollout.prompt_index]
         )
@@ -558,9 +599,14 @@ class RLModule(L.LightningModule):
     # --------------------------------------------------------------- export
 
     def export_policy(self, path) -> None:
-        """Save the policy and tokenizer the Hugging Face way (``from_pretrained`` loads it)."""
-        self.policy.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
+        """Save the policy and tokenizer the Hugging Face way (``from_pretrained`` loads it).
+
+        Every rank calls it (FSDP gathers the weights); rank 0 writes.
+        """
+        with self.full_policy() as policy:
+            if rank_and_size()[0] == 0:
+                policy.save_pretrained(path)
+                self.tokenizer.save_pretrained(path)
 
 
 def _no_closure() -> None:

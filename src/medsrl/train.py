@@ -130,9 +130,10 @@ def train(cfg: DictConfig, run: Run | None = None) -> dict[str, float]:
     if "val/accuracy" in metrics:
         summary["val_accuracy_end"] = float(metrics["val/accuracy"])
     summary["steps"] = trainer.global_step
-    if cfg.export_policy and trainer.is_global_zero:
-        module.export_policy(out_dir / "policy")
-        print(f"[medsrl] final policy saved to {out_dir / 'policy'}")
+    if cfg.export_policy:
+        module.export_policy(out_dir / "policy")  # every rank: FSDP gathers the weights
+        if trainer.is_global_zero:
+            print(f"[medsrl] final policy saved to {out_dir / 'policy'}")
     if trainer.is_global_zero:
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"[medsrl] summary: {json.dumps(summary)}")

@@ -512,3 +512,21 @@ def test_lightning_fit_and_resume(tmp_path):
     reference = two_stage()
     for step, _, ks in first.seen + second.seen:
         assert ks == keys(reference.prompts_for_step(step))
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "16-true", "32-true"])
+def test_a_batch_survives_lightnings_input_cast_and_transfer(precision):
+    """Every GPU config trains in bf16-true, whose plugin casts each batch with
+    ``apply_to_collection``; a frozen prompt dataclass made that fail at the first step."""
+    from lightning.fabric.utilities.apply_func import move_data_to_device
+    from lightning.pytorch.plugins.precision import FSDPPrecision, HalfPrecision
+
+    batch = next(iter(two_stage().train_dataloader()))
+    plugins = [FSDPPrecision(precision)]
+    if precision != "32-true":
+        plugins.append(HalfPrecision(precision))
+    for plugin in plugins:
+        out = move_data_to_device(plugin.convert_input(batch), "cpu")
+        assert out["step"] == batch["step"]
+        assert [p.text for p in out["prompts"]] == [p.text for p in batch["prompts"]]
+        assert all(isinstance(p, Prompt) for p in out["prompts"])

@@ -62,14 +62,10 @@ class PassAtKValidation(Callback):
         max_new = self.max_new_tokens or pl_module.rollout_cfg.max_new_tokens
         settings = EvalSettings(**{**self.settings.__dict__, "max_new_tokens": max_new})
         problems = [EvalProblem(p.key, p.text, p.problem, p.answer) for p in prompts]
-        records = sample_problems(
-            pl_module.policy,
-            pl_module.tokenizer,
-            pl_module.engine,
-            pl_module.grader,
-            problems,
-            settings,
-        )
+        with pl_module.full_policy() as policy:  # FSDP: the whole weights for sampling
+            records = sample_problems(
+                policy, pl_module.tokenizer, pl_module.engine, pl_module.grader, problems, settings
+            )
         by_source = defaultdict(list)
         for p, rec in zip(prompts, records, strict=True):
             by_source[p.source].append(rec)

@@ -45,20 +45,17 @@ class MathExample:
         )
 
 
-@dataclass(frozen=True)
+@dataclass
 class Prompt:
-    """What the training loop receives for one problem."""
+    """What the training loop receives for one problem.
+
+    Not frozen: Lightning passes every batch through ``apply_to_collection`` (device transfer,
+    and the input cast of ``bf16-true`` / FSDP precision), which rebuilds a dataclass field by
+    field and refuses a frozen one.
+    """
 
     key: str
     text: str  # the rendered chat template, ending where the assistant starts writing
     problem: str
     answer: str
     source: str  # the dataset name given in the data config
-
-    def to(self, *args: object, **kwargs: object) -> Prompt:
-        """Return self: a prompt is text, there is nothing to move to a device.
-
-        Lightning moves every batch to the device with ``apply_to_collection``, which cannot
-        rebuild a frozen dataclass; having ``to`` makes it treat a prompt as a leaf instead.
-        """
-        return self

@@ -40,11 +40,18 @@ def all_gather_objects(obj: Any) -> list[Any]:
     return out
 
 
+def _collective_device() -> torch.device:
+    """Where a small tensor must live for this process group: NCCL takes CUDA tensors only."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def all_reduce_sum(value: float) -> float:
     """Sum of a Python number over ranks."""
     if not is_distributed():
         return value
-    t = torch.tensor([value], dtype=torch.float64)
+    t = torch.tensor([value], dtype=torch.float64, device=_collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return float(t.item())
 
