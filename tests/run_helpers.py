@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import csv
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -45,3 +48,96 @@ MICRO_WARM_START = [
     "rollout.max_new_tokens=48",
     "algorithm.overlong.buffer_length=4",
 ]
+
+
+# A 3-step MEDS run whose 4 prompts split into two equal shards (tests/test_distributed.py).
+TWO_RANK_RUN = [
+    "debug=fast",
+    *MICRO_WARM_START,
+    "algorithm=meds",
+    "algorithm.meds.snapshot_every_n_steps=1",  # replicas compared every step
+    "data.prompts_per_step=4",
+    "rollout.n=4",
+    "rollout.max_batch_size=8",  # 2 prompts per generate chunk = one rank's shard
+    "data.stages=[{name: A, start_step: 0, datasets: [{name: a, weight: 1.0, source: "
+    "{_target_: medsrl.data.arithmetic.generate_arithmetic, num: 8, level: 1, split: train}}]}]",
+    "trainer.max_steps=3",
+    "export_policy=true",
+    "validate_at_start=false",
+    "callbacks.pass_at_k.every_n_steps=0",
+]
+
+CPU_TWO_PROCESSES = ["trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true"]
+
+
+def train_in_subprocess(out: Path, cache: Path, overrides: list[str], timeout_s: int = 900) -> str:
+    """``medsrl-train`` with ``overrides`` in its own process group, so a hang (a collective one
+    rank never joins) fails the test and leaves no stray ranks behind. Returns its output."""
+    import pytest
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "medsrl.train",
+        f"hydra.run.dir={out}",
+        f"paths.cache_dir={cache}",
+        *overrides,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail("training hung (a collective not joined by every rank?):\n" + output[-5000:])
+    assert proc.returncode == 0, output[-8000:]
+    return output
+
+
+def assert_matches_one_process(one: Path, two: Path, two_metrics: dict[int, dict[str, float]]) -> None:
+    """A 2-process run of ``TWO_RANK_RUN`` (its metrics, its output dir) made one process's run:
+    the same per-step metrics, MEDS memory and final weights."""
+    import pytest
+    import torch
+    from safetensors.torch import load_file
+
+    a, b = read_metrics(one), two_metrics
+    for step in range(3):
+        for name in [
+            "train/acc",
+            "train/reward",
+            "train/score",
+            "train/meds/penalty_mean",
+            "train/meds/memory_entries",
+            "train/meds/memory_keys",
+            "train/num_responses",
+            "train/grad_norm",
+        ]:
+            # per-rank means averaged over two equal shards = the global mean
+            expected = a[step][name] / (2 if name == "train/num_responses" else 1)
+            assert b[step][name] == pytest.approx(expected, rel=1e-4, abs=1e-6), (step, name)
+    assert a[2]["train/meds/penalty_max"] > 0  # the memory did shape rewards
+
+    mem = lambda run: torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["callbacks"]  # noqa: E731
+    key = next(k for k in mem(one) if "ErrorMemoryCallback" in k)
+    ea, eb = mem(one)[key]["memory"]["entries"], mem(two)[key]["memory"]["entries"]
+    assert [(e["key"], e["correct"]) for e in ea] == [(e["key"], e["correct"]) for e in eb]
+    for x, y in zip(ea, eb, strict=True):
+        torch.testing.assert_close(x["features"], y["features"], rtol=1e-5, atol=1e-5)
+
+    wa, wb = (
+        load_file(one / "policy" / "model.safetensors"),
+        load_file(two / "policy" / "model.safetensors"),
+    )
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        torch.testing.assert_close(wb[name], wa[name], rtol=1e-4, atol=1e-6, msg=name)

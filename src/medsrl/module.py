@@ -133,12 +133,6 @@ class RLModule(L.LightningModule):
             )
         if self.engine is None:
             cfg = self.rollout_cfg
-            if cfg.backend == "vllm" and is_distributed():
-                raise ValueError(
-                    "rollout=vllm runs in a single process for now: one engine per rank needs vLLM's "
-                    "external_launcher executor, which medsrl does not wire yet. Use rollout=hf "
-                    "with trainer=ddp / trainer=fsdp"
-                )
             self.engine = build_engine(cfg, self.policy, self.tokenizer, seed=self.seed)
 
     def configure_model(self) -> None:

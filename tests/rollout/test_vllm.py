@@ -296,3 +296,36 @@ def test_training_with_vllm_resumes_like_an_uninterrupted_run(tmp_path):
     module, prompts = run.module, _prompts()
     want = _hf(module.policy, module.tokenizer, prompts).response_ids
     assert module.engine.generate(prompts, GREEDY).response_ids == want
+
+
+def _engine_overrides() -> list[str]:
+    return [o for o in TRAIN_VLLM if o.startswith(("rollout", "model"))]
+
+
+@pytest.fixture(scope="module")
+def one_vllm_process(tmp_path_factory):
+    from run_helpers import TWO_RANK_RUN, train_in_subprocess
+
+    root = tmp_path_factory.mktemp("one_vllm")
+    train_in_subprocess(root / "run", root / "cache", [*TWO_RANK_RUN, *_engine_overrides()])
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_with_vllm_engines_match_one(tmp_path, one_vllm_process, strategy):
+    """One engine per rank (vLLM's external_launcher in the trainer's process group), each
+    sampling its own shard: the run of one process, as with the HF backend."""
+    from run_helpers import (
+        CPU_TWO_PROCESSES,
+        TWO_RANK_RUN,
+        assert_matches_one_process,
+        read_metrics,
+        train_in_subprocess,
+    )
+
+    one, two = one_vllm_process / "run", tmp_path / "two"
+    overrides = [*TWO_RANK_RUN, *_engine_overrides(), f"trainer={strategy}", *CPU_TWO_PROCESSES]
+    out = train_in_subprocess(two, one_vllm_process / "cache", overrides)
+    assert "external_launcher" in out
+    assert_matches_one_process(one, two, read_metrics(two))

@@ -21,6 +21,12 @@ takes prompts ``s..`` with ``seed + s`` (a rank's shard) gets the responses of t
 (up to floating-point differences between batch compositions). The model's own ``generation_config`` is ignored
 (``generation_config="vllm"``): our :class:`SamplingParams` are the only settings.
 
+Several training processes (``trainer=ddp`` / ``trainer=fsdp``): every rank runs its own engine
+for its own shard of the prompts, started with vLLM's ``external_launcher`` executor, which joins
+the process group the trainer already made instead of spawning workers. Each engine is
+``tensor_parallel_size=1``: the ranks of a tensor-parallel group would have to submit identical
+requests, and ours hold different prompts.
+
 vLLM keeps its parallel state in process globals and an engine's shutdown tears it down, so one
 engine lives per process: creating one closes the previous one (a later garbage collection of the
 old one would otherwise break the new one).
@@ -86,6 +92,25 @@ def _sampled_logprobs(completion: Any) -> list[float]:
     return [float(step[tok].logprob) for tok, step in zip(completion.token_ids, completion.logprobs, strict=True)]
 
 
+def _multi_process_options(tensor_parallel_size: int) -> dict[str, Any]:
+    """Engine options for one rank of a multi-process run (none in a single process)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return {}
+    if tensor_parallel_size != 1:
+        raise ValueError(
+            "rollout.vllm.tensor_parallel_size must be 1 with several training processes: each "
+            "rank's engine serves its own prompts (tensor parallelism would need the ranks of a "
+            "group to share them)"
+        )
+    # external_launcher reads these (torchrun sets them; Lightning's own launcher may not)
+    os.environ.setdefault("RANK", str(dist.get_rank()))
+    local = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    os.environ.setdefault("LOCAL_RANK", str(local))
+    return {"distributed_executor_backend": "external_launcher"}
+
+
 def _engine_dtype(dtype: str, model: torch.nn.Module) -> str:
     """``auto`` means the policy's dtype (vLLM's own ``auto`` would run a float32 model in 16 bits)."""
     if dtype != "auto":
@@ -136,6 +161,9 @@ class VLLMRolloutEngine:
                 "in .venv-vllm (make test-vllm)"
             ) from e
 
+        options = dict(kv_cache_memory_bytes=kv_cache_memory_bytes, max_model_len=max_model_len)
+        options.update(_multi_process_options(tensor_parallel_size))
+
         global _live
         _close_previous()
         self.llm = None
@@ -153,7 +181,6 @@ class VLLMRolloutEngine:
         self._dir = tempfile.TemporaryDirectory(prefix="medsrl-vllm-")
         model.config.save_pretrained(self._dir.name)  # config + tokenizer only: no weights on disk
         tokenizer.save_pretrained(self._dir.name)
-        options = dict(kv_cache_memory_bytes=kv_cache_memory_bytes, max_model_len=max_model_len)
         if current_platform.is_cpu():
             # vLLM 0.32 CPU: a prefill split over two scheduler steps rewinds the seeded request's
             # generator offset, which CPU generators do not support (RuntimeError). Whole
