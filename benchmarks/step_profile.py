@@ -38,9 +38,8 @@ def main() -> None:
     overrides = [
         f"paths.output_dir={out}",
         f"trainer.max_steps={args.steps}",
-        "trainer.val_check_interval=1000000",
         "logger=csv",
-        "validate_at_start=false",
+        "callbacks.pass_at_k.every_n_steps=0",
         "export_policy=false",
         "callbacks.model_checkpoint.every_n_train_steps=1000000",
         *args.overrides,

@@ -63,8 +63,11 @@ TWO_RANK_RUN = [
     "{_target_: medsrl.data.arithmetic.generate_arithmetic, num: 8, level: 1, split: train}}]}]",
     "trainer.max_steps=3",
     "export_policy=true",
-    "validate_at_start=false",
-    "callbacks.pass_at_k.every_n_steps=0",
+    # validation at steps 0, 2 and 3 (the end) on the 4 held-out problems, in sampling chunks of 2
+    # problems: one chunk per rank, drawn as one process draws it
+    "callbacks.pass_at_k.every_n_steps=2",
+    "callbacks.pass_at_k.n=2",
+    "callbacks.pass_at_k.batch_size=4",
 ]
 
 CPU_TWO_PROCESSES = ["trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true"]
@@ -126,6 +129,9 @@ def assert_matches_one_process(one: Path, two: Path, two_metrics: dict[int, dict
             expected = a[step][name] / (2 if name == "train/num_responses" else 1)
             assert b[step][name] == pytest.approx(expected, rel=1e-4, abs=1e-6), (step, name)
     assert a[2]["train/meds/penalty_max"] > 0  # the memory did shape rewards
+    for step in (0, 2, 3):  # validation, sampled in shares and all-gathered
+        for name in ["val/accuracy", "val/pass@2", "val/num_samples", "val/distinct_answers"]:
+            assert b[step][name] == pytest.approx(a[step][name], rel=1e-5, abs=1e-6), (step, name)
 
     mem = lambda run: torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["callbacks"]  # noqa: E731
     key = next(k for k in mem(one) if "ErrorMemoryCallback" in k)

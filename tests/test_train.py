@@ -14,10 +14,11 @@ pytestmark = pytest.mark.slow
 
 def test_two_step_run_writes_metrics_checkpoints_and_policy(tmp_path):
     out = tmp_path / "run"
-    cfg = compose_train(out, ["export_policy=true", "validate_at_start=true"])
+    cfg = compose_train(out, ["export_policy=true"])
     summary = train(cfg)
     assert summary["steps"] == 2
     assert 0.0 <= summary["val_accuracy_start"] <= 1.0
+    assert 0.0 <= summary["val_accuracy_end"] <= 1.0
     assert (out / "checkpoints" / "last.ckpt").exists()
     assert (out / "checkpoints" / "step_000002.ckpt").exists()
     assert (out / "policy" / "config.json").exists()

@@ -111,7 +111,7 @@ class VLLMConfig:
 
 @dataclass
 class RolloutConfig:
-    """Sampling settings for training rollouts and for validation."""
+    """Sampling settings for training rollouts (validation has its own: callbacks.pass_at_k)."""
 
     backend: str = "hf"  # hf | vllm
     n: int = 8
@@ -120,9 +120,6 @@ class RolloutConfig:
     max_new_tokens: int = 256
     max_batch_size: int = 64  # sequences per generate call
     logprobs: bool = False  # engine sampling log-probs, logged against the trainer's (train/engine/*)
-    val_n: int = 1
-    val_temperature: float = 1.0
-    val_top_p: float = 1.0
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 

@@ -107,7 +107,6 @@ class RLModule(L.LightningModule):
         self.engine = None
         self.grader: MathGrader | None = None
         self.last_rollouts: StepRollouts | None = None
-        self._val_acc: list[torch.Tensor] = []
 
     def _check_settings(self) -> None:
         ov = self.algo.overlong
@@ -565,30 +564,6 @@ class RLModule(L.LightningModule):
             names = [s.name for s in getattr(self.trainer.datamodule, "stages", [])]
             idx = names.index(stage) if stage in names else -1
             self.log("train/stage", float(idx), on_step=True, on_epoch=False, batch_size=1)
-
-    # ---------------------------------------------------------- validation
-
-    def validation_step(self, batch, batch_idx: int) -> None:
-        prompts = list(batch)
-        cfg = self.rollout_cfg
-        params = self._sampling(10_000_000 + batch_idx, 0, cfg.val_n, cfg.val_temperature, cfg.val_top_p)
-        with self.full_policy():
-            rollout = self.engine.generate([p.text for p in prompts], params)
-        grades = self.grader.grade_batch(
-            rollout.response_text, [prompts[i].answer for i in rollout.prompt_index]
-        )
-        acc = torch.tensor([g.score for g in grades], dtype=torch.float32)
-        self._val_acc.append(acc)
-
-    def on_validation_epoch_start(self) -> None:
-        self._val_acc = []
-
-    def on_validation_epoch_end(self) -> None:
-        if not self._val_acc:
-            return
-        acc = torch.cat(self._val_acc)
-        self.log("val/accuracy", acc.mean(), prog_bar=True, batch_size=len(acc))
-        self.log("val/num_samples", float(len(acc)), batch_size=1)
 
     # --------------------------------------------------------------- export
 

@@ -25,6 +25,7 @@ from hydra.utils import instantiate  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from medsrl.callbacks.meds import meds_callbacks  # noqa: E402
+from medsrl.callbacks.pass_at_k import PassAtKValidation  # noqa: E402
 from medsrl.callbacks.protocol import RolloutCallback  # noqa: E402
 from medsrl.models.policy import build_policy  # noqa: E402
 from medsrl.module import RLModule  # noqa: E402
@@ -119,16 +120,14 @@ def train(cfg: DictConfig, run: Run | None = None) -> dict[str, float]:
     for lg in loggers:
         print(f"[medsrl] {type(lg).__name__} logs: {lg.log_dir}  (tensorboard --logdir {out_dir})")
 
-    summary: dict[str, float] = {}
-    if cfg.validate_at_start and not ckpt_path and datamodule.val_dataloader():
-        start = trainer.validate(module, datamodule=datamodule, verbose=False)
-        if start:
-            summary["val_accuracy_start"] = float(start[0]["val/accuracy"])
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
 
-    metrics = trainer.callback_metrics
-    if "val/accuracy" in metrics:
-        summary["val_accuracy_end"] = float(metrics["val/accuracy"])
+    summary: dict[str, float] = {}
+    validation = next((cb for cb in callbacks if isinstance(cb, PassAtKValidation)), None)
+    if validation is not None and validation.history:
+        if validation.history[0][0] == 0:
+            summary["val_accuracy_start"] = validation.history[0][1]
+        summary["val_accuracy_end"] = validation.history[-1][1]
     summary["steps"] = trainer.global_step
     if cfg.export_policy:
         module.export_policy(out_dir / "policy")  # every rank: FSDP gathers the weights

@@ -351,28 +351,21 @@ def test_spec_objects_and_lazy_callable_source():
 # validation data
 
 
-def test_val_none_gives_no_loader():
-    assert two_stage().val_dataloader() == []
+def test_val_none_gives_no_prompts():
+    assert two_stage().val_prompts() == []
 
 
-def test_val_union_shuffled_cut_and_batched():
+def test_val_union_shuffled_and_cut():
     val = [{"name": "vb", "source": B}, {"name": "vc", "source": C}]
-    dm = two_stage(val=val, val_size=20, val_batch_size=8)
-    batches = list(dm.val_dataloader())
-    assert [len(b) for b in batches] == [8, 8, 4]
-    assert len(dm.val_dataloader()) == 3
-    flat = [p for b in batches for p in b]
+    dm = two_stage(val=val, val_size=20)
+    flat = dm.val_prompts()
     assert all(isinstance(p, Prompt) for p in flat)
     assert len(set(keys(flat))) == 20
     assert set(keys(flat)) <= {ex.key for ex in B + C}
-    assert keys(flat) == keys(
-        p for b in two_stage(val=val, val_size=20, val_batch_size=8).val_dataloader() for p in b
-    )
-    assert keys(flat) == keys(
-        list(dm.val_dataloader())[0] + list(dm.val_dataloader())[1] + list(dm.val_dataloader())[2]
-    )
-    everything = two_stage(val=val, val_size=None, val_batch_size=64)
-    (only,) = list(everything.val_dataloader())
+    assert keys(flat) == keys(two_stage(val=val, val_size=20).val_prompts())  # seeded
+    assert dm.val_prompts() is flat  # built once
+    everything = two_stage(val=val, val_size=None)
+    only = everything.val_prompts()
     assert sorted(keys(only)) == sorted(ex.key for ex in B + C)
     assert keys(only)[:20] == keys(flat)  # val_size keeps a prefix of the same shuffle
     assert {p.source for p in only} == {"vb", "vc"}
@@ -457,7 +450,7 @@ def test_hydra_instantiate(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# a real Lightning Trainer: batches reach the module, validation runs, resume continues exactly
+# a real Lightning Trainer: batches reach the module, resume continues exactly
 
 
 def test_lightning_fit_and_resume(tmp_path):
@@ -469,15 +462,10 @@ def test_lightning_fit_and_resume(tmp_path):
             super().__init__()
             self.w = torch.nn.Parameter(torch.zeros(1))
             self.seen: list[tuple[int, str, list[str]]] = []
-            self.val_sizes: list[int] = []
 
         def training_step(self, batch, batch_idx):
             self.seen.append((batch["step"], batch["stage"], keys(batch["prompts"])))
             return (self.w - 1.0).pow(2).sum()
-
-        def validation_step(self, batch, batch_idx):
-            assert all(isinstance(p, Prompt) for p in batch)
-            self.val_sizes.append(len(batch))
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -491,22 +479,18 @@ def test_lightning_fit_and_resume(tmp_path):
             enable_checkpointing=False,
             enable_progress_bar=False,
             enable_model_summary=False,
-            num_sanity_val_steps=0,
-            val_check_interval=3,
-            check_val_every_n_epoch=None,
         )
 
     val = [{"name": "vc", "source": C}]
     first = Recorder()
     t1 = trainer(4)
-    t1.fit(first, datamodule=two_stage(val=val, val_batch_size=4))
+    t1.fit(first, datamodule=two_stage(val=val))
     ckpt = tmp_path / "step4.ckpt"
     t1.save_checkpoint(ckpt)
     assert [s for s, _, _ in first.seen] == [0, 1, 2, 3]
-    assert first.val_sizes == [4, 4, 1]  # one validation run after 3 steps, 9 prompts
 
     second = Recorder()
-    dm2 = two_stage(val=val, val_batch_size=4)
+    dm2 = two_stage(val=val)
     trainer(8).fit(second, datamodule=dm2, ckpt_path=str(ckpt))
     assert [(s, st) for s, st, _ in second.seen] == [(4, "A"), (5, "B"), (6, "B"), (7, "B")]
     reference = two_stage()

@@ -1,31 +1,45 @@
-"""pass@k and diversity on held-out prompts during training, the same evaluation as medsrl-eval.
+"""Held-out validation during training: accuracy, pass@k and diversity, as medsrl-eval measures them.
 
-Every ``every_n_steps`` RL steps (and before the first one) the policy samples ``n`` responses
-for the first ``num_problems`` held-out prompts of the DataModule; the callback logs
+Before the first step, every ``every_n_steps`` RL steps and after the last one, the policy samples
+``n`` responses for the held-out prompts of the DataModule (the first ``num_problems``; all when
+None) and the callback logs ``val/accuracy`` (the mean score of all samples, which is pass@1),
 ``val/pass@k`` for k = 1, 2, 4 .. n, ``val/maj@n`` and the diversity figures (distinct answers,
-distinct wrong answers, top-1 eigen ratio of the MEDS features, error clusters). The sampling
-seed is the same at every evaluation, so successive points differ by the policy, not the dice.
+distinct wrong answers, top-1 eigen ratio of the MEDS features, error clusters), per data set too
+when there are several. The sampling seed is the same at every evaluation, so successive points
+differ by the policy, not the dice. ``history`` keeps ``(step, accuracy)`` for the run summary.
+
+This is the only validation: the module has no ``validation_step``. With several processes each
+rank samples a contiguous share of whole sampling chunks (``batch_size // n`` problems, each
+seeded by its first problem) and the records are all-gathered, so every rank logs exactly the
+numbers of one process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 from lightning.pytorch.callbacks import Callback
 
 from medsrl.evaluation.runner import EvalProblem, EvalSettings, sample_problems, summarize_records
+from medsrl.utils.distributed import all_gather_objects, rank_and_size, shard_bounds
 
 _NOT_LOGGED = ("run", "benchmark", "problems", "n", "mean@n")  # mean@n == pass@1
 
 
 class PassAtKValidation(Callback):
-    """Logs ``val/pass@k`` and diversity every N steps (per data set too, when there are several)."""
+    """Logs ``val/accuracy``, ``val/pass@k`` and diversity at start, every N steps and at the end.
+
+    ``every_n_steps=0`` turns validation off; ``at_start=False`` skips the evaluation before the
+    first step.
+    """
 
     def __init__(
         self,
         every_n_steps: int = 20,
         n: int = 8,
-        num_problems: int = 64,
+        num_problems: int | None = None,
+        at_start: bool = True,
         temperature: float = 1.0,
         top_p: float = 1.0,
         max_new_tokens: int | None = None,
@@ -35,6 +49,7 @@ class PassAtKValidation(Callback):
     ) -> None:
         self.every_n_steps = every_n_steps
         self.num_problems = num_problems
+        self.at_start = at_start
         self.max_new_tokens = max_new_tokens
         self.settings = EvalSettings(
             n=n,
@@ -45,14 +60,20 @@ class PassAtKValidation(Callback):
             feature_layers=feature_layers,
         )
         self.last_rows: list[dict] = []
+        self.history: list[tuple[int, float]] = []  # (step, val/accuracy)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        if trainer.global_step == 0:
+        if trainer.global_step == 0 and self.at_start:
             self._evaluate(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
         if self.every_n_steps > 0 and step % self.every_n_steps == 0:
+            self._evaluate(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        last = self.history[-1][0] if self.history else None
+        if trainer.global_step > 0 and last != trainer.global_step:  # the end figure
             self._evaluate(trainer, pl_module)
 
     def _evaluate(self, trainer, pl_module) -> None:
@@ -62,10 +83,16 @@ class PassAtKValidation(Callback):
         max_new = self.max_new_tokens or pl_module.rollout_cfg.max_new_tokens
         settings = EvalSettings(**{**self.settings.__dict__, "max_new_tokens": max_new})
         problems = [EvalProblem(p.key, p.text, p.problem, p.answer) for p in prompts]
+        # whole sampling chunks per rank (each seeded by its first problem): the numbers of one process
+        chunk = settings.chunk_size
+        first, last = shard_bounds(-(-len(problems) // chunk), *rank_and_size())
+        start, stop = min(first * chunk, len(problems)), min(last * chunk, len(problems))
+        share = dataclasses.replace(settings, seed=settings.seed + start)
         with pl_module.full_policy() as policy:  # FSDP: the whole weights for sampling
-            records = sample_problems(
-                policy, pl_module.tokenizer, pl_module.engine, pl_module.grader, problems, settings
+            mine = sample_problems(
+                policy, pl_module.tokenizer, pl_module.engine, pl_module.grader, problems[start:stop], share
             )
+        records = [rec for part in all_gather_objects(mine) for rec in part]
         by_source = defaultdict(list)
         for p, rec in zip(prompts, records, strict=True):
             by_source[p.source].append(rec)
@@ -73,7 +100,8 @@ class PassAtKValidation(Callback):
         if len(by_source) > 1:
             rows += [summarize_records("", source, recs) for source, recs in by_source.items()]
         self.last_rows = rows
-        metrics = {}
+        self.history.append((trainer.global_step, float(rows[0]["pass@1"])))
+        metrics = {"val/accuracy": float(rows[0]["pass@1"]), "val/num_samples": float(len(records) * settings.n)}
         for row in rows:
             prefix = "val/" if row["benchmark"] == "all" else f"val/{row['benchmark']}/"
             for name, value in row.items():

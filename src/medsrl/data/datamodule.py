@@ -222,19 +222,6 @@ class _TrainSteps:
             step += 1
 
 
-class _ValBatches:
-    def __init__(self, prompts: list[Prompt], batch_size: int):
-        self.prompts = prompts
-        self.batch_size = batch_size
-
-    def __len__(self) -> int:
-        return math.ceil(len(self.prompts) / self.batch_size)
-
-    def __iter__(self) -> Iterator[list[Prompt]]:
-        for i in range(0, len(self.prompts), self.batch_size):
-            yield self.prompts[i : i + self.batch_size]
-
-
 # --------------------------------------------------------------------------------------------
 
 
@@ -248,7 +235,6 @@ class MathDataModule(lightning.LightningDataModule):
         val: datasets ``{name, source}`` whose union is the held-out set; None: no validation.
         prompts_per_step: prompts per training step.
         val_size: keep the first ``val_size`` held-out prompts after a seeded shuffle (None: all).
-        val_batch_size: prompts per validation batch.
         template: keyword arguments of :func:`render_prompt` (``system_prompt``,
             ``extra_empty_assistant_turn``).
         seed: the data seed.
@@ -262,20 +248,16 @@ class MathDataModule(lightning.LightningDataModule):
         val: Sequence[Mapping[str, Any] | DatasetSpec] | None = None,
         prompts_per_step: int = 16,
         val_size: int | None = 64,
-        val_batch_size: int = 64,
         template: Mapping[str, Any] | None = None,
         seed: int = 0,
     ):
         super().__init__()
         if int(prompts_per_step) < 1:
             raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
-        if int(val_batch_size) < 1:
-            raise ValueError(f"val_batch_size must be >= 1, got {val_batch_size}")
         if val_size is not None and int(val_size) < 1:
             raise ValueError(f"val_size must be >= 1 or None, got {val_size}")
         self.prompts_per_step = int(prompts_per_step)
         self.val_size = None if val_size is None else int(val_size)
-        self.val_batch_size = int(val_batch_size)
         self.seed = int(seed)
 
         template = dict(_plain(template) or {})
@@ -466,13 +448,6 @@ class MathDataModule(lightning.LightningDataModule):
                 perm = perm[: self.val_size]
             self._val_prompts = [self._render(*pool[int(i)]) for i in perm]
         return self._val_prompts
-
-    def val_dataloader(self) -> _ValBatches | list:
-        """Held-out prompts in batches of ``val_batch_size`` (each batch a ``list[Prompt]``);
-        ``[]`` (no validation) when ``val`` is None."""
-        if self.val is None:
-            return []
-        return _ValBatches(self.val_prompts(), self.val_batch_size)
 
     # ----------------------------------------------------------------------------------------
     # checkpointing: the schedule is stateless; this only detects a changed schedule
