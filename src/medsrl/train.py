@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 # The step's updates are explicit (manual optimisation); checkpoints hold post-update state by design.
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
 warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)")
+# The policy is put in train mode by each update and the KL reference model stays in eval mode
+# on purpose (frozen), so Lightning's check of the modules' modes at the start of fit only warns.
+warnings.filterwarnings("ignore", message="Found .* module\\(s\\) in eval mode at the start of training")
 
 
 def check_config(cfg: DictConfig) -> None:
