@@ -70,3 +70,15 @@ def test_sampling_mismatch_hand_checked():
     assert got["prob_diff_mean"] == pytest.approx(sum(pd) / 3)
     assert sampling_mismatch(engine, engine, mask)["kl_k3"] == 0.0
     assert sampling_mismatch(engine, trainer, torch.zeros_like(mask)) == {}
+
+
+def test_sampling_mismatch_is_not_negative_for_tiny_gaps():
+    """k3 of log-ratios near 1e-7 cancels to negative values in float32; the diagnostic is >= 0."""
+    from medsrl.algo.kl import sampling_mismatch
+
+    gen = torch.Generator().manual_seed(0)
+    engine = -torch.rand(64, 32, generator=gen) * 5
+    trainer = engine + torch.randn(64, 32, generator=gen) * 3e-7
+    got = sampling_mismatch(engine, trainer, torch.ones(64, 32))
+    assert got["kl_k3"] >= 0.0
+    assert got["kl_k3"] < 1e-12
