@@ -175,3 +175,17 @@ def test_select_and_concat_groups_carry_every_field(logprobs):
     # mixing a batch without log-probs drops them rather than misaligning rows
     assert RolloutBatch.concat_groups([_batch(True).select([0]), _batch(False).select([2])]).response_logprobs is None
     assert len(RolloutBatch.concat_groups([])) == 0
+
+
+def test_tokenize_prompts_orders_responses_and_refuses_bad_prompts():
+    from medsrl.rollout.base import tokenize_prompts
+
+    tok = build_char_tokenizer()
+    ids, order = tokenize_prompts(tok, ["ab", "c"], 3, "E")
+    assert ids == [tok("ab")["input_ids"], tok("c")["input_ids"]]
+    assert order == [0, 0, 0, 1, 1, 1]
+    assert tokenize_prompts(tok, [], 3, "E") == ([], [])
+    with pytest.raises(TypeError, match="E.generate expects a list"):
+        tokenize_prompts(tok, "ab", 1, "E")
+    with pytest.raises(ValueError, match="Prompt 1 tokenizes to no tokens"):
+        tokenize_prompts(tok, ["ab", ""], 1, "E")

@@ -157,6 +157,22 @@ class RolloutEngine(Protocol):
         ...
 
 
+def tokenize_prompts(tokenizer, prompts: list[str], n: int, engine: str) -> tuple[list[list[int]], list[int]]:
+    """The checks and tokenization every engine's ``generate`` starts with.
+
+    Returns each prompt's ids (the tokenizer's default special-token handling, as vLLM's) and
+    the response order, ``n`` per prompt grouped by prompt (``[0]*n + [1]*n + ...``). A bare
+    string or a prompt that tokenizes to nothing is refused, naming the prompt.
+    """
+    if isinstance(prompts, str):
+        raise TypeError(f"{engine}.generate expects a list of prompt strings")
+    prompt_ids = [list(ids) for ids in tokenizer(list(prompts))["input_ids"]] if prompts else []
+    for i, ids in enumerate(prompt_ids):
+        if not ids:
+            raise ValueError(f"Prompt {i} tokenizes to no tokens")
+    return prompt_ids, [i for i in range(len(prompt_ids)) for _ in range(n)]
+
+
 @dataclass
 class PackedRollouts:
     """A padded batch of prompt + response ids ready for one forward pass.

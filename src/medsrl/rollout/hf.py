@@ -42,7 +42,13 @@ from transformers import (
 )
 
 from medsrl.models.loading import stop_token_ids as default_stop_token_ids
-from medsrl.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, SamplingParams
+from medsrl.rollout.base import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    RolloutBatch,
+    SamplingParams,
+    tokenize_prompts,
+)
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
@@ -179,17 +185,9 @@ class HFRolloutEngine:
 
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:
         """Sample ``params.n`` responses for each prompt (grouped by prompt, in order)."""
-        if isinstance(prompts, str):
-            raise TypeError("HFRolloutEngine.generate expects a list of prompt strings")
-        if len(prompts) == 0:
+        prompt_ids, order = tokenize_prompts(self.tokenizer, prompts, params.n, "HFRolloutEngine")
+        if not prompt_ids:
             return RolloutBatch.empty(params.logprobs)
-        prompt_ids: list[list[int]] = [
-            list(ids) for ids in self.tokenizer(list(prompts))["input_ids"]
-        ]
-        for i, ids in enumerate(prompt_ids):
-            if not ids:
-                raise ValueError(f"Prompt {i} tokenizes to no tokens")
-        order = [i for i in range(len(prompts)) for _ in range(params.n)]
         responses: list[list[int]] = []
         finish: list[str] = []
         logprobs: list[list[float]] | None = [] if params.logprobs else None

@@ -46,7 +46,13 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from medsrl.models.loading import stop_token_ids as default_stop_token_ids
-from medsrl.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, SamplingParams
+from medsrl.rollout.base import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    RolloutBatch,
+    SamplingParams,
+    tokenize_prompts,
+)
 
 log = logging.getLogger(__name__)
 
@@ -229,16 +235,10 @@ class VLLMRolloutEngine:
 
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:
         """Sample ``params.n`` responses for each prompt (grouped by prompt, in order)."""
-        if isinstance(prompts, str):
-            raise TypeError("VLLMRolloutEngine.generate expects a list of prompt strings")
-        if len(prompts) == 0:
+        prompt_ids, order = tokenize_prompts(self.tokenizer, prompts, params.n, "VLLMRolloutEngine")
+        if not prompt_ids:
             return RolloutBatch.empty(params.logprobs)
         self._check_open()
-        prompt_ids = [list(ids) for ids in self.tokenizer(list(prompts))["input_ids"]]
-        for i, ids in enumerate(prompt_ids):
-            if not ids:
-                raise ValueError(f"Prompt {i} tokenizes to no tokens")
-        order = [i for i in range(len(prompts)) for _ in range(params.n)]
         requests = [{"prompt_token_ids": prompt_ids[i]} for i in order]
         sampling = [self._sampling_params(params, i, k % params.n) for k, i in enumerate(order)]
         self._wake(list(SLEEP_TAGS))
