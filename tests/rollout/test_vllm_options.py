@@ -23,10 +23,13 @@ def _fake_group(monkeypatch, rank: int, size: int) -> None:
 
 def test_a_rank_joins_the_trainers_group_and_gets_its_rank(monkeypatch):
     _fake_group(monkeypatch, rank=3, size=4)
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.setenv("LOCAL_RANK", "1")  # set by the launcher: kept
+    # a private environment: the function writes RANK, which must not leak into later tests
+    # (a training subprocess that inherits RANK=3 believes it is not rank 0 and logs nothing)
+    env = {k: v for k, v in os.environ.items() if k != "RANK"}
+    env["LOCAL_RANK"] = "1"  # set by the launcher: kept
+    monkeypatch.setattr(os, "environ", env)
     assert _multi_process_options(1) == {"distributed_executor_backend": "external_launcher"}
-    assert os.environ["RANK"] == "3" and os.environ["LOCAL_RANK"] == "1"
+    assert env["RANK"] == "3" and env["LOCAL_RANK"] == "1"
 
 
 def test_tensor_parallel_engines_are_refused_with_several_ranks(monkeypatch):
