@@ -28,8 +28,8 @@ os.environ.setdefault("MEDSRL_ROOT", str(ROOT))
 import numpy as np  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from medsrl.callbacks.error_memory import ErrorMemoryCallback  # noqa: E402
-from medsrl.shaping.clustering import fit_cluster_labels  # noqa: E402
+from medsrl.meds.clustering import fit_cluster_labels  # noqa: E402
+from medsrl.plugins.meds import Meds  # noqa: E402
 from medsrl.train import build_run, train  # noqa: E402
 
 
@@ -38,16 +38,20 @@ def _config(out: Path, algorithm: str, steps: int, extra: list[str]):
         f"paths.output_dir={out}",
         f"algorithm={algorithm}",
         f"trainer.max_steps={steps}",
-        "algorithm.dynamic_sampling.enabled=false",
+        "algorithm.plugins.dynamic_sampling=null",
         "logger=csv",
         "callbacks.pass_at_k.every_n_steps=0",
         "export_policy=false",
         "callbacks.model_checkpoint.every_n_train_steps=1000000",
-        "logging.samples_every_n_steps=0",
+        "callbacks.sample_logger.every_n_steps=0",
         *extra,
     ]
     if algorithm == "meds":
-        overrides += ["algorithm.meds.snapshot_every_n_steps=0", "algorithm.meds.panels_every_n_steps=0"]
+        overrides += [
+            "algorithm.plugins.meds.snapshot_every_n_steps=0",
+            "algorithm.plugins.meds.panels_every_n_steps=0",
+            "algorithm.plugins.meds.mixed_groups_only=false",  # as before: every group reaches MEDS
+        ]
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         return compose("train", overrides=overrides)
 
@@ -55,14 +59,14 @@ def _config(out: Path, algorithm: str, steps: int, extra: list[str]):
 def _prefill(run, steps: int, per_key: int, dim: int) -> int:
     """Fill the wrong-answer store of every prompt the run will see with ``per_key`` features
     in a few clusters, labelled by a real HDBSCAN fit, as if the run had been going for long."""
-    memory_cb = next(cb for cb in run.callbacks if isinstance(cb, ErrorMemoryCallback))
+    memory = next(p for p in run.module.plugins if isinstance(p, Meds)).store.memory
     rng = np.random.default_rng(0)
     keys = {p.key for s in range(steps) for p in run.datamodule.prompts_for_step(s)}
     for key in sorted(keys):
         centers = rng.standard_normal((4, dim)).astype(np.float32)
         x = centers[rng.integers(4, size=per_key)] + 0.1 * rng.standard_normal((per_key, dim)).astype(np.float32)
-        memory_cb.memory.add(key, False, x, step=-1)
-        memory_cb.memory.set_labels(key, False, fit_cluster_labels(x))
+        memory.add(key, False, x, step=-1)
+        memory.set_labels(key, False, fit_cluster_labels(x))
     return len(keys)
 
 
@@ -91,7 +95,7 @@ def main() -> None:
             run = build_run(cfg)
             if name == "meds_prefilled":
                 dim = run.module.policy.config.num_hidden_layers
-                layers = cfg.algorithm.meds.layers
+                layers = cfg.algorithm.plugins.meds.layers
                 dim = min(dim, int(layers)) if str(layers).isdigit() else dim
                 extra["prefilled_keys"] = _prefill(run, args.steps, args.prefill, dim)
             train(cfg, run)

@@ -46,7 +46,7 @@ MICRO_WARM_START = [
     " eval_examples: 8, eval_max_new_tokens: 48, system_prompt: null}",
     "data.template.system_prompt=null",
     "rollout.max_new_tokens=48",
-    "algorithm.overlong.buffer_length=4",
+    "algorithm.plugins.overlong.buffer_length=4",
 ]
 
 
@@ -55,7 +55,8 @@ TWO_RANK_RUN = [
     "debug=fast",
     *MICRO_WARM_START,
     "algorithm=meds",
-    "algorithm.meds.snapshot_every_n_steps=1",  # replicas compared every step
+    "algorithm.plugins.meds.snapshot_every_n_steps=1",
+    "algorithm.plugins.meds.mixed_groups_only=false",  # no DAPO filter here: remember every group
     "data.prompts_per_step=4",
     "rollout.n=4",
     "rollout.max_batch_size=8",  # 2 prompts per generate chunk = one rank's shard
@@ -134,7 +135,7 @@ def assert_matches_one_process(one: Path, two: Path, two_metrics: dict[int, dict
             assert b[step][name] == pytest.approx(a[step][name], rel=1e-5, abs=1e-6), (step, name)
 
     mem = lambda run: torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["callbacks"]  # noqa: E731
-    key = next(k for k in mem(one) if "ErrorMemoryCallback" in k)
+    key = "plugin:meds"
     ea, eb = mem(one)[key]["memory"]["entries"], mem(two)[key]["memory"]["entries"]
     assert [(e["key"], e["correct"]) for e in ea] == [(e["key"], e["correct"]) for e in eb]
     for x, y in zip(ea, eb, strict=True):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from medsrl.module import _my_share
+from medsrl.plugins.dynamic_sampling import batch_share
 from run_helpers import (
     CPU_TWO_PROCESSES,
     TWO_RANK_RUN,
@@ -64,6 +64,6 @@ def test_dynamic_sampling_share_keeps_the_first_groups_in_round_then_rank_order(
     # rank 0 kept 2 then 3 groups (rounds 0, 1); rank 1 kept 1 then 4; target 5:
     # round 0 -> r0: 2, r1: 1 (3 so far); round 1 -> r0: 2 (full), r1: 0
     counts = [[2, 3], [1, 4]]
-    assert _my_share(counts, 0, 5) == [2, 2]
-    assert _my_share(counts, 1, 5) == [1, 0]
-    assert _my_share([[3, 9]], 0, 8) == [3, 5]  # one process: the first 8 in round order
+    assert batch_share(counts, 0, 5) == [2, 2]
+    assert batch_share(counts, 1, 5) == [1, 0]
+    assert batch_share([[3, 9]], 0, 8) == [3, 5]  # one process: the first 8 in round order

@@ -136,3 +136,24 @@ def test_model_path_mapping_names_the_rows(tmp_path):
     assert models_to_evaluate(cfg) == [("start", "/m/a"), ("rl", "/runs/x/policy")]
     cfg = _eval_cfg(tmp_path, "model_path=[/runs/x/policy,/runs/y/policy]")
     assert models_to_evaluate(cfg) == [("x", "/runs/x/policy"), ("y", "/runs/y/policy")]
+
+
+def test_a_meds_run_is_evaluated_on_its_own_feature(tmp_path, trained_run, caplog):
+    """Eval's features (last 14 layers: both of the micro model's 2) for a plain model; the run's
+    MEDS plug-in settings (all layers with diffs: 1 value, L2-L1) for a MEDS run's policy."""
+    meds_run = tmp_path / "meds_run"
+    shutil.copytree(trained_run / "policy", meds_run / "policy")
+    (meds_run / ".hydra").mkdir()
+    run_cfg = OmegaConf.load(trained_run / ".hydra" / "config.yaml")
+    run_cfg.algorithm = {"plugins": {"meds": {"layers": "all", "diff": True}}}
+    OmegaConf.save(run_cfg, meds_run / ".hydra" / "config.yaml")
+    out = tmp_path / "out"
+    with caplog.at_level("INFO", logger="medsrl.eval"):
+        evaluate(_eval_cfg(out, f"model_path=[{trained_run / 'policy'},{meds_run / 'policy'}]"))
+    assert str(meds_run / ".hydra" / "config.yaml") in caplog.text
+    feats: dict[str, list] = {"run": [], "meds_run": []}
+    for line in (out / "generations.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        feats[rec["run"]] += [r["feature"] for r in rec["responses"] if r["feature"] is not None]
+    assert feats["run"] and {len(f) for f in feats["run"]} == {2}
+    assert feats["meds_run"] and {len(f) for f in feats["meds_run"]} == {1}

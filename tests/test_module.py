@@ -12,6 +12,7 @@ from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.loading import load_tokenizer, random_model_like
 from medsrl.models.tiny import build_tiny_model
 from medsrl.module import RLModule
+from medsrl.plugins.dynamic_sampling import DynamicSampling
 from run_helpers import compose_train
 from shared_paths import require_shared
 
@@ -69,13 +70,15 @@ def test_nonfinite_loss_skips_the_update_and_keeps_the_weights(monkeypatch, capl
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     module = RLModule(policy, tok, algorithm={**SMALL_ALGO, "kl_coef": 0.0},
                       rollout={"n": 2, "max_new_tokens": 4}, optim={"lr": 1e-1, "warmup_steps": 0})
-    real = RLModule._micro_loss
+    import medsrl.step.update as update
 
-    def nan_loss(self, *args, **kwargs):
-        loss, metrics = real(self, *args, **kwargs)
+    real = update.micro_loss
+
+    def nan_loss(*args, **kwargs):
+        loss, metrics = real(*args, **kwargs)
         return loss * float("nan"), metrics
 
-    monkeypatch.setattr(RLModule, "_micro_loss", nan_loss)
+    monkeypatch.setattr(update, "micro_loss", nan_loss)
     with caplog.at_level("WARNING"):
         trainer = _fit(module, _datamodule())
     assert trainer.global_step == 1  # the step still counts
@@ -104,9 +107,9 @@ def test_engine_logprobs_are_carried_and_compared_with_the_trainers(dynamic_samp
     for temperature in (1.0, 0.5):
         policy = build_tiny_model(seed=0, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                   num_key_value_heads=1, intermediate_size=32)
-        algo = {**SMALL_ALGO, "kl_coef": 0.0,
-                "dynamic_sampling": {"enabled": dynamic_sampling, "max_rounds": 2}}
-        module = RLModule(policy, tok, algorithm=algo, optim={"lr": 1e-2, "warmup_steps": 0},
+        algo = {**SMALL_ALGO, "kl_coef": 0.0}
+        plugins = [DynamicSampling(max_rounds=2)] if dynamic_sampling else []
+        module = RLModule(policy, tok, algorithm=algo, optim={"lr": 1e-2, "warmup_steps": 0}, plugins=plugins,
                           rollout={"n": 4, "max_new_tokens": 6, "temperature": temperature, "logprobs": True})
         trainer = _fit(module, _datamodule(4))
         r = module.last_rollouts

@@ -13,62 +13,16 @@ from medsrl.algo.aggregation import LOSS_AGG_MODES
 
 
 @dataclass
-class DynamicSamplingConfig:
-    """DAPO: drop groups whose rewards do not differ; generate more prompts to refill."""
-
-    enabled: bool = False
-    max_rounds: int = 10  # extra generation rounds per step at most
-
-
-@dataclass
-class OverlongConfig:
-    """DAPO's soft overlong penalty over the last ``buffer_length`` tokens of the budget."""
-
-    enabled: bool = False
-    buffer_length: int = 512
-    penalty_factor: float = 1.0
-
-
-@dataclass
-class MedsConfig:
-    """MEDS (PAPER.md): per-prompt memory of answer-token logit features, HDBSCAN clusters, and a
-    penalty ``min(alpha * ln(|C| + 1), beta)`` on targeted responses. Defaults = the reference."""
-
-    alpha: float = 0.1
-    beta: float | None = None  # None: 2 * alpha, as in the reference
-    layers: Any = 14  # last N layers, "half", "all", or a list of 1-based layer numbers
-    diff: bool = False  # first differences across the selected layers
-    final_norm: bool = False  # final norm on intermediate layers (a textbook logit lens)
-    target: str = "wrong"  # wrong | right | both | none
-    noise_is_cluster: bool = True  # noise counts as one cluster (reference); False: no penalty
-    k: int = 3  # nearest neighbours in the label vote
-    min_cluster_size: int = 2
-    min_samples: int = 1
-    cap_per_key: int | None = None  # oldest out past this many entries per (key, correctness)
-    mode: str = "cluster"  # cluster | single (ablation: size = the key's whole history)
-    refit: str = "background"  # background | sync (reference order)
-    refit_workers: int = 1
-    reset_on_stage_change: bool = False
-    snapshot_every_n_steps: int = 20  # 0: no snapshots
-    panels_every_n_steps: int = 10  # TensorBoard histogram and text panel; 0: off
-
-    def __post_init__(self) -> None:
-        if self.target not in ("wrong", "right", "both", "none"):
-            raise ValueError(f"meds.target={self.target!r}; valid: wrong, right, both, none")
-        if self.mode not in ("cluster", "single"):
-            raise ValueError(f"meds.mode={self.mode!r}; valid: cluster, single")
-        if self.refit not in ("background", "sync"):
-            raise ValueError(f"meds.refit={self.refit!r}; valid: background, sync")
-        if self.alpha < 0 or self.k < 1:
-            raise ValueError("meds.alpha must be >= 0 and meds.k >= 1")
-
-
-@dataclass
 class AlgorithmConfig:
-    """Loss and advantage settings (GRPO, DAPO, Dr.GRPO are presets of these)."""
+    """The RL loss: an advantage estimator and a policy loss from the registries (by name),
+    their settings, and the update's batching. GRPO, DAPO, Dr.GRPO and MEDS are presets of these
+    plus the plug-ins of ``algorithm.plugins`` (built by ``train.py``, not here)."""
 
     name: str = "dapo"
-    norm_adv_by_std: bool = True  # False = Dr.GRPO
+    advantage: str = "grpo"  # algo.ADVANTAGE_ESTIMATORS: grpo, drgrpo, rloo, gdpo
+    advantage_options: dict[str, Any] = field(default_factory=dict)  # e.g. gdpo {weights: {...}}
+    policy_loss: str = "vanilla"  # algo.POLICY_LOSSES
+    policy_loss_options: dict[str, Any] = field(default_factory=dict)
     clip_low: float = 0.2
     clip_high: float = 0.28
     dual_clip: float | None = 10.0
@@ -79,17 +33,22 @@ class AlgorithmConfig:
     ppo_epochs: int = 1
     mini_batch_prompts: int | None = None  # prompts per optimiser update; None = the whole step
     micro_batch_size: int = 32  # sequences per forward/backward
-    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
-    overlong: OverlongConfig = field(default_factory=OverlongConfig)
-    meds: MedsConfig | None = None  # set (algorithm=meds): the MEDS callbacks join the run
 
     def __post_init__(self) -> None:
+        from medsrl.algo import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+
+        if self.advantage not in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"algorithm.advantage={self.advantage!r}; valid: {sorted(ADVANTAGE_ESTIMATORS)}")
+        if self.policy_loss not in POLICY_LOSSES:
+            raise ValueError(f"algorithm.policy_loss={self.policy_loss!r}; valid: {sorted(POLICY_LOSSES)}")
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(f"algorithm.loss_agg_mode={self.loss_agg_mode!r}; valid: {LOSS_AGG_MODES}")
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ValueError(f"algorithm.dual_clip must be > 1 (or null), got {self.dual_clip}")
         if self.micro_batch_size < 1 or self.ppo_epochs < 1:
             raise ValueError("algorithm.micro_batch_size and algorithm.ppo_epochs must be >= 1")
+        self.advantage_options = dict(self.advantage_options or {})
+        self.policy_loss_options = dict(self.policy_loss_options or {})
 
 
 @dataclass
@@ -143,14 +102,6 @@ class GraderConfig:
     num_workers: int = 1
 
 
-@dataclass
-class LoggingConfig:
-    """What the module logs beyond scalars."""
-
-    samples_every_n_steps: int = 10
-    num_samples: int = 4
-
-
 def build(cls, values: dict[str, Any] | Any | None, section: str):
     """Instantiate dataclass ``cls`` from a dict, naming ``section`` in the error on a bad key."""
     if values is None:
@@ -162,15 +113,8 @@ def build(cls, values: dict[str, Any] | Any | None, section: str):
     unknown = sorted(set(values) - set(known))
     if unknown:
         raise ValueError(f"unknown key(s) in {section}: {unknown}; known: {sorted(known)}")
-    nested = {
-        DynamicSamplingConfig: "dynamic_sampling",
-        OverlongConfig: "overlong",
-        MedsConfig: "meds",
-        VLLMConfig: "vllm",
-    }
-    for sub_cls, name in nested.items():
-        if values.get(name) is not None and name in known and not isinstance(values[name], sub_cls):
-            values[name] = build(sub_cls, values[name], f"{section}.{name}")
+    if cls is RolloutConfig and values.get("vllm") is not None and not isinstance(values["vllm"], VLLMConfig):
+        values["vllm"] = build(VLLMConfig, values["vllm"], f"{section}.vllm")
     if "betas" in values:
         values["betas"] = tuple(values["betas"])
     return cls(**values)

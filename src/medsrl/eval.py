@@ -1,8 +1,11 @@
 """Evaluation entry point (``medsrl-eval``): pass@k, mean@n, maj@n and diversity on benchmarks.
 
 Models: ``model_path`` (an exported Hugging Face directory, a model name or a training run's
-``.ckpt``; one, a list, or ``{row name: path}``) and/or ``runs_dir`` (a multirun directory: each run's exported policy,
-else its ``last.ckpt``). Benchmarks: the ``benchmark`` config group (``benchmark=[math500,aime24]``).
+``.ckpt``; one, a list, or ``{row name: path}``) and/or ``runs_dir`` (a multirun directory: each
+run's exported policy, else its ``last.ckpt``). Benchmarks: the ``benchmark`` config group
+(``benchmark=[math500,aime24]``). MEDS features (for the diversity columns): a model from a
+training run with the MEDS plug-in gets that run's feature settings, any other model eval's
+``features`` (:func:`feature_spec_for`).
 
 Writes into the output directory: ``generations.jsonl`` (every response with its grade and MEDS
 feature, appended as produced; rerunning into the same directory resumes), ``results.md`` /
@@ -11,6 +14,7 @@ feature, appended as produced; rerunning into the same directory resumes), ``res
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -24,9 +28,20 @@ import torch  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
 
-from medsrl.evaluation.report import plot_pass_at_k, write_csv, write_json, write_markdown  # noqa: E402
-from medsrl.evaluation.runner import EvalSettings, problems_from, sample_problems, summarize_records  # noqa: E402
+from medsrl.evaluation.report import (  # noqa: E402
+    plot_pass_at_k,
+    write_csv,
+    write_json,
+    write_markdown,
+)
+from medsrl.evaluation.runner import (  # noqa: E402
+    EvalSettings,
+    problems_from,
+    sample_problems,
+    summarize_records,
+)
 from medsrl.evaluation.store import GenerationStore  # noqa: E402
+from medsrl.meds.features import FeatureSpec  # noqa: E402
 from medsrl.models.loading import load_policy, load_tokenizer  # noqa: E402
 from medsrl.reward.grader import MathGrader  # noqa: E402
 from medsrl.rollout.hf import HFRolloutEngine  # noqa: E402
@@ -61,7 +76,7 @@ def load_for_eval(model_path: str, tokenizer: str | None, dtype: str):
 
 
 def run_name(path: str | Path) -> str:
-    """A short row label: the run directory for ``<run>/policy`` and ``<run>/checkpoints/x.ckpt``."""
+    """A short row label: the run directory of ``<run>/policy`` and ``<run>/checkpoints/x.ckpt``."""
     p = Path(path)
     if p.name == "policy":
         return p.parent.name
@@ -119,6 +134,83 @@ def models_to_evaluate(cfg: DictConfig) -> list[tuple[str, str]]:
     return models
 
 
+def feature_spec_from(features: DictConfig | dict | None) -> FeatureSpec | None:
+    """eval.yaml's ``features`` mapping as a :class:`FeatureSpec`; null: no features."""
+    if features is None:
+        return None
+    if isinstance(features, DictConfig):
+        given = OmegaConf.to_container(features, resolve=True)
+    else:
+        given = dict(features)
+    valid = [f.name for f in dataclasses.fields(FeatureSpec)]
+    unknown = sorted(set(given) - set(valid))
+    if unknown:
+        raise ValueError(f"features: unknown keys {unknown}; valid: {', '.join(valid)}")
+    return FeatureSpec(**given)
+
+
+def training_run_dir(model_path: str | Path) -> Path | None:
+    """The run a model comes from (``<run>/policy`` or ``<run>/checkpoints/*.ckpt``) when that
+    run kept its Hydra config (``<run>/.hydra/config.yaml``); ``None`` otherwise."""
+    p = Path(model_path)
+    if p.name == "policy":
+        run = p.parent
+    elif p.suffix == ".ckpt" and p.parent.name == "checkpoints":
+        run = p.parent.parent
+    else:
+        return None
+    return run if (run / ".hydra" / "config.yaml").is_file() else None
+
+
+# Where a training config keeps the MEDS settings: the plug-in, then the layout before plug-ins.
+_MEDS_KEYS = ("algorithm.plugins.meds", "algorithm.meds")
+
+
+def _meds_settings(run_config: Path) -> DictConfig | None:
+    """The MEDS node of a training run's config, ``None`` when the run had no MEDS."""
+    cfg = OmegaConf.load(run_config)
+    for key in _MEDS_KEYS:
+        node = OmegaConf.select(cfg, key)
+        if isinstance(node, DictConfig):
+            return node
+    return None
+
+
+def feature_spec_for(model_path: str | Path, default: FeatureSpec | None) -> FeatureSpec | None:
+    """The features to compute for a model: its training run's MEDS settings when it has them
+    (so its diversity is measured on the feature it was shaped with), else ``default``.
+
+    ``default=None`` (eval's ``features: null``) turns features off for every model. Keys the
+    run's config leaves out take the plug-in's defaults (those of :class:`FeatureSpec`).
+    """
+    if default is None:
+        return None
+    run = training_run_dir(model_path)
+    meds = _meds_settings(run / ".hydra" / "config.yaml") if run is not None else None
+    if meds is None:
+        log.info("features of %s: %s (eval's features)", model_path, default)
+        return default
+    plugin = FeatureSpec()
+    spec = FeatureSpec(
+        layers=_plain(meds.get("layers", plugin.layers)),
+        diff=meds.get("diff", plugin.diff),
+        final_norm=meds.get("final_norm", plugin.final_norm),
+        dtype=meds.get("feature_dtype", plugin.dtype),
+    )
+    log.info(
+        "features of %s: %s (the MEDS settings of its training run, %s)",
+        model_path,
+        spec,
+        run / ".hydra" / "config.yaml",
+    )
+    return spec
+
+
+def _plain(value):
+    """A config value as plain Python (a ListConfig of layers becomes a list)."""
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, ListConfig) else value
+
+
 def settings_from(cfg: DictConfig) -> EvalSettings:
     return EvalSettings(
         n=cfg.n,
@@ -127,9 +219,7 @@ def settings_from(cfg: DictConfig) -> EvalSettings:
         max_new_tokens=cfg.max_new_tokens,
         seed=cfg.seed,
         batch_size=cfg.batch_size,
-        feature_layers=OmegaConf.to_container(cfg.feature_layers)
-        if isinstance(cfg.feature_layers, ListConfig)
-        else cfg.feature_layers,
+        features=feature_spec_from(cfg.features),
         extra={"template": OmegaConf.to_container(cfg.template, resolve=True), "limit": cfg.limit},
     )
 
@@ -155,6 +245,10 @@ def evaluate(cfg: DictConfig) -> list[dict]:
             policy, tok = load_for_eval(path, cfg.tokenizer, cfg.dtype)
             policy.to(device).eval()
             engine = HFRolloutEngine(policy, tok, max_batch_size=cfg.batch_size)
+            # Per model: its run's MEDS feature when it has one (part of the fingerprint).
+            model_settings = dataclasses.replace(
+                settings, features=feature_spec_for(path, settings.features)
+            )
             for bench, examples in benchmarks.items():
                 records = sample_problems(
                     policy,
@@ -162,11 +256,11 @@ def evaluate(cfg: DictConfig) -> list[dict]:
                     engine,
                     grader,
                     problems_from(examples, template),
-                    settings,
+                    model_settings,
                     run=run,
                     benchmark=bench,
                     store=store,
-                    fingerprint=settings.fingerprint(path, bench),
+                    fingerprint=model_settings.fingerprint(path, bench),
                 )
                 row = summarize_records(run, bench, records)
                 rows.append(row)
@@ -185,7 +279,8 @@ def evaluate(cfg: DictConfig) -> list[dict]:
     plot_pass_at_k(rows, out_dir / "pass_at_k.png")
     print((out_dir / "results.md").read_text())
     print(
-        f"[medsrl] results in {out_dir} (results.md / .csv / .json, pass_at_k.png, generations.jsonl)"
+        f"[medsrl] results in {out_dir} "
+        "(results.md / .csv / .json, pass_at_k.png, generations.jsonl)"
     )
     return rows
 

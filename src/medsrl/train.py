@@ -24,11 +24,10 @@ import torch  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from medsrl.callbacks.meds import meds_callbacks  # noqa: E402
 from medsrl.callbacks.pass_at_k import PassAtKValidation  # noqa: E402
-from medsrl.callbacks.protocol import RolloutCallback  # noqa: E402
 from medsrl.models.policy import build_policy  # noqa: E402
 from medsrl.module import RLModule  # noqa: E402
+from medsrl.plugins import Plugin  # noqa: E402
 from medsrl.utils.checkpoint_io import AtomicCheckpointIO  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -57,14 +56,34 @@ def instantiate_group(group: DictConfig | None) -> list[Any]:
     return [instantiate(c) for c in group.values() if c is not None and "_target_" in c]
 
 
-def load_weights_only(module: RLModule, callbacks: list, ckpt_path: str) -> int:
-    """Policy weights and rollout-callback state from a checkpoint; optimiser and step stay fresh."""
+def build_plugins(group: DictConfig | dict | None) -> list[Plugin]:
+    """``algorithm.plugins``: ``{name: {_target_: ..., settings}}`` -> plug-ins named by their
+    keys, in order; a null entry is left out (``algorithm.plugins.dynamic_sampling=null``)."""
+    plugins = []
+    for name, node in (group or {}).items():
+        if node is None:
+            continue
+        if "_target_" not in node:  # settings (say from an experiment) for a plug-in not chosen
+            log.warning("algorithm.plugins.%s has settings but no _target_: not a plug-in of this "
+                        "algorithm, ignored", name)
+            continue
+        plugin = instantiate(node, _convert_="object")
+        if not isinstance(plugin, Plugin):
+            raise TypeError(f"algorithm.plugins.{name}: {type(plugin).__name__} is not a medsrl Plugin")
+        plugin.name = str(name)
+        plugins.append(plugin)
+    return plugins
+
+
+def load_weights_only(module: RLModule, ckpt_path: str) -> int:
+    """Policy weights and plug-in state from a checkpoint; optimiser and step stay fresh."""
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
     module.load_state_dict(ckpt["state_dict"])
+    module.host.upgrade_checkpoint(ckpt)
     states = ckpt.get("callbacks", {})
-    for cb in callbacks:
-        if isinstance(cb, RolloutCallback) and cb.state_key in states:
-            cb.load_state_dict(states[cb.state_key])
+    for plugin in module.plugins:
+        if plugin.state_key in states:
+            plugin.load_state_dict(states[plugin.state_key])
     return int(ckpt.get("global_step", 0))
 
 
@@ -87,19 +106,18 @@ def build_run(cfg: DictConfig) -> Run:
 
     datamodule = instantiate(cfg.data, _convert_="object")
     policy, tokenizer = build_policy(OmegaConf.to_container(cfg.model, resolve=True), cfg.paths.cache_dir)
+    algorithm = OmegaConf.to_container(cfg.algorithm, resolve=True)
     module = RLModule(
         policy,
         tokenizer,
-        algorithm=OmegaConf.to_container(cfg.algorithm, resolve=True),
+        algorithm={k: v for k, v in algorithm.items() if k != "plugins"},
         rollout=OmegaConf.to_container(cfg.rollout, resolve=True),
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
         grader=OmegaConf.to_container(cfg.grader, resolve=True),
-        logging_cfg=OmegaConf.to_container(cfg.logging, resolve=True),
+        plugins=build_plugins(cfg.algorithm.get("plugins")),
         seed=cfg.seed,
     )
-    callbacks = instantiate_group(cfg.get("callbacks"))
-    if module.algo.meds is not None:  # algorithm=meds: capture -> shaping -> memory, first in order
-        callbacks = meds_callbacks(module.algo.meds) + callbacks
+    callbacks = instantiate_group(cfg.get("callbacks"))  # the plug-ins join through the module
     loggers = instantiate_group(cfg.get("logger"))
     trainer: L.Trainer = instantiate(
         cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
@@ -115,7 +133,7 @@ def train(cfg: DictConfig, run: Run | None = None) -> dict[str, float]:
 
     ckpt_path = cfg.ckpt_path
     if ckpt_path and cfg.resume_mode == "weights":
-        from_step = load_weights_only(module, callbacks, ckpt_path)
+        from_step = load_weights_only(module, ckpt_path)
         log.info("weights-only start from %s (its step %d); optimiser and step are fresh", ckpt_path, from_step)
         ckpt_path = None
 

@@ -1,11 +1,6 @@
 import torch
 
-from medsrl.algo import (
-    DynamicSamplingState,
-    fill_batch,
-    keep_mask_by_group_spread,
-    zero_spread_groups,
-)
+from medsrl.algo import keep_mask_by_group_spread, zero_spread_groups
 
 
 def test_zero_spread_detection_shuffled_ragged():
@@ -28,15 +23,3 @@ def test_integer_scores():
     assert zero_spread_groups(torch.tensor([1, 1, 0, 1]), torch.tensor([0, 0, 1, 1])).tolist() == [
         True, True, False, False]
 
-
-def test_fill_batch_and_state():
-    assert fill_batch(3, 8, rounds_done=1, max_rounds=4)
-    assert not fill_batch(8, 8, rounds_done=1, max_rounds=4)  # enough groups
-    assert not fill_batch(3, 8, rounds_done=4, max_rounds=4)  # out of rounds
-    assert fill_batch(3, 8, rounds_done=100, max_rounds=0)  # 0 = unlimited
-    st = DynamicSamplingState()
-    st.record_round(kept=5, dropped=3)
-    assert st.needs_more(8, max_rounds=3)
-    st.record_round(kept=4, dropped=4)
-    assert (st.rounds_done, st.groups_kept, st.groups_dropped) == (2, 9, 7)
-    assert not st.needs_more(8, max_rounds=3)

@@ -3,7 +3,13 @@ import math
 import pytest
 import torch
 
-from medsrl.algo import clipped_surrogate
+from medsrl.algo import (
+    POLICY_LOSSES,
+    PolicyLossOutput,
+    clipped_surrogate,
+    compute_policy_loss,
+    register_policy_loss,
+)
 
 
 def _logp(ratios):
@@ -94,3 +100,88 @@ def test_log_ratio_clamped_before_exp():
     assert out.loss_mat[0, 0].item() == pytest.approx(math.exp(20.0), rel=1e-5)
     out.loss_mat.sum().backward()
     assert torch.isfinite(logp.grad).all()
+
+
+# ---------------------------------------------------------------- registry
+
+CLIPS = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+FIELDS = ("loss_mat", "clipfrac", "clipfrac_low", "clipfrac_high", "dual_clipfrac", "approx_kl")
+
+
+@pytest.fixture
+def restore_losses():
+    saved = dict(POLICY_LOSSES)
+    yield
+    POLICY_LOSSES.clear()
+    POLICY_LOSSES.update(saved)
+
+
+def test_vanilla_equals_clipped_surrogate():
+    assert POLICY_LOSSES["vanilla"] is clipped_surrogate
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 1]])
+    for adv in (ADV, ADV[:, None].expand(2, 4)):  # [B] and [B,T]
+        a = compute_policy_loss("vanilla", _logp(RATIOS), torch.zeros(2, 4), adv, mask, **CLIPS)
+        b = clipped_surrogate(_logp(RATIOS), torch.zeros(2, 4), adv, mask, **CLIPS)
+        for f in FIELDS:
+            torch.testing.assert_close(getattr(a, f), getattr(b, f))
+    # hand value: A=+1, ratio 1.5 -> clipped at 1.28 (clip_high .28) -> -1.28
+    assert a.loss_mat[0, 3].item() == pytest.approx(-1.28)
+
+
+def test_unknown_loss_lists_valid_names_sorted(restore_losses):
+    @register_policy_loss("another")
+    def another(logp, old_logp, advantages, mask, **clips):
+        return clipped_surrogate(logp, old_logp, advantages, mask, **clips)
+
+    with pytest.raises(ValueError, match="'gspo'") as e:
+        compute_policy_loss("gspo", _logp(RATIOS), torch.zeros(2, 4), ADV, torch.ones(2, 4))
+    assert "another, vanilla" in str(e.value)
+
+
+def test_bad_option_names_loss_and_config_key():
+    with pytest.raises(ValueError, match="vanilla") as e:
+        compute_policy_loss("vanilla", _logp(RATIOS), torch.zeros(2, 4), ADV, torch.ones(2, 4),
+                            **CLIPS, clip_ratio_c=3.0)
+    assert "algorithm.policy_loss_options" in str(e.value) and "clip_ratio_c" in str(e.value)
+
+
+def test_registered_loss_gets_clips_and_extra_options(restore_losses):
+    seen = {}
+
+    @register_policy_loss("scaled")
+    def scaled(logp, old_logp, advantages, mask, *, clip_low, clip_high, dual_clip, scale=1.0):
+        seen.update(clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, scale=scale)
+        out = clipped_surrogate(logp, old_logp, advantages, mask, clip_low=clip_low,
+                                clip_high=clip_high, dual_clip=dual_clip)
+        out.loss_mat = out.loss_mat * scale
+        return out
+
+    out = compute_policy_loss("scaled", _logp(RATIOS), torch.zeros(2, 4), ADV, torch.ones(2, 4),
+                              **CLIPS, scale=2.0)
+    assert isinstance(out, PolicyLossOutput)
+    assert seen == {**CLIPS, "scale": 2.0}
+    # A=+1, ratio .5: -.5 unclipped, times 2 -> -1
+    assert out.loss_mat[0, 0].item() == pytest.approx(-1.0)
+
+
+def test_type_error_inside_loss_is_not_blamed_on_options(restore_losses):
+    @register_policy_loss("broken")
+    def broken(logp, old_logp, advantages, mask, **clips):
+        return logp + "x"  # TypeError from the loss's own code
+
+    with pytest.raises(TypeError):
+        compute_policy_loss("broken", _logp(RATIOS), torch.zeros(2, 4), ADV, torch.ones(2, 4),
+                            **CLIPS)
+
+
+def test_duplicate_and_loss_without_clip_keywords_refused(restore_losses):
+    with pytest.raises(ValueError, match="vanilla"):
+        register_policy_loss("vanilla")(clipped_surrogate)
+    assert POLICY_LOSSES["vanilla"] is clipped_surrogate
+
+    def no_dual(logp, old_logp, advantages, mask, *, clip_low, clip_high):
+        raise AssertionError("never called")
+
+    with pytest.raises(ValueError, match="dual_clip"):
+        register_policy_loss("no_dual")(no_dual)
+    assert "no_dual" not in POLICY_LOSSES

@@ -16,9 +16,9 @@ from medsrl.rollout.base import (
     RolloutEngine,
     SamplingParams,
     pack_rollouts,
-    response_logits_slice,
 )
 from medsrl.rollout.hf import HFRolloutEngine
+from medsrl.step.scoring import response_logits
 
 
 def test_sampling_params_defaults_and_validation():
@@ -94,16 +94,6 @@ def test_pack_rollouts_uses_given_pad_and_rejects_bad_input():
         pack_rollouts([], [], pad_token_id=0)
 
 
-def test_response_logits_slice_picks_predicting_positions():
-    logits = torch.arange(2 * 6 * 1, dtype=torch.float32).reshape(2, 6, 1)
-    sl = response_logits_slice(logits, prompt_length=3, response_length=3)
-    assert sl.shape == (2, 3, 1)
-    assert sl[0, :, 0].tolist() == [2.0, 3.0, 4.0]  # columns P-1 .. P+R-2
-    assert torch.equal(response_logits_slice(logits, 3), sl)
-    with pytest.raises(ValueError):
-        response_logits_slice(logits, 4, 3)
-
-
 def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
@@ -122,13 +112,9 @@ def test_packed_logprobs_match_unpadded_single_runs(attn):
     assert len(response_ids[0]) != len(response_ids[1])
 
     packed = pack_rollouts(prompt_ids, response_ids, pad_token_id=tok.pad_token_id)
-    with torch.no_grad():
-        logits = model(
-            input_ids=packed.input_ids,
-            attention_mask=packed.attention_mask,
-            position_ids=packed.position_ids,
-        ).logits
-    sl = response_logits_slice(logits, packed.prompt_length, packed.response_length)
+    with torch.no_grad():  # the training step's forward: only the response positions' logits
+        sl = response_logits(model, packed, slice(None))
+    assert sl.shape[:2] == (2, packed.response_length)
     batch_lp = _token_logprobs(sl, packed.response_ids) * packed.response_mask
 
     for i, (p, r) in enumerate(zip(prompt_ids, response_ids, strict=True)):

@@ -206,7 +206,7 @@ def test_weights_only_start_serves_the_checkpoint_weights(tok, tmp_path):
     state = {f"policy.{k}": v for k, v in trained.state_dict().items()}
     torch.save({"state_dict": state, "global_step": 5}, ckpt)
     module = _vllm_module(_sharp(4), tok)
-    assert load_weights_only(module, [], str(ckpt)) == 5
+    assert load_weights_only(module, str(ckpt)) == 5
     module.setup("fit")
     try:
         got = module.engine.generate(_prompts(), GREEDY)

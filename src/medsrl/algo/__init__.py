@@ -1,33 +1,51 @@
 """The RL math: advantages, policy loss, loss aggregation, KL, log-probs, dynamic sampling.
 
-Small pure functions on tensors, each tested on its own with hand-computed values.
+Small pure functions on tensors, each tested on its own with hand-computed values. Advantage
+estimators and policy losses are also reachable by name through their registries.
 """
 
-from medsrl.algo.advantages import entropy_bonus_advantage, group_advantages
-from medsrl.algo.aggregation import LOSS_AGG_MODES, aggregate_loss
-from medsrl.algo.dynamic_sampling import (
-    DynamicSamplingState,
-    fill_batch,
-    keep_mask_by_group_spread,
-    zero_spread_groups,
+from medsrl.algo.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageInputs,
+    compute_advantages,
+    entropy_bonus_advantage,
+    gdpo_advantages,
+    group_advantages,
+    register_advantage,
+    rloo_advantages,
 )
+from medsrl.algo.aggregation import LOSS_AGG_MODES, aggregate_loss
+from medsrl.algo.dynamic_sampling import keep_mask_by_group_spread, zero_spread_groups
 from medsrl.algo.kl import kl_estimate, sampling_mismatch
 from medsrl.algo.logprobs import masked_mean, token_entropy, token_logprobs
-from medsrl.algo.policy_loss import PolicyLossOutput, clipped_surrogate
+from medsrl.algo.policy_loss import (
+    POLICY_LOSSES,
+    PolicyLossOutput,
+    clipped_surrogate,
+    compute_policy_loss,
+    register_policy_loss,
+)
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
     "LOSS_AGG_MODES",
-    "DynamicSamplingState",
+    "POLICY_LOSSES",
+    "AdvantageInputs",
     "PolicyLossOutput",
     "aggregate_loss",
     "clipped_surrogate",
+    "compute_advantages",
+    "compute_policy_loss",
     "entropy_bonus_advantage",
-    "fill_batch",
+    "gdpo_advantages",
     "group_advantages",
     "keep_mask_by_group_spread",
     "kl_estimate",
-    "sampling_mismatch",
     "masked_mean",
+    "register_advantage",
+    "register_policy_loss",
+    "rloo_advantages",
+    "sampling_mismatch",
     "token_entropy",
     "token_logprobs",
     "zero_spread_groups",

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
@@ -27,29 +25,3 @@ def keep_mask_by_group_spread(scores: Tensor, group_ids: Tensor, *, atol: float 
     """Bool [B]: True for responses in groups with spread > ``atol`` (the ones DAPO keeps)."""
     return ~zero_spread_groups(scores, group_ids, atol=atol)
 
-
-def fill_batch(
-    groups_available: int, groups_needed: int, rounds_done: int, max_rounds: int
-) -> bool:
-    """Whether to generate another round: too few kept groups and rounds left (``max_rounds``
-    <= 0 means unlimited, as verl's ``max_num_gen_batches``)."""
-    return groups_available < groups_needed and (max_rounds <= 0 or rounds_done < max_rounds)
-
-
-@dataclass
-class DynamicSamplingState:
-    """Running counts across the generation rounds of one training batch (for logging)."""
-
-    rounds_done: int = 0
-    groups_kept: int = 0
-    groups_dropped: int = 0
-
-    def record_round(self, kept: int, dropped: int) -> None:
-        """Account for one generation round that kept/dropped this many groups."""
-        self.rounds_done += 1
-        self.groups_kept += kept
-        self.groups_dropped += dropped
-
-    def needs_more(self, groups_needed: int, max_rounds: int) -> bool:
-        """``fill_batch`` on the running counts."""
-        return fill_batch(self.groups_kept, groups_needed, self.rounds_done, max_rounds)

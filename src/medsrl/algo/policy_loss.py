@@ -1,8 +1,16 @@
-"""PPO clipped surrogate with asymmetric clip ranges (DAPO clip-higher) and dual-clip."""
+"""Policy losses and their registry: PPO clipped surrogate (DAPO clip-higher, dual-clip).
+
+Losses are registered by name (verl style) so the config picks one with
+``algorithm.policy_loss`` and passes extra keyword options from
+``algorithm.policy_loss_options``.
+"""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -32,6 +40,72 @@ class PolicyLossOutput:
     approx_kl: Tensor
 
 
+_F = TypeVar("_F", bound=Callable[..., PolicyLossOutput])
+
+POLICY_LOSSES: dict[str, Callable[..., PolicyLossOutput]] = {}
+
+# Passed by the caller to every registered loss, whatever the loss options are.
+_CLIP_KWARGS = ("clip_low", "clip_high", "dual_clip")
+
+
+def _accepts_keywords(fn: Callable[..., Any], names: tuple[str, ...]) -> bool:
+    """Whether ``fn`` can be called with each of ``names`` as a keyword argument."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return True
+    by_kw = {
+        p.name
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
+    return set(names) <= by_kw
+
+
+def register_policy_loss(name: str) -> Callable[[_F], _F]:
+    """Decorator adding ``fn(logp, old_logp, advantages, mask, *, clip_low, clip_high,
+    dual_clip, **options) -> PolicyLossOutput`` as ``name``.
+
+    A duplicate name is refused so a second loss cannot silently replace the first. A loss that
+    cannot take the clip keywords (which the caller always passes) is refused here, rather than
+    failing later with an error that would blame ``algorithm.policy_loss_options``.
+    """
+
+    def deco(fn: _F) -> _F:
+        if name in POLICY_LOSSES:
+            raise ValueError(f"policy loss {name!r} is already registered")
+        if not _accepts_keywords(fn, _CLIP_KWARGS):
+            raise ValueError(f"policy loss {name!r} must accept keyword arguments {_CLIP_KWARGS}")
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return deco
+
+
+def compute_policy_loss(
+    name: str, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, **options: Any
+) -> PolicyLossOutput:
+    """Per-token loss from the policy loss registered as ``name``.
+
+    ``options`` holds ``clip_low``, ``clip_high``, ``dual_clip`` plus the loss's own options.
+    They are checked against the loss's signature before the call, so a misspelt option is
+    reported as a config error, while a TypeError raised inside the loss stays one.
+    ``advantages`` is [B] or [B,T].
+    """
+    fn = POLICY_LOSSES.get(name)
+    if fn is None:
+        valid = ", ".join(sorted(POLICY_LOSSES))
+        raise ValueError(f"unknown policy loss {name!r}; valid names: {valid}")
+    try:
+        inspect.signature(fn).bind(logp, old_logp, advantages, mask, **options)
+    except TypeError as e:
+        raise ValueError(
+            f"policy loss {name!r} does not accept options {sorted(options)} ({e}); "
+            "they come from algorithm.policy_loss_options"
+        ) from e
+    return fn(logp, old_logp, advantages, mask, **options)
+
+
+@register_policy_loss("vanilla")
 def clipped_surrogate(
     logp: Tensor,
     old_logp: Tensor,

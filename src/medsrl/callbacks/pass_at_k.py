@@ -22,6 +22,7 @@ from collections import defaultdict
 from lightning.pytorch.callbacks import Callback
 
 from medsrl.evaluation.runner import EvalProblem, EvalSettings, sample_problems, summarize_records
+from medsrl.meds.features import FeatureSpec
 from medsrl.utils.distributed import all_gather_objects, rank_and_size, shard_bounds
 
 _NOT_LOGGED = ("run", "benchmark", "problems", "n", "mean@n")  # mean@n == pass@1
@@ -43,7 +44,7 @@ class PassAtKValidation(Callback):
         temperature: float = 1.0,
         top_p: float = 1.0,
         max_new_tokens: int | None = None,
-        feature_layers=14,
+        features: str | dict | None = "run",
         batch_size: int = 128,
         seed: int = 1234,
     ) -> None:
@@ -57,10 +58,20 @@ class PassAtKValidation(Callback):
             top_p=top_p,
             seed=seed,
             batch_size=batch_size,
-            feature_layers=feature_layers,
         )
+        self.features = features
         self.last_rows: list[dict] = []
         self.history: list[tuple[int, float]] = []  # (step, val/accuracy)
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        """The diversity features: ``"run"`` = the MEDS plug-in's feature spec when the run has
+        one (else the defaults), a dict = an explicit ``FeatureSpec``, null = none."""
+        spec = FeatureSpec(**self.features) if isinstance(self.features, dict) else None
+        if self.features == "run":
+            plugins = getattr(pl_module, "plugins", [])
+            meds = [p.spec for p in plugins if isinstance(getattr(p, "spec", None), FeatureSpec)]
+            spec = meds[0] if meds else FeatureSpec()
+        self.settings = dataclasses.replace(self.settings, features=spec)
 
     def on_train_start(self, trainer, pl_module) -> None:
         if trainer.global_step == 0 and self.at_start:

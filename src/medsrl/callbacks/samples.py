@@ -5,20 +5,25 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from medsrl.callbacks.protocol import RolloutCallback, StepRollouts, run_log_dir
+from medsrl.utils.run_dir import run_log_dir
 
 
-class SampleLogger(RolloutCallback):
-    """Shows what the policy writes: TensorBoard text panel ``samples`` and ``samples.jsonl``."""
+class SampleLogger(Callback):
+    """Shows what the policy writes: TensorBoard text panel ``samples`` and ``samples.jsonl``,
+    from the rollouts the step trained on (raw reward and shaped score)."""
 
     def __init__(self, every_n_steps: int = 10, num_samples: int = 4, max_chars: int = 2000) -> None:
         self.every_n_steps = every_n_steps
         self.num_samples = num_samples
         self.max_chars = max_chars
 
-    def on_rollouts_scored(self, trainer, module, rollouts: StepRollouts) -> None:
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        rollouts = pl_module.last_rollouts
+        if rollouts is None or rollouts.step != batch.get("step", trainer.global_step - 1):
+            return  # a skipped step trained on nothing
         if self.every_n_steps <= 0 or rollouts.step % self.every_n_steps:
             return
         rows = list(range(min(self.num_samples, len(rollouts))))

@@ -1,17 +1,17 @@
 """MEDS features of evaluation responses, for the diversity metrics.
 
-The same feature as in training (per-layer logit of the first answer token, read by hooks at the
-``{`` of the last ``\\boxed{``), computed with one no-grad forward over the packed responses.
-Responses without a box get no feature (``None``).
+The same feature as in training: :class:`medsrl.meds.features.AnswerFeatureReader` (per-layer
+logit of the first answer token, read by hooks at the ``{`` of the last ``\\boxed{``, with the
+spec's layers, differences and rounding), here around one no-grad forward over the packed
+responses. Responses without a box get no feature (``None``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from medsrl.meds.features import AnswerFeatureReader, FeatureSpec
 from medsrl.rollout.base import RolloutBatch, pack_rollouts
-from medsrl.shaping.answer_locator import locate_answers
-from medsrl.shaping.logit_capture import LayerLogitCapture, answer_targets
 
 
 @torch.no_grad()
@@ -20,30 +20,28 @@ def response_features(
     tokenizer,
     rollout: RolloutBatch,
     *,
-    layers=14,
+    spec: FeatureSpec,
     micro_batch_size: int = 32,
 ) -> list[list[float] | None]:
     """One feature vector (a list of floats) per response of ``rollout``, or ``None``."""
     if len(rollout) == 0:
         return []
-    index = locate_answers(rollout.response_ids, tokenizer)
-    if all(i is None for i in index):
-        return [None] * len(rollout)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     packed = pack_rollouts(rollout.prompt_ids, rollout.response_ids, pad)
-    device = next(policy.parameters()).device
-    packed = packed.to(device)
-    targets = answer_targets(index, rollout.response_ids, packed.prompt_length)
-    capture = LayerLogitCapture(policy, layers)
+    reader = AnswerFeatureReader(policy, tokenizer, spec)
+    reader.begin(rollout.response_ids, packed.prompt_length)
+    answer_rows = reader.answer_rows
+    if not len(answer_rows):
+        return [None] * len(rollout)
+    packed = packed.to(next(policy.parameters()).device)
     was_training = policy.training
     policy.eval()
     try:
         for start in range(0, len(rollout), micro_batch_size):
             stop = min(start + micro_batch_size, len(rollout))
-            part = targets.for_rows(start, stop)
-            if not len(part):
-                continue
-            with capture.capture(part):
+            if not bool(((answer_rows >= start) & (answer_rows < stop)).any()):
+                continue  # no answer in these rows: skip their forward altogether
+            with reader.microbatch(start, stop):
                 policy(
                     input_ids=packed.input_ids[start:stop],
                     attention_mask=packed.attention_mask[start:stop],
@@ -51,10 +49,10 @@ def response_features(
                     use_cache=False,
                     logits_to_keep=1,
                 )
-        feats = capture.pop_features().float().cpu()
+        feats, rows = reader.finish()
     finally:
         policy.train(was_training)
     out: list[list[float] | None] = [None] * len(rollout)
-    for row, vec in zip(targets.sample_index.tolist(), feats.tolist(), strict=True):
+    for row, vec in zip(rows.tolist(), feats.tolist(), strict=True):
         out[row] = vec
     return out

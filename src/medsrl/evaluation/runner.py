@@ -17,6 +17,7 @@ import numpy as np
 from medsrl.evaluation.features import response_features
 from medsrl.evaluation.report import summarize_benchmark
 from medsrl.evaluation.store import GenerationStore, settings_fingerprint
+from medsrl.meds.features import FeatureSpec
 from medsrl.rollout.base import SamplingParams
 
 
@@ -40,9 +41,8 @@ class EvalSettings:
     max_new_tokens: int = 128
     seed: int = 0
     batch_size: int = 64
-    feature_layers: Any = 14  # MEDS feature layers for the diversity metrics; None: no features
+    features: FeatureSpec | None = FeatureSpec()  # MEDS features (diversity); None: no features
     extra: dict[str, Any] = field(default_factory=dict)  # template etc.: fingerprinted only
-
     @property
     def chunk_size(self) -> int:
         return max(1, self.batch_size // self.n)
@@ -99,8 +99,8 @@ def sample_problems(
             rollout.response_text, [batch[j].answer for j in rollout.prompt_index]
         )
         feats = (
-            response_features(policy, tokenizer, rollout, layers=settings.feature_layers)
-            if settings.feature_layers is not None
+            response_features(policy, tokenizer, rollout, spec=settings.features)
+            if settings.features is not None
             else [None] * len(rollout)
         )
         per_problem: list[list[dict[str, Any]]] = [[] for _ in batch]

@@ -9,7 +9,6 @@ from medsrl.rollout.base import (
     RolloutEngine,
     SamplingParams,
     pack_rollouts,
-    response_logits_slice,
 )
 from medsrl.rollout.factory import build_engine
 from medsrl.rollout.hf import HFRolloutEngine
@@ -24,5 +23,4 @@ __all__ = [
     "SamplingParams",
     "build_engine",
     "pack_rollouts",
-    "response_logits_slice",
 ]

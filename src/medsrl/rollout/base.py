@@ -3,7 +3,7 @@
 A rollout engine turns a list of prompt strings into ``n`` sampled responses per prompt
 (:class:`RolloutBatch`). The training step then packs prompt and response ids into one padded
 batch (:func:`pack_rollouts`) and reads the per-token log-probs of the responses from a single
-forward pass (:func:`response_logits_slice`).
+forward pass (``medsrl.step.scoring.response_logits``).
 
 Layout of a packed row (``P`` = longest prompt, ``R`` = longest response)::
 
@@ -213,8 +213,7 @@ def pack_rollouts(
 
     ``position_ids = cumsum(attention_mask) - 1`` clamped at 0, so every row counts positions
     from its first real token, exactly as when the sequence is run alone. The log-prob of response
-    token ``t`` is read from the logits at column ``P + t - 1`` (see
-    :func:`response_logits_slice`).
+    token ``t`` is read from the logits at column ``P + t - 1``.
     """
     if len(prompt_ids) != len(response_ids):
         raise ValueError(
@@ -247,22 +246,3 @@ def pack_rollouts(
         response_mask=response_mask,
         prompt_length=p_len,
     )
-
-
-def response_logits_slice(
-    logits: torch.Tensor, prompt_length: int, response_length: int | None = None
-) -> torch.Tensor:
-    """The logits that predict the response tokens: ``logits[:, P-1 : P+R-1]`` (``[B, R, V]``).
-
-    ``response_length`` defaults to everything after the prompt (``logits.shape[1] - P``).
-    """
-    if prompt_length < 1:
-        raise ValueError("response_logits_slice: prompt_length must be >= 1")
-    if response_length is None:
-        response_length = logits.shape[1] - prompt_length
-    if prompt_length + response_length > logits.shape[1]:
-        raise ValueError(
-            f"response_logits_slice: P={prompt_length} + R={response_length} exceeds the "
-            f"sequence length {logits.shape[1]}"
-        )
-    return logits[:, prompt_length - 1 : prompt_length + response_length - 1]

@@ -1,0 +1,36 @@
+"""GRPO+Entropy, the MEDS paper's baseline: a per-token advantage bonus ``min(coef * H, |A| *
+cap_ratio)``, with H the old policy's token entropy from the scoring forward (no extra pass)."""
+
+from __future__ import annotations
+
+import torch
+
+from medsrl.algo import entropy_bonus_advantage, masked_mean
+from medsrl.plugins.base import Plugin, StepContext
+from medsrl.step.rollouts import StepRollouts
+
+
+class EntropyBonus(Plugin):
+    """Turns sequence advantages ``[B]`` into token advantages ``[B, R]`` with the bonus."""
+
+    name = "entropy_bonus"
+    token_stats = ("entropy",)
+
+    def __init__(self, coef: float = 0.4, cap_ratio: float = 0.5) -> None:
+        if coef < 0 or cap_ratio < 0:
+            raise ValueError(f"entropy_bonus.coef and cap_ratio must be >= 0, got {coef}, {cap_ratio}")
+        self.coef, self.cap_ratio = coef, cap_ratio
+
+    def shape_advantages(self, rollouts: StepRollouts, advantages: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        entropy = rollouts.token_stats["entropy"]
+        mask = rollouts.packed.response_mask
+        adv = advantages.to(entropy.device)
+        shaped = entropy_bonus_advantage(adv, entropy, self.coef, self.cap_ratio)
+        size = (adv.unsqueeze(-1) if adv.dim() == 1 else adv).abs()
+        bonus = torch.minimum(self.coef * entropy, size * self.cap_ratio)
+        ctx.log(self, {
+            "bonus_mean": float(masked_mean(bonus, mask)),
+            "entropy_mean": float(masked_mean(entropy, mask)),
+            "capped_frac": float(masked_mean((size * self.cap_ratio < self.coef * entropy).float(), mask)),
+        })
+        return torch.where(mask.bool(), shaped, torch.zeros_like(shaped))

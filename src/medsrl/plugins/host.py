@@ -1,0 +1,104 @@
+"""The module's plug-ins, in order, called at each point of the step (see ``base.py``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import ExitStack
+
+import torch
+
+from medsrl.plugins.base import Plugin, StepContext
+from medsrl.step.scoring import BUILTIN_REDUCERS, TokenReducer
+from medsrl.utils.distributed import all_gather_objects, is_distributed
+
+log = logging.getLogger(__name__)
+
+
+class PluginHost:
+    """Runs each hook of every plug-in in ``algorithm.plugins`` order."""
+
+    def __init__(self, plugins: list[Plugin]) -> None:
+        names = [p.name for p in plugins]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"two plug-ins named {dup}: give each its own key in algorithm.plugins")
+        self.plugins = list(plugins)
+        self.reducers = self._reducers()
+
+    def __iter__(self):
+        return iter(self.plugins)
+
+    def _reducers(self) -> dict[str, TokenReducer]:
+        """Every per-token quantity some plug-in asked for (none asked: the forward computes none)."""
+        out: dict[str, TokenReducer] = {}
+        for p in self.plugins:
+            own = p.token_reducers()
+            for name in p.token_stats:
+                if name not in BUILTIN_REDUCERS and name not in own:
+                    raise ValueError(
+                        f"plug-in {p.name!r} asks for token stat {name!r}; built in: "
+                        f"{sorted(BUILTIN_REDUCERS)}, or define it in token_reducers()"
+                    )
+                out[name] = own.get(name, BUILTIN_REDUCERS.get(name))
+            for name, fn in own.items():
+                out.setdefault(name, fn)
+        return out
+
+    def add_prompts(self, prompts: list, ctx: StepContext) -> list:
+        extra = [q for p in self.plugins for q in p.add_prompts(prompts, ctx)]
+        return list(prompts) + extra
+
+    def transform_groups(self, groups: list, ctx: StepContext) -> list:
+        for p in self.plugins:
+            groups = p.transform_groups(groups, ctx)
+        return groups
+
+    def before_scoring(self, rollouts, ctx: StepContext) -> None:
+        for p in self.plugins:
+            p.before_scoring(rollouts, ctx)
+
+    def microbatch_context(self, rollouts) -> Callable[[int, int], ExitStack]:
+        def enter(start: int, stop: int) -> ExitStack:
+            stack = ExitStack()
+            for p in self.plugins:
+                stack.enter_context(p.scoring_microbatch(rollouts, start, stop))
+            return stack
+
+        return enter
+
+    def after_scoring(self, rollouts, ctx: StepContext) -> None:
+        for p in self.plugins:
+            p.after_scoring(rollouts, ctx)
+
+    def shape_rewards(self, rollouts, ctx: StepContext) -> None:
+        for p in self.plugins:
+            p.shape_rewards(rollouts, ctx)
+
+    def commit(self, rollouts, ctx: StepContext) -> None:
+        """The one shared state mechanism: all-gather every plug-in's additions, commit them in
+        rank order, and (several processes) check that the replicas still agree."""
+        adds = {p.name: p.step_additions(rollouts, ctx) for p in self.plugins}
+        gathered = all_gather_objects(adds)
+        for p in self.plugins:
+            p.commit([g[p.name] for g in gathered], ctx)
+        if is_distributed():
+            digests = all_gather_objects({p.name: p.digest() for p in self.plugins})
+            for p in self.plugins:
+                if len({d[p.name] for d in digests}) > 1:
+                    raise RuntimeError(f"step {ctx.step}: state of plug-in {p.name!r} differs across ranks")
+
+    def upgrade_checkpoint(self, checkpoint: dict) -> None:
+        """Move state that an older version saved under another key (``legacy_state_keys``) to
+        the plug-in's key, so a run resumed from an old checkpoint keeps it."""
+        states = checkpoint.get("callbacks") or {}
+        for p in self.plugins:
+            old = [k for k in states for prefix in p.legacy_state_keys if str(k).startswith(prefix)]
+            if p.state_key not in states and old:
+                states[p.state_key] = states.pop(old[0])
+                log.info("checkpoint: state of %s moved to %s", old[0], p.state_key)
+
+    def shape_advantages(self, rollouts, advantages: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        for p in self.plugins:
+            advantages = p.shape_advantages(rollouts, advantages, ctx)
+        return advantages

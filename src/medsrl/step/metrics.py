@@ -1,0 +1,70 @@
+"""What a step logs about itself: phase times, rollout statistics, the mean over ranks."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+from medsrl.step.rollouts import Group, StepRollouts
+from medsrl.utils.distributed import all_reduce_sum
+
+
+class PhaseTimer:
+    """Wall time per phase of a step, summed when a phase runs more than once."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.times: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - start
+
+    def as_metrics(self) -> dict[str, float]:
+        out = {f"time/{k}": v for k, v in self.times.items()}
+        out["time/step"] = time.perf_counter() - self.t0
+        return out
+
+
+def zero_spread_group_frac(groups: list[Group]) -> float:
+    """The share of the step's groups (all ranks) whose rows all have the same accuracy: they
+    give no policy gradient, and DAPO's filter drops them."""
+    zero = sum(not g.has_spread for g in groups)
+    return all_reduce_sum(float(zero)) / max(all_reduce_sum(float(len(groups))), 1.0)
+
+
+def mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Each metric averaged over the ranks that report it (shards are near-equal in size)."""
+    keys = dict.fromkeys(k for m in per_rank for k in m)
+    out = {}
+    for k in keys:
+        vals = [m[k] for m in per_rank if m.get(k) is not None]
+        out[k] = sum(vals) / len(vals) if vals else None
+    return out
+
+
+def rollout_metrics(r: StepRollouts, grader_stats: dict) -> dict[str, float]:
+    """Reward, accuracy, lengths and grader counts of the rows trained on."""
+    lengths = r.packed.response_mask.sum(-1).float()
+    truncated = torch.tensor([f == "length" for f in r.finish_reason], dtype=torch.float32)
+    no_box = torch.tensor([not g.has_box for g in r.grades], dtype=torch.float32)
+    return {
+        "reward": float(r.reward.mean()),
+        "acc": float(r.acc.mean()),
+        "score": float(r.scores.mean()),
+        "response_length": float(lengths.mean()),
+        "response_length_max": float(lengths.max()),
+        "truncation_rate": float(truncated.mean()),
+        "no_box_rate": float(no_box.mean()),
+        "num_responses": float(len(r)),
+        "num_groups": float(len(r.prompts)),
+        "grader/timeouts_step": float(sum(g.timed_out for g in r.grades)),
+        "grader/errors_step": float(sum(g.error is not None for g in r.grades)),
+        "grader/timeouts_total": float(grader_stats.get("timeouts", 0)),
+    }

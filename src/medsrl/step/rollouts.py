@@ -1,0 +1,159 @@
+"""The rollouts of one RL step: graded groups before packing, the packed batch after.
+
+Plug-ins see a step twice. Before packing, as a list of :class:`Group` (one prompt's graded
+responses), which they may filter (DAPO), extend with rows (replay) or with groups. After
+packing, as :class:`StepRollouts` (tensors, one row per response), whose reward terms, scores,
+per-token statistics and loss weights they may change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from medsrl.rollout.base import PackedRollouts, RolloutBatch, pack_rollouts
+
+if TYPE_CHECKING:
+    from medsrl.data.example import Prompt
+    from medsrl.reward.grader import GradeResult
+
+SAMPLED = "sampled"  # Group.source of rows the engine generated this step
+
+
+@dataclass
+class Group:
+    """One prompt's graded responses in this step.
+
+    ``rollout`` holds only this prompt's rows (``prompt_index`` all 0). ``source`` names where
+    each row came from: ``"sampled"`` or the plug-in that added it (replayed rows carry their
+    own token ids and, in ``rollout.response_logprobs``, their behaviour log-probs).
+    """
+
+    prompt: Prompt
+    rollout: RolloutBatch
+    grades: list[GradeResult]
+    source: list[str]
+    round: int = 0  # generation round of the step (dynamic sampling counts up)
+
+    def __len__(self) -> int:
+        return len(self.rollout)
+
+    @property
+    def acc(self) -> torch.Tensor:
+        return torch.tensor([g.score for g in self.grades], dtype=torch.float32)
+
+    @property
+    def has_spread(self) -> bool:
+        """Whether the rows differ in accuracy (else every advantage is 0: DAPO drops it)."""
+        acc = self.acc
+        return bool(len(acc)) and bool((acc != acc[0]).any())
+
+    def add_rows(self, rows: RolloutBatch, grades: list[GradeResult], source: str) -> None:
+        """Append ``rows`` (one group's worth) graded ``grades``, tagged ``source``."""
+        if len(rows) != len(grades):
+            raise ValueError(f"add_rows: {len(rows)} rows but {len(grades)} grades")
+        self.rollout = RolloutBatch.concat_groups([self.rollout, rows])
+        self.rollout.prompt_index = [0] * len(self.rollout)
+        self.grades = self.grades + list(grades)
+        self.source = self.source + [source] * len(rows)
+
+
+def split_groups(prompts: list[Prompt], rollout: RolloutBatch, grades: list, round_: int = 0) -> list[Group]:
+    """One :class:`Group` per prompt of a generated batch, in prompt order."""
+    rows_of: dict[int, list[int]] = {}
+    for i, p in enumerate(rollout.prompt_index):
+        rows_of.setdefault(p, []).append(i)
+    return [
+        Group(prompts[g], rollout.select(rows), [grades[i] for i in rows], [SAMPLED] * len(rows), round_)
+        for g, rows in sorted(rows_of.items())
+    ]
+
+
+@dataclass
+class StepRollouts:
+    """Everything one step produced, one row per response (a group = one prompt's rows).
+
+    ``reward`` is the graded reward (correctness plus reward terms such as DAPO's overlong
+    penalty) that ``train/reward`` logs; ``scores`` is what advantages are computed from: the
+    reward plus shaping (MEDS). ``terms`` holds every named component of ``scores``
+    (``correct`` first), which is what GDPO normalises one by one.
+    """
+
+    step: int
+    stage: str | None
+    prompts: list[Prompt]  # one per group
+    group_ids: torch.Tensor  # long [B], index into ``prompts``
+    response_ids: list[list[int]]
+    response_text: list[str]
+    finish_reason: list[str]
+    grades: list[GradeResult]
+    source: list[str]  # per row, see Group.source
+    packed: PackedRollouts
+    acc: torch.Tensor  # float [B], 1.0 when the answer is right
+    reward: torch.Tensor  # float [B]
+    scores: torch.Tensor  # float [B]
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> float [B]
+    old_logp: torch.Tensor | None = None  # [B, R]
+    ref_logp: torch.Tensor | None = None  # [B, R]
+    engine_logp: torch.Tensor | None = None  # [B, R] sampling (or replayed behaviour) log-probs
+    token_stats: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [B, R], old policy
+    loss_weights: torch.Tensor | None = None  # [B, R] per-token loss weights (None: all 1)
+    features: dict[str, Any] = field(default_factory=dict)  # plug-ins' per-row data
+
+    @classmethod
+    def from_groups(cls, groups: list[Group], step: int, stage: str | None, pad_token_id: int, device) -> StepRollouts:
+        """Pack the step's groups (group ``g`` = ``groups[g]``) into one padded batch."""
+        merged = RolloutBatch.concat_groups([g.rollout for g in groups])
+        packed = pack_rollouts(merged.prompt_ids, merged.response_ids, pad_token_id)
+        grades = [gr for g in groups for gr in g.grades]
+        acc = torch.tensor([g.score for g in grades], dtype=torch.float32)
+        return cls(
+            step=step,
+            stage=stage,
+            prompts=[g.prompt for g in groups],
+            group_ids=torch.tensor(merged.prompt_index, dtype=torch.long),
+            response_ids=merged.response_ids,
+            response_text=merged.response_text,
+            finish_reason=merged.finish_reason,
+            grades=grades,
+            source=[s for g in groups for s in g.source],
+            packed=packed.to(device),
+            acc=acc,
+            reward=acc.clone(),
+            scores=acc.clone(),
+            terms={"correct": acc.clone()},
+            engine_logp=_padded(merged.response_logprobs, packed.response_length, device),
+        )
+
+    def __len__(self) -> int:
+        return len(self.response_ids)
+
+    @property
+    def keys(self) -> list[str]:
+        """The stable prompt key of each response."""
+        return [self.prompts[g].key for g in self.group_ids.tolist()]
+
+    def add_reward(self, name: str, delta: torch.Tensor) -> None:
+        """A reward term (e.g. the overlong penalty): changes ``reward`` and ``scores`` alike."""
+        delta = delta.to(self.reward.dtype)
+        self.reward = self.reward + delta
+        self.scores = self.scores + delta
+        self.terms[name] = self.terms[name] + delta if name in self.terms else delta
+
+    def shape_scores(self, name: str, shaped: torch.Tensor) -> None:
+        """Shaping (e.g. the MEDS penalty): ``scores`` becomes ``shaped``; ``reward`` stays."""
+        delta = shaped - self.scores
+        self.scores = shaped
+        self.terms[name] = self.terms[name] + delta if name in self.terms else delta
+
+
+def _padded(rows: list[list[float]] | None, width: int, device) -> torch.Tensor | None:
+    """Ragged per-token values as ``[B, width]``, zero-padded (``None`` stays ``None``)."""
+    if rows is None:
+        return None
+    out = torch.zeros(len(rows), width, dtype=torch.float32)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.as_tensor(row, dtype=torch.float32)
+    return out.to(device)

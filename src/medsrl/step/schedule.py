@@ -1,0 +1,98 @@
+"""The distributed bookkeeping of a policy update, apart from the PPO loop that uses it.
+
+Each rank holds a contiguous run of the step's groups. For the ranks to make the updates one
+process would make, they must agree on: the mini-batches (ranges of *global* group indices, so
+the same number of updates everywhere, possibly with no rows of one's own), the global token and
+sequence counts that normalise each mini-batch's loss, and, under FSDP, where every backward is
+a collective, the number of forward/backward passes (ranks with fewer micro-batches run
+zero-weight passes) and a loss weight of the world size (FSDP averages gradients; we want sums).
+The collectives are injected, so a single process can play several ranks in a test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from medsrl.utils.distributed import (
+    all_gather_objects,
+    all_reduce_grads,
+    all_reduce_sum,
+    rank_and_size,
+)
+
+
+class UpdateSchedule:
+    """Mini-batches of whole groups and micro-batch passes for this rank, agreed by all ranks."""
+
+    def __init__(
+        self,
+        group_counts: list[int],
+        rank: int,
+        *,
+        per_update: int | None,
+        micro_batch_size: int,
+        sharded: bool = False,
+        reduce_sum: Callable[[float], float] = all_reduce_sum,
+        gather: Callable[[Any], list[Any]] = all_gather_objects,
+    ) -> None:
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        self.world = len(group_counts)
+        self.sharded = sharded
+        self.micro_batch_size = micro_batch_size
+        self._reduce_sum, self._gather = reduce_sum, gather
+        offset, mine, total = sum(group_counts[:rank]), group_counts[rank], sum(group_counts)
+        step = per_update or max(total, 1)
+        self.mini_batches: list[torch.Tensor] = []  # this rank's group indices, per update
+        for lo in range(0, total, step):
+            first, last = max(lo, offset), min(lo + step, offset + mine)
+            self.mini_batches.append(torch.arange(first, max(first, last)) - offset)
+
+    @classmethod
+    def for_this_rank(
+        cls, num_groups: int, *, per_update, micro_batch_size, sharded
+    ) -> UpdateSchedule:
+        """The schedule of this process, from every rank's group count (one all-gather)."""
+        counts = all_gather_objects(num_groups)
+        return cls(counts, rank_and_size()[0], per_update=per_update, micro_batch_size=micro_batch_size, sharded=sharded)
+
+    def rows(self, group_ids: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of the mini-batch made of ``groups``."""
+        return torch.nonzero(torch.isin(group_ids, groups)).flatten()
+
+    def totals(self, response_mask: torch.Tensor) -> tuple[float, float]:
+        """Global (tokens, sequences) of a mini-batch, given this rank's rows' response mask."""
+        return (
+            self._reduce_sum(float(response_mask.sum().item())),
+            self._reduce_sum(float(response_mask.shape[0])),
+        )
+
+    def micro_batches(self, rows: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
+        """``(rows, loss weight)`` per forward/backward pass of a mini-batch.
+
+        Under FSDP every rank runs as many passes as the busiest one; the extra passes take row 0
+        with weight 0. The weight of a real pass is the world size under FSDP, else 1.
+        """
+        mb = self.micro_batch_size
+        num = -(-len(rows) // mb)
+        if self.sharded:
+            num = max(self._gather(num))
+        weight = float(self.world) if self.sharded else 1.0
+        out = []
+        for i in range(num):
+            part = rows[i * mb : (i + 1) * mb]
+            out.append((part, weight) if len(part) else (torch.zeros(1, dtype=torch.long), 0.0))
+        return out
+
+    def any_rank(self, flag: bool) -> bool:
+        """True when ``flag`` is set on some rank (a non-finite loss drops the update everywhere)."""
+        return self._reduce_sum(float(flag)) > 0
+
+    def sum_grads(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum gradients over ranks (DDP); FSDP's backward already reduce-scattered them."""
+        if not self.sharded:
+            all_reduce_grads(params)
+

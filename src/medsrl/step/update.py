@@ -1,0 +1,137 @@
+"""The policy update of one step: PPO epochs x mini-batches (whole groups) x micro-batches.
+
+The loss of a micro-batch is the registered policy loss (``algorithm.policy_loss``), times the
+plug-ins' per-token loss weights, aggregated with the mini-batch's global token / sequence counts
+so that micro-batches sum to the mini-batch loss; plus the optional entropy and KL terms. How
+ranks keep in step is :class:`~medsrl.step.schedule.UpdateSchedule`'s business. A non-finite
+loss or gradient drops that update on every rank and leaves the weights untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from medsrl.algo import (
+    aggregate_loss,
+    compute_policy_loss,
+    kl_estimate,
+    masked_mean,
+    token_entropy,
+    token_logprobs,
+)
+from medsrl.step.rollouts import StepRollouts
+from medsrl.step.schedule import UpdateSchedule
+from medsrl.step.scoring import response_logits
+from medsrl.utils.sharding import grad_norm, is_sharded
+
+log = logging.getLogger(__name__)
+
+
+def micro_loss(module, rollouts: StepRollouts, advantages, rows, num_tokens: float, num_seqs: float):
+    """The loss of ``rows`` (with grad) and its detached metrics."""
+    algo = module.algo
+    packed = rollouts.packed
+    logits = response_logits(module.policy, packed, rows)
+    labels = packed.input_ids[rows, packed.prompt_length :]
+    logp = token_logprobs(logits, labels)
+    mask = packed.response_mask[rows]
+    pl = compute_policy_loss(
+        algo.policy_loss, logp, rollouts.old_logp[rows], advantages[rows], mask,
+        clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
+        **algo.policy_loss_options,
+    )
+    loss_mat = pl.loss_mat if rollouts.loss_weights is None else pl.loss_mat * rollouts.loss_weights[rows]
+    agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm_length=module.rollout_cfg.max_new_tokens)
+    loss = aggregate_loss(loss_mat, mask, algo.loss_agg_mode, **agg)
+    metrics = {
+        "pg_loss": float(loss.detach()),
+        "clipfrac": float(pl.clipfrac),
+        "clipfrac_low": float(pl.clipfrac_low),
+        "clipfrac_high": float(pl.clipfrac_high),
+        "dual_clipfrac": float(pl.dual_clipfrac),
+        "ppo_kl": float(pl.approx_kl),
+    }
+    entropy = token_entropy(logits.detach()) if algo.entropy_coef == 0 else token_entropy(logits)
+    metrics["entropy"] = float(masked_mean(entropy.detach(), mask))
+    if algo.entropy_coef > 0:
+        loss = loss - algo.entropy_coef * aggregate_loss(entropy, mask, algo.loss_agg_mode, **agg)
+    if rollouts.ref_logp is not None:
+        kl = kl_estimate(logp, rollouts.ref_logp[rows], algo.kl_kind)
+        metrics["kl"] = float(masked_mean(kl.detach(), mask))
+        loss = loss + algo.kl_coef * aggregate_loss(kl, mask, algo.loss_agg_mode, **agg)
+    return loss, metrics
+
+
+def policy_update(module, rollouts: StepRollouts, advantages: torch.Tensor, step: int) -> dict[str, float]:
+    """Run the step's optimiser updates; return the averaged metrics.
+
+    Only the last update goes through Lightning's optimizer wrapper, so ``global_step`` advances
+    once per RL step; the lr scheduler steps once per RL step too.
+    """
+    algo = module.algo
+    opt, sched = module.optimizers(), module.lr_schedulers()
+    packed = rollouts.packed
+    advantages = advantages.to(module.device)
+    params = [p for p in module.policy.parameters() if p.requires_grad]
+    sharded = is_sharded(module.policy)
+    plan = UpdateSchedule.for_this_rank(
+        len(rollouts.prompts), per_update=algo.mini_batch_prompts,
+        micro_batch_size=algo.micro_batch_size, sharded=sharded,
+    )
+    total_updates = algo.ppo_epochs * len(plan.mini_batches)
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    nonfinite = updates_done = 0
+
+    module.policy.train()
+    for _epoch in range(algo.ppo_epochs):
+        for groups in plan.mini_batches:
+            rows = plan.rows(rollouts.group_ids, groups)
+            num_tokens, num_seqs = plan.totals(packed.response_mask[rows])
+            opt.zero_grad(set_to_none=True)
+            bad = False
+            for mrows, weight in plan.micro_batches(rows):
+                mrows = mrows.to(module.device)
+                loss, m = micro_loss(module, rollouts, advantages, mrows, num_tokens, num_seqs)
+                if weight and not torch.isfinite(loss):
+                    bad = True
+                    if not sharded:
+                        break
+                module.manual_backward(loss * weight)
+                if weight:
+                    for k, v in m.items():
+                        sums[k] = sums.get(k, 0.0) + v * len(mrows)
+                        counts[k] = counts.get(k, 0) + len(mrows)
+            bad = plan.any_rank(bad)
+            if not bad:
+                plan.sum_grads(params)
+            norm = float("nan") if bad else grad_norm(params, sharded)
+            if bad or not math.isfinite(norm):
+                nonfinite += 1
+                log.warning(
+                    "step %d: non-finite %s in update %d/%d; update skipped, weights unchanged",
+                    step, "loss" if bad else "gradient", updates_done + 1, total_updates,
+                )
+                opt.zero_grad(set_to_none=True)
+            else:
+                if module.optim_cfg.grad_clip > 0:
+                    torch.nn.utils.clip_grads_with_norm_(params, module.optim_cfg.grad_clip, torch.tensor(norm))
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + norm
+                counts["grad_norm"] = counts.get("grad_norm", 0) + 1
+            updates_done += 1
+            if updates_done == total_updates:
+                opt.step()  # counts one global step; skips params without grads
+            else:
+                module.trainer.strategy.optimizer_step(opt.optimizer, closure=_no_closure)
+    sched.step()
+    out = {k: sums[k] / counts[k] for k in sums}
+    out["nonfinite_updates"] = float(nonfinite)
+    out["lr"] = float(sched.get_last_lr()[0])
+    return out
+
+
+def _no_closure() -> None:
+    return None

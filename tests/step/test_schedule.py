@@ -1,0 +1,62 @@
+"""The distributed bookkeeping of an update, with two ranks played by one process."""
+
+from __future__ import annotations
+
+import torch
+
+from medsrl.step.schedule import UpdateSchedule
+
+
+def _plans(counts, per_update, mb=2, sharded=False, gathered=None):
+    """One schedule per rank; collectives faked: sums and gathers over both ranks' values."""
+    plans = []
+    for rank in range(len(counts)):
+        plans.append(UpdateSchedule(
+            counts, rank, per_update=per_update, micro_batch_size=mb, sharded=sharded,
+            reduce_sum=lambda v: v * len(counts),  # every rank reports the same value here
+            gather=lambda v: gathered if gathered is not None else [v] * len(counts),
+        ))
+    return plans
+
+
+def test_mini_batches_are_global_group_ranges_with_the_same_count_on_every_rank():
+    # rank 0 holds groups 0-2, rank 1 groups 3-4; two groups per update: {0,1} {2,3} {4}
+    r0, r1 = _plans([3, 2], per_update=2)
+    assert [m.tolist() for m in r0.mini_batches] == [[0, 1], [2], []]
+    assert [m.tolist() for m in r1.mini_batches] == [[], [0], [1]]  # local indices 3-3, 4-3
+    whole = _plans([3, 2], per_update=None)
+    assert [m.tolist() for m in whole[0].mini_batches] == [[0, 1, 2]]
+    assert [m.tolist() for m in whole[1].mini_batches] == [[0, 1]]
+
+
+def test_rows_of_a_mini_batch_and_its_global_totals():
+    (plan,) = _plans([2], per_update=1)
+    group_ids = torch.tensor([0, 0, 1, 1, 1])
+    assert plan.rows(group_ids, torch.tensor([1])).tolist() == [2, 3, 4]
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert plan.totals(mask) == (3.0, 2.0)  # one process: its own 3 tokens, 2 sequences
+    (a, _) = _plans([1, 1], per_update=None)
+    assert a.totals(mask) == (6.0, 4.0)  # the fake reduce doubles: two ranks alike
+
+
+def test_ddp_passes_are_this_ranks_own_with_weight_one():
+    (plan,) = _plans([1], per_update=None, mb=2)
+    passes = plan.micro_batches(torch.tensor([5, 6, 7]))
+    assert [(p.tolist(), w) for p, w in passes] == [([5, 6], 1.0), ([7], 1.0)]
+    assert plan.micro_batches(torch.tensor([], dtype=torch.long)) == []
+
+
+def test_fsdp_pads_to_the_busiest_rank_with_zero_weight_passes_and_weights_by_world_size():
+    # this rank has 1 micro-batch of work, the other rank 3: run 3, two of them weight 0
+    plan = _plans([1, 1], per_update=None, mb=2, sharded=True, gathered=[1, 3])[0]
+    passes = plan.micro_batches(torch.tensor([4, 5]))
+    assert [(p.tolist(), w) for p, w in passes] == [([4, 5], 2.0), ([0], 0.0), ([0], 0.0)]
+
+
+def test_a_flag_on_any_rank_counts():
+    flags = {True: 1.0, False: 0.0}
+    plan = UpdateSchedule([1, 1], 0, per_update=None, micro_batch_size=1,
+                          reduce_sum=lambda v: v + flags[True])  # the other rank saw a bad loss
+    assert plan.any_rank(False)
+    calm = UpdateSchedule([1], 0, per_update=None, micro_batch_size=1, reduce_sum=lambda v: v)
+    assert not calm.any_rank(False) and calm.any_rank(True)
