@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from medsrl.callbacks.pass_at_k import PassAtKValidation
 from medsrl.train import train
 from run_helpers import MICRO_WARM_START, compose_train, read_metrics
 
@@ -58,3 +59,21 @@ def test_validation_can_be_turned_off_or_skip_the_start(tmp_path):
     steps = [s for s, m in read_metrics(late).items() if "val/accuracy" in m]
     assert steps == [2]
     assert "val_accuracy_start" not in summary and "val_accuracy_end" in summary
+
+
+def test_validation_features_follow_the_runs_meds_plugin():
+    from types import SimpleNamespace
+
+    from medsrl.meds.features import FeatureSpec
+    from medsrl.plugins.meds import Meds
+
+    def resolved(features, plugins):
+        cb = PassAtKValidation(features=features)
+        cb.setup(None, SimpleNamespace(plugins=plugins), "fit")
+        return cb.settings.features
+
+    meds = Meds(layers="half", diff=True, feature_dtype="float32")
+    assert resolved("run", [meds]) == FeatureSpec(layers="half", diff=True, dtype="float32")
+    assert resolved("run", []) == FeatureSpec()  # no MEDS in the run: the defaults
+    assert resolved(None, [meds]) is None
+    assert resolved({"layers": 3}, [meds]) == FeatureSpec(layers=3)

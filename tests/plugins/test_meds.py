@@ -81,7 +81,9 @@ def test_first_visit_only_fills_memory_then_sizes_give_the_penalty(tmp_path):
     assert sorted(np.bincount(labels[labels >= 0]).tolist()) == [2, 4]  # two clusters
 
     queries = [(_blob(e1, 1, rng)[0], False), (_blob(e2, 1, rng)[0], False), (_blob(e1, 1, rng)[0], True)]
-    scores1 = _run(mem, _step(1, [("k", queries)]))
+    step1 = _step(1, [("k", queries)])
+    scores1 = _run(mem, step1)
+    torch.testing.assert_close(step1.terms["meds"], scores1 - step1.reward)  # GDPO's "meds" term
     # near the 4-blob: 0.1 * ln(5); near the 2-blob: 0.1 * ln(3); the right answer: untouched
     assert scores1[0].item() == pytest.approx(-0.1 * math.log(5), abs=1e-6)
     assert scores1[1].item() == pytest.approx(-0.1 * math.log(3), abs=1e-6)
