@@ -8,7 +8,7 @@ Runs ``benchmarks/step_profile.py`` of each tree in its own process (that tree's
 ``configs``, this venv), alternating the trees round by round so that the machine's drift hits
 both alike. The same seed makes both trees sample the same responses when the change keeps the
 numbers (check ``mean_response_length``). The last line printed is one JSON object: per tree the
-mean step time of each round, and the ratio this/other per round with its mean and spread.
+mean step time of each round (and each phase's mean over the rounds), and the ratio this/other per round with its mean and spread.
 """
 
 from __future__ import annotations
@@ -46,12 +46,14 @@ def main() -> None:
 
     trees = {"this": ROOT, "other": args.other.resolve()}
     step: dict[str, list[float]] = {name: [] for name in trees}
+    phases: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     lengths: dict[str, list[float]] = {name: [] for name in trees}
     for r in range(args.rounds):
         order = list(trees) if r % 2 == 0 else list(reversed(trees))
         for name in order:
             res = profile(trees[name], args.steps, args.warmup, args.overrides)
             step[name].append(res["seconds_per_step"]["step"])
+            phases[name].append(res["seconds_per_step"])
             lengths[name].append(round(res["mean_response_length"], 4))
             print(f"[compare_trees] round {r} {name}: {step[name][-1]:.3f} s/step", file=sys.stderr)
     ratios = [a / b for a, b in zip(step["this"], step["other"], strict=True)]
@@ -62,6 +64,10 @@ def main() -> None:
         "machine": f"{platform.machine()} {os.cpu_count()} cores",
         "steps_measured_per_run": args.steps - args.warmup,
         "seconds_per_step": step,
+        "phase_means": {
+            name: {k: round(statistics.mean(p.get(k, 0.0) for p in runs), 4) for k in sorted(runs[0])}
+            for name, runs in phases.items()
+        },
         "mean_response_length": lengths,
         "ratio_this_over_other": [round(x, 4) for x in ratios],
         "ratio_mean": round(statistics.mean(ratios), 4),
