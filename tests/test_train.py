@@ -102,3 +102,22 @@ def test_missing_required_value_fails_at_start(tmp_path):
     cfg = compose_train(tmp_path / "x", ["model.name_or_path=???"])
     with pytest.raises(ValueError, match="model.name_or_path"):
         train(cfg)
+
+
+def test_plugins_are_built_in_order_named_by_their_keys(caplog):
+    from medsrl.train import build_plugins
+
+    group = {
+        "overlong": {"_target_": "medsrl.plugins.overlong.OverlongPenalty", "buffer_length": 4},
+        "dropped": None,  # algorithm.plugins.dropped=null
+        "orphan": {"buffer_length": 16},  # an experiment's settings for a plug-in not chosen
+        "bonus": {"_target_": "medsrl.plugins.entropy_bonus.EntropyBonus", "coef": 0.2},
+    }
+    with caplog.at_level("WARNING"):
+        plugins = build_plugins(group)
+    assert [(p.name, type(p).__name__) for p in plugins] == [
+        ("overlong", "OverlongPenalty"), ("bonus", "EntropyBonus")]
+    assert plugins[1].coef == 0.2
+    assert any("algorithm.plugins.orphan" in r.getMessage() for r in caplog.records)
+    with pytest.raises(TypeError, match="algorithm.plugins.x: .* is not a medsrl Plugin"):
+        build_plugins({"x": {"_target_": "collections.OrderedDict"}})
