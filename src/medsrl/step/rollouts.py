@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from medsrl.algo import keep_mask_by_group_spread
 from medsrl.rollout.base import PackedRollouts, RolloutBatch, pack_rollouts
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class Group:
     def has_spread(self) -> bool:
         """Whether the rows differ in accuracy (else every advantage is 0: DAPO drops it)."""
         acc = self.acc
-        return bool(len(acc)) and bool((acc != acc[0]).any())
+        return bool(keep_mask_by_group_spread(acc, torch.zeros(len(acc), dtype=torch.long)).any())
 
     def add_rows(self, rows: RolloutBatch, grades: list[GradeResult], source: str) -> None:
         """Append ``rows`` (one group's worth) graded ``grades``, tagged ``source``."""
