@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from logit_reference import hook_count, reference_features
 from medsrl.meds.answer_locator import locate_answers
 from medsrl.meds.features import (
     AnswerFeatureReader,
@@ -70,28 +71,12 @@ def read(model, spec, micro=(0, 2, 5)):
 
 
 def all_layer_logits(model) -> torch.Tensor:
-    """[M, N] logit of the first answer token from every layer, recomputed with
-    ``output_hidden_states=True`` (the reference's way) for the responses with an answer."""
+    """[M, N] logit of the first answer token from every layer, for the responses of BATCH with
+    an answer (the reference recompute, ``tests/logit_reference.py``)."""
     _, responses, packed = batch()
     targets = answer_targets(locate_answers(responses, TOK), responses, packed.prompt_length)
-    with torch.no_grad():
-        hs = model(
-            input_ids=packed.input_ids,
-            attention_mask=packed.attention_mask,
-            position_ids=packed.position_ids,
-            use_cache=False,
-            output_hidden_states=True,
-        ).hidden_states
-        cols = [
-            model.lm_head(h[targets.rows, targets.positions]).float()
-            .gather(1, targets.next_token_ids[:, None])[:, 0]
-            for h in hs[1:]
-        ]
-    return torch.stack(cols, dim=1)
-
-
-def hook_count(model) -> int:
-    return sum(len(m._forward_hooks) for m in find_decoder_layers(model))
+    layers = range(1, len(find_decoder_layers(model)) + 1)
+    return reference_features(model, packed, targets, layers)
 
 
 # --------------------------------------------------------------------------- pure steps

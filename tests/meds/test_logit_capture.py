@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch import nn
 
+from logit_reference import hook_count, reference_features
 from medsrl.meds.logit_capture import (
     CaptureTargets,
     LayerLogitCapture,
     answer_targets,
-    find_decoder_layers,
     select_layers,
 )
 from medsrl.models.loading import random_model_like
@@ -36,30 +36,6 @@ def make_batch(vocab: int, seed: int = 0, batch: int = 6):
     return prompts, responses, answers
 
 
-def reference_features(model, packed, targets, layers, final_norm=False):
-    """lm_head(hidden_states[n])[row, pos, next_token] from ``output_hidden_states=True``."""
-    with torch.no_grad():
-        out = model(
-            input_ids=packed.input_ids,
-            attention_mask=packed.attention_mask,
-            position_ids=packed.position_ids,
-            use_cache=False,
-            output_hidden_states=True,
-        )
-    hs = out.hidden_states
-    n_layers = len(hs) - 1
-    cols = []
-    for n in layers:
-        h = hs[n][targets.rows, targets.positions]
-        if final_norm and n < n_layers:
-            with torch.no_grad():
-                h = model.model.norm(h)
-        with torch.no_grad():
-            logits = model.lm_head(h).float()
-        cols.append(logits.gather(1, targets.next_token_ids[:, None])[:, 0])
-    return torch.stack(cols, dim=1)
-
-
 def run_forward(model, packed, rows=slice(None)):
     resp_len = packed.response_mask.shape[1]
     return model(
@@ -69,10 +45,6 @@ def run_forward(model, packed, rows=slice(None)):
         use_cache=False,
         logits_to_keep=resp_len + 1,
     )
-
-
-def hook_count(model) -> int:
-    return sum(len(m._forward_hooks) for m in find_decoder_layers(model))
 
 
 MODELS = {
