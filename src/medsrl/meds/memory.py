@@ -13,16 +13,16 @@ without this package, written atomically).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from medsrl.utils.atomic_file import atomic_write
 
 MemoryKey = tuple[str, bool]  # (prompt key, response was correct)
 
@@ -241,8 +241,8 @@ class ErrorMemory:
     def snapshot(self, path: str | os.PathLike) -> Path:
         """Write the memory to one ``.npz`` file, atomically; returns the path.
 
-        A crash mid-write leaves any previous file at ``path`` intact (write a temp file in the
-        same directory, fsync, ``os.replace``). Open it without medsrl::
+        A crash mid-write leaves any previous file at ``path`` intact (``atomic_write``: a temp
+        file in the same directory, fsync, ``os.replace``). Open it without medsrl::
 
             z = np.load(path)                     # no pickle needed
             meta = json.loads(str(z["meta"]))    # keys, dim, cap_per_key, per-store info
@@ -254,21 +254,8 @@ class ErrorMemory:
         ``features`` [R, D]; rows are grouped by store in ``meta["keys"]`` order. Per store:
         ``store_correct``, ``store_rows``, ``store_fitted_upto``.
         """
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         arrays = self._snapshot_arrays()
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                _write_npz(f, arrays)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            _fsync_dir(path.parent)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        return path
+        return atomic_write(path, lambda f: _write_npz(f, arrays))
 
     def _snapshot_arrays(self) -> dict[str, np.ndarray]:
         entries = list(self._stores.items())
@@ -333,16 +320,3 @@ def load_snapshot(path: str | os.PathLike) -> ErrorMemory:
 def _write_npz(f, arrays: dict[str, np.ndarray]) -> None:
     """The one place the snapshot bytes are written (tests break it to check atomicity)."""
     np.savez(f, **arrays)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename itself durable (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):  # some filesystems cannot fsync a directory
-            os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -5,7 +5,8 @@ that the module also calls at fixed points of each step, in the order of
 ``algorithm.plugins``. Override only what the method needs::
 
     add_prompts        prompts to generate this step, besides the batch's (R3 reflection)
-    transform_groups   graded groups before packing: drop (DAPO), add rows (replay) or groups
+    transform_groups   graded groups before packing: drop (DAPO), add rows (replay) or groups;
+                       called again for each extra generation round of a later plug-in (DAPO)
     token_stats        names of per-token quantities wanted from the scoring forward
                        ("entropy" built in; a plug-in's own via ``token_reducers``)
     before_scoring / scoring_microbatch / after_scoring
@@ -94,7 +95,8 @@ class Plugin(Callback):
         return []
 
     def transform_groups(self, groups: list[Group], ctx: StepContext) -> list[Group]:
-        """The step's groups (this rank's share), changed; return the list to keep."""
+        """The step's groups (this rank's share), changed; return the list to keep. Called once
+        per generation round: again for the groups of a later plug-in's extra rounds."""
         return groups
 
     # the scoring forward -------------------------------------------------------------------

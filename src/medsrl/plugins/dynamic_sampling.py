@@ -1,5 +1,7 @@
-"""DAPO dynamic sampling: keep only groups whose responses differ in accuracy, and generate
-extra rounds of prompts until the step's batch is full again (or ``max_rounds`` is reached).
+"""DAPO dynamic sampling: keep only groups whose responses differ in accuracy (or that a plug-in
+listed before it made trainable, ``Group.trainable``), and generate extra rounds of prompts
+until the step's batch is full again (or ``max_rounds`` is reached). The extra rounds' groups
+pass through the plug-ins listed before it first, as the first round's did.
 
 Kept groups are counted over all ranks, and the surplus of the last round is cut in
 (round, rank, prompt) order, which is the order of one process holding every prompt.
@@ -32,7 +34,7 @@ class DynamicSampling(Plugin):
         rounds = 0
         total = 0
         while True:
-            kept = [g for g in groups if g.has_spread]
+            kept = [g for g in groups if g.trainable]
             kept_by_round.append(kept)
             total += all_reduce_sum(len(kept))
             if total >= target or rounds >= self.max_rounds:

@@ -50,9 +50,32 @@ class PluginHost:
         return list(prompts) + extra
 
     def transform_groups(self, groups: list, ctx: StepContext) -> list:
-        for p in self.plugins:
-            groups = p.transform_groups(groups, ctx)
+        """Each plug-in's ``transform_groups`` in order. Groups a plug-in generates through
+        ``ctx.sample`` (DAPO's extra rounds) first pass through the plug-ins before it, so they
+        are treated like the first round's (R3 replay before DAPO's filter)."""
+        sample = ctx.sample
+        try:
+            for i, p in enumerate(self.plugins):
+                ctx.sample = self._sample_through(self.plugins[:i], sample, ctx)
+                groups = p.transform_groups(groups, ctx)
+        finally:
+            ctx.sample = sample
         return groups
+
+    @staticmethod
+    def _sample_through(before: list[Plugin], sample, ctx: StepContext):
+        def sample_and_transform(prompts: list, round_: int) -> list:
+            outer = ctx.sample
+            ctx.sample = sample  # the earlier plug-ins see plain sampling
+            try:
+                groups = sample(prompts, round_)
+                for p in before:
+                    groups = p.transform_groups(groups, ctx)
+            finally:
+                ctx.sample = outer
+            return groups
+
+        return sample_and_transform
 
     def before_scoring(self, rollouts, ctx: StepContext) -> None:
         for p in self.plugins:

@@ -24,7 +24,7 @@ from medsrl.meds.features import AnswerFeatureReader, FeatureSpec
 from medsrl.meds.penalty import TARGETS, advantage_order_changed, apply_penalty, meds_penalty
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.plugins.dynamic_sampling import DynamicSampling
-from medsrl.step.rollouts import StepRollouts
+from medsrl.step.rollouts import SAMPLED, StepRollouts
 from medsrl.utils.run_dir import run_log_dir
 
 log = logging.getLogger(__name__)
@@ -183,8 +183,13 @@ class Meds(Plugin):
         return sizes, labels
 
     def step_additions(self, rollouts: StepRollouts, ctx: StepContext):
+        """The features of this step's sampled responses. Rows another plug-in added (R3's
+        replayed responses) are shaped but not remembered again: each generated response enters
+        the memory at most once, in the step that sampled it."""
         keys, correct = rollouts.keys, (rollouts.acc > 0.5).tolist()
-        return [(keys[i], bool(correct[i])) for i in self._rows.tolist()], self._feats.numpy()
+        fresh = [j for j, i in enumerate(self._rows.tolist()) if rollouts.source[i] == SAMPLED]
+        rows = self._rows[fresh].tolist()
+        return [(keys[i], bool(correct[i])) for i in rows], self._feats[fresh].numpy()
 
     def commit(self, additions, ctx: StepContext) -> None:
         touched = self.store.insert(additions, ctx.step)

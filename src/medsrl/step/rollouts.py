@@ -37,6 +37,7 @@ class Group:
     grades: list[GradeResult]
     source: list[str]
     round: int = 0  # generation round of the step (dynamic sampling counts up)
+    kept_by: str | None = None  # a plug-in that gives this zero-spread group a signal (R3)
 
     def __len__(self) -> int:
         return len(self.rollout)
@@ -50,6 +51,12 @@ class Group:
         """Whether the rows differ in accuracy (else every advantage is 0: DAPO drops it)."""
         acc = self.acc
         return bool(keep_mask_by_group_spread(acc, torch.zeros(len(acc), dtype=torch.long)).any())
+
+    @property
+    def trainable(self) -> bool:
+        """Worth training on: its accuracy has spread, or a plug-in (``kept_by``) will shape its
+        scores apart (R3's ranking of an all-wrong group). What DAPO's filter keeps."""
+        return self.has_spread or self.kept_by is not None
 
     def add_rows(self, rows: RolloutBatch, grades: list[GradeResult], source: str) -> None:
         """Append ``rows`` (one group's worth) graded ``grades``, tagged ``source``."""
