@@ -50,11 +50,14 @@ MICRO_WARM_START = [
 ]
 
 
-# A 3-step MEDS run whose 4 prompts split into two equal shards (tests/test_distributed.py).
+# A 3-step MEDS + R3 run whose 4 prompts split into two equal shards (tests/test_distributed.py).
 TWO_RANK_RUN = [
     "debug=fast",
     *MICRO_WARM_START,
-    "algorithm=meds",
+    "algorithm=meds_r3",
+    # reflection adds prompts: an odd number would cut the ranks' shards off the engine's
+    # sampling chunks, and one process would sample them differently
+    "algorithm.plugins.r3.reflection.enabled=false",
     "algorithm.plugins.meds.snapshot_every_n_steps=1",
     "algorithm.plugins.meds.mixed_groups_only=false",  # no DAPO filter here: remember every group
     "data.prompts_per_step=4",
@@ -134,7 +137,21 @@ def assert_matches_one_process(one: Path, two: Path, two_metrics: dict[int, dict
         for name in ["val/accuracy", "val/pass@2", "val/num_samples", "val/distinct_answers"]:
             assert b[step][name] == pytest.approx(a[step][name], rel=1e-5, abs=1e-6), (step, name)
 
+    for step in range(3):
+        assert b[step]["train/r3/history/responses"] == a[step]["train/r3/history/responses"]
     mem = lambda run: torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["callbacks"]  # noqa: E731
+    from medsrl.r3.history import ResponseHistory
+
+    ha, hb = ResponseHistory(), ResponseHistory()
+    ha.load_state_dict(mem(one)["plugin:r3"]["history"])
+    hb.load_state_dict(mem(two)["plugin:r3"]["history"])
+    assert ha.keys() == hb.keys() and ha.num_responses() == hb.num_responses() > 0
+    for k in ha.keys():
+        for x, y in zip(ha.responses(k), hb.responses(k), strict=True):
+            assert (x.token_ids, x.correct, x.step, x.reward) == (y.token_ids, y.correct, y.step, pytest.approx(y.reward))
+            assert (x.logprobs is None) == (y.logprobs is None)
+            if x.logprobs is not None:
+                assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
     key = "plugin:meds"
     ea, eb = mem(one)[key]["memory"]["entries"], mem(two)[key]["memory"]["entries"]
     assert [(e["key"], e["correct"]) for e in ea] == [(e["key"], e["correct"]) for e in eb]

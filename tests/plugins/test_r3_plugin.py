@@ -232,3 +232,25 @@ def test_state_round_trip_and_bad_settings():
         R3(replay={"importance_cap": 0})
     with pytest.raises(ValueError, match="ranking.p"):
         R3(ranking={"p": 1.5})
+
+
+def test_reflection_groups_are_counted_shown_and_kept_out_of_the_history():
+    r3 = _r3(panels_every_n_steps=10)
+    for token in (91, 92):
+        r3.history.add("a", _stored(1, False, token))
+    reflect = r3.add_prompts([_prompt("a")], _ctx(step=5))[0]
+    g = _group("a", [0, 1, 0, 0])
+    g.prompt = reflect
+    ctx = _ctx(step=5)
+    shown = []
+    ctx.text = lambda plugin, tag, text: shown.append((tag, text))
+    r3.transform_groups([g], ctx)
+    assert ctx.metrics["r3/reflection/groups"] == 1 and ctx.metrics["r3/reflection/acc"] == 0.25
+    assert len(shown) == 1 and shown[0][0] == "reflection"
+    assert "A previous attempt" in shown[0][1] and "r11" in shown[0][1]  # the right response
+    assert r3._seen == []  # reflection responses do not enter the history
+    r3.transform_groups([g], _ctx(step=9))
+    later = _ctx(step=15)
+    later.text = lambda plugin, tag, text: shown.append((tag, text))
+    r3.transform_groups([g], later)
+    assert len(shown) == 2  # at most one panel per 10 steps

@@ -183,12 +183,18 @@ def find_lm_head(model: nn.Module) -> nn.Module:
 @dataclass(frozen=True)
 class CaptureTargets:
     """Where to read features: ``rows[i]`` / ``positions[i]`` of the packed batch, scoring
-    ``next_token_ids[i]``; ``sample_index[i]`` is the response it belongs to (global row)."""
+    ``next_token_ids[i]``; ``sample_index[i]`` is the response it belongs to (global row).
+
+    ``seq_len`` is the packed batch's width. A forward over fewer columns is taken to have
+    dropped leading (left-padding) columns, as ``step.scoring.response_logits`` does per
+    micro-batch, and the positions move left by the difference.
+    """
 
     rows: torch.Tensor
     positions: torch.Tensor
     next_token_ids: torch.Tensor
     sample_index: torch.Tensor
+    seq_len: int | None = None
 
     def __len__(self) -> int:
         return int(self.rows.numel())
@@ -201,6 +207,7 @@ class CaptureTargets:
             positions=self.positions[keep],
             next_token_ids=self.next_token_ids[keep],
             sample_index=self.sample_index[keep],
+            seq_len=self.seq_len,
         )
 
 
@@ -231,7 +238,8 @@ def answer_targets(
         positions.append(prompt_length + t)
         next_ids.append(int(resp[t + 1]))
     as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
-    return CaptureTargets(as_long(rows), as_long(positions), as_long(next_ids), as_long(rows))
+    width = prompt_length + max((len(r) for r in response_ids), default=0)
+    return CaptureTargets(as_long(rows), as_long(positions), as_long(next_ids), as_long(rows), width)
 
 
 # --------------------------------------------------------------------------- capture
@@ -317,7 +325,7 @@ class LayerLogitCapture:
         handles = []
         if m > 0:
             for n in self.layers:
-                hook = self._make_hook(n, rows, positions, store)
+                hook = self._make_hook(n, rows, positions, store, targets.seq_len)
                 handles.append(self._blocks[n - 1].register_forward_hook(hook))
         self._armed = True
         try:
@@ -339,7 +347,8 @@ class LayerLogitCapture:
         hidden = torch.stack([store[n] for n in self.layers], dim=1)  # [m, L, H]
         self._entries.append(self.logits_of(hidden, targets.next_token_ids))
 
-    def _make_hook(self, n: int, rows: torch.Tensor, positions: torch.Tensor, store: dict):
+    def _make_hook(self, n: int, rows: torch.Tensor, positions: torch.Tensor, store: dict,
+                   seq_len: int | None = None):
         normed = self._normed(n)
         norm = self._norm
         cache: dict[str, torch.Tensor] = {}
@@ -353,14 +362,15 @@ class LayerLogitCapture:
             hidden = output[0] if isinstance(output, (tuple, list)) else output
             if "rows" not in cache:
                 b, s = hidden.shape[0], hidden.shape[1]
+                pos = positions if seq_len is None or s >= seq_len else positions - (seq_len - s)
                 if rows.numel() and (int(rows.max()) >= b or int(rows.min()) < 0):
                     raise IndexError(f"LayerLogitCapture: rows out of range for batch size {b}")
-                if positions.numel() and (int(positions.max()) >= s or int(positions.min()) < 0):
+                if pos.numel() and (int(pos.max()) >= s or int(pos.min()) < 0):
                     raise IndexError(
                         f"LayerLogitCapture: positions out of range for sequence length {s}"
                     )
                 cache["rows"] = rows.to(hidden.device)
-                cache["positions"] = positions.to(hidden.device)
+                cache["positions"] = pos.to(hidden.device)
             with torch.no_grad():
                 vec = hidden.detach()[cache["rows"], cache["positions"]]  # [m, H], a copy
                 if normed:

@@ -106,7 +106,7 @@ class R3(Plugin):
         self._seen: list[tuple[str, Group]] = []  # this rank's sampled groups of the step
         self._counts: dict[str, float] = {}
         self._behaviour: dict[tuple[str, tuple[int, ...]], list] = {}  # replayed rows' log-probs
-        self._panel_step = -1
+        self._panel_step = -(10**9)
 
     # ------------------------------------------------------------------ state
 
@@ -199,7 +199,7 @@ class R3(Plugin):
         self._counts["reflection/rows"] += len(g)
         self._counts["reflection/correct"] += float(g.acc.sum())
         every = self.panels_every_n_steps
-        if every and ctx.step % every == 0 and self._panel_step != ctx.step:
+        if every and ctx.step - self._panel_step >= every:  # the first one, then every `every` steps
             self._panel_step = ctx.step
             best = int(torch.argmax(g.acc))
             ctx.text(self, "reflection", (

@@ -25,12 +25,20 @@ BUILTIN_REDUCERS: dict[str, TokenReducer] = {
 
 
 def response_logits(model, packed: PackedRollouts, rows: slice | torch.Tensor) -> torch.Tensor:
-    """Logits of the response positions only: ``logits[:, t]`` predicts response token t."""
+    """Logits of the response positions only: ``logits[:, t]`` predicts response token t.
+
+    The rows run without the left-padding columns they all share: a batch is padded to its
+    longest prompt, and one long prompt (an R3 reflection prompt quotes a whole response) would
+    otherwise widen every micro-batch. Exact: those columns are masked out, and the position ids
+    are explicit. (MEDS's capture hooks shift their positions by the columns dropped.)
+    """
     resp_len = packed.response_mask.shape[1]
+    mask = packed.attention_mask[rows]
+    lead = int((mask.cumsum(dim=1) == 0).sum(dim=1).min()) if mask.numel() else 0
     out = model(
-        input_ids=packed.input_ids[rows],
-        attention_mask=packed.attention_mask[rows],
-        position_ids=packed.position_ids[rows],
+        input_ids=packed.input_ids[rows][:, lead:],
+        attention_mask=mask[:, lead:],
+        position_ids=packed.position_ids[rows][:, lead:],
         use_cache=False,
         logits_to_keep=resp_len + 1,
     )

@@ -1,0 +1,118 @@
+"""Step time of training methods against DAPO on the tiny preset, interleaved in one run.
+
+    .venv/bin/python benchmarks/method_overhead.py [--methods dapo,grpo,r3,meds,meds_r3]
+        [--steps 6] [--rounds 3] [--pool 32] [overrides]
+
+Each round runs every method once, in turn, for ``--steps`` steps from the same warm-started
+policy, seed and data; the first step of each run is dropped (warm-up). The data pool is cut to
+``--pool`` prompts so prompts come back within a run and history-based methods (MEDS, R3)
+act, not only fill their memory. DAPO's dynamic sampling is off everywhere, so generation
+differs only by what a method adds itself (R3's reflection prompts and replayed rows). The
+ratio to DAPO is taken per round (the runs of one round are minutes apart) and reported as the
+median with its min-max spread; the last stdout line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+os.environ.setdefault("MEDSRL_ROOT", str(ROOT))
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from medsrl.train import train  # noqa: E402
+
+QUIET = {  # no snapshots or panels inside the timed steps
+    "meds": ["algorithm.plugins.meds.snapshot_every_n_steps=0", "algorithm.plugins.meds.panels_every_n_steps=0"],
+    "r3": ["algorithm.plugins.r3.snapshot_every_n_steps=0", "algorithm.plugins.r3.panels_every_n_steps=0"],
+}
+PLUGINS_OF = {"meds": ["meds"], "r3": ["r3"], "meds_r3": ["meds", "r3"]}
+FIRED = ["train/r3/replay/rescued_groups", "train/r3/replay/rows", "train/r3/ranking/groups",
+         "train/r3/reflection/prompts", "train/meds/penalised_frac"]
+
+
+def _config(out: Path, method: str, steps: int, pool: int, extra: list[str]):
+    overrides = [
+        f"paths.output_dir={out}",
+        f"algorithm={method}",
+        f"trainer.max_steps={steps}",
+        "logger=csv",
+        "callbacks.pass_at_k.every_n_steps=0",
+        "export_policy=false",
+        "callbacks.model_checkpoint.every_n_train_steps=1000000",
+        "callbacks.sample_logger.every_n_steps=0",
+        f"data.stages.0.datasets.0.source.num={pool}",
+        "algorithm.plugins.dynamic_sampling=null",
+    ]
+    for plugin in PLUGINS_OF.get(method, []):
+        overrides += QUIET[plugin]
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("train", overrides=overrides + list(extra))
+
+
+def _steps(out: Path) -> list[dict[str, float]]:
+    from run_helpers import read_metrics
+
+    return [m for _, m in sorted(read_metrics(out).items()) if "train/time/step" in m][1:]
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4), "max": round(max(values), 4)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--methods", default="dapo,grpo,r3,meds,meds_r3")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--pool", type=int, default=32)
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    methods = args.methods.split(",")
+    if "dapo" not in methods:
+        raise SystemExit("--methods must include dapo (the baseline)")
+
+    tmp = Path(tempfile.mkdtemp(prefix="medsrl-method-overhead-"))
+    per_round: dict[str, list[float]] = {m: [] for m in methods}
+    phases: dict[str, dict[str, list[float]]] = {m: {} for m in methods}
+    fired: dict[str, dict[str, float]] = {m: {} for m in methods}
+    for r in range(args.rounds):
+        for method in methods:
+            out = tmp / f"{method}_{r}"
+            train(_config(out, method, args.steps, args.pool, args.overrides))
+            steps = _steps(out)
+            per_round[method].append(statistics.mean(s["train/time/step"] for s in steps))
+            for s in steps:
+                for k, v in s.items():
+                    if k.startswith("train/time/"):
+                        phases[method].setdefault(k.removeprefix("train/time/"), []).append(v)
+                    if k in FIRED:
+                        fired[method][k.removeprefix("train/")] = fired[method].get(k.removeprefix("train/"), 0.0) + v
+            print(f"[method_overhead] round {r} {method}: {per_round[method][-1]:.3f} s/step", file=sys.stderr)
+    ratios = {m: [a / b for a, b in zip(per_round[m], per_round["dapo"], strict=True)] for m in methods if m != "dapo"}
+    result = {
+        "benchmark": "method_overhead",
+        "machine": f"{platform.machine()} {os.cpu_count()} cores",
+        "steps_per_run": args.steps,
+        "rounds": args.rounds,
+        "pool": args.pool,
+        "seconds_per_step": {m: _spread(v) for m, v in per_round.items()},
+        "ratio_to_dapo": {m: _spread(v) for m, v in ratios.items()},
+        "phase_seconds_median": {m: {k: round(statistics.median(v), 4) for k, v in sorted(p.items())}
+                                 for m, p in phases.items()},
+        "fired_total": {m: {k: round(v, 3) for k, v in f.items()} for m, f in fired.items() if f},
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
