@@ -19,6 +19,7 @@ EXPECTED_PLUGINS = {
     "grpo": [], "drgrpo": [], "grpo_entropy": ["entropy_bonus"],
     "dapo": ["dynamic_sampling", "overlong"], "gdpo": ["dynamic_sampling", "overlong"],
     "meds": ["dynamic_sampling", "overlong", "meds"],
+    "r3": ["r3"], "meds_r3": ["r3", "dynamic_sampling", "overlong", "meds"],  # R3 before DAPO's filter
 }
 
 

@@ -28,8 +28,8 @@ class Group:
     """One prompt's graded responses in this step.
 
     ``rollout`` holds only this prompt's rows (``prompt_index`` all 0). ``source`` names where
-    each row came from: ``"sampled"`` or the plug-in that added it (replayed rows carry their
-    own token ids and, in ``rollout.response_logprobs``, their behaviour log-probs).
+    each row came from: ``"sampled"`` or the plug-in that added it (R3's replayed rows carry
+    their own token ids; their behaviour log-probs stay with R3).
     """
 
     prompt: Prompt
