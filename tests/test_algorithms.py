@@ -18,6 +18,7 @@ PRESETS = sorted(p.stem for p in (ROOT / "configs" / "algorithm").glob("*.yaml")
 EXPECTED_PLUGINS = {
     "grpo": [], "drgrpo": [], "grpo_entropy": ["entropy_bonus"],
     "dapo": ["dynamic_sampling", "overlong"], "gdpo": ["dynamic_sampling", "overlong"],
+    "clip_cov": ["dynamic_sampling", "overlong"], "kl_cov": ["dynamic_sampling", "overlong"],
     "meds": ["dynamic_sampling", "overlong", "meds"],
     "r3": ["r3"], "meds_r3": ["r3", "dynamic_sampling", "overlong", "meds"],  # R3 before DAPO's filter
 }
@@ -40,6 +41,10 @@ def runs(tmp_path_factory, micro_cache) -> dict[str, dict[int, dict[str, float]]
         "grpo_entropy": ["algorithm=grpo_entropy"],
         "meds_gdpo": ["algorithm=meds", "algorithm.advantage=gdpo", "algorithm.plugins.dynamic_sampling=null",
                       "algorithm.plugins.meds.mixed_groups_only=false"],
+        # a share large enough that the 2-step micro run selects more than the one-token minimum
+        "clip_cov": ["algorithm=clip_cov", "algorithm.policy_loss_options.clip_cov_ratio=0.05",
+                     "algorithm.policy_loss_options.clip_cov_lb=0.0"],
+        "kl_cov": ["algorithm=kl_cov", "algorithm.policy_loss_options.kl_cov_ratio=0.05"],
     }
     out = {}
     for name, overrides in cases.items():
@@ -65,3 +70,12 @@ def test_meds_with_gdpo_trains(runs):
     m = runs["meds_gdpo"]
     assert m[1]["train/meds/memory_entries"] > 0
     assert all(m[s]["train/nonfinite_updates"] == 0.0 for s in (0, 1))
+
+
+@pytest.mark.slow
+def test_covariance_losses_train_and_log_what_they_did(runs):
+    """Step 1 (the first with a group that has spread, so non-zero advantages)."""
+    clip, kl = runs["clip_cov"][1], runs["kl_cov"][1]
+    assert 0 < clip["train/clip_cov/cov_clipped_frac"] <= clip["train/clip_cov/cov_candidate_frac"]
+    assert 0 < kl["train/kl_cov/kl_penalised_frac"] < 0.2 and kl["train/kl_cov/abs_kl"] >= 0
+    assert kl["train/clipfrac"] == 0  # kl_cov does not clip

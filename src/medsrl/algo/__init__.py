@@ -15,6 +15,7 @@ from medsrl.algo.advantages import (
     rloo_advantages,
 )
 from medsrl.algo.aggregation import LOSS_AGG_MODES, aggregate_loss
+from medsrl.algo.covariance_losses import clip_cov_loss, kl_cov_loss, token_covariance
 from medsrl.algo.dynamic_sampling import keep_mask_by_group_spread, zero_spread_groups
 from medsrl.algo.kl import kl_estimate, sampling_mismatch
 from medsrl.algo.logprobs import masked_mean, token_entropy, token_logprobs
@@ -27,6 +28,9 @@ from medsrl.algo.policy_loss import (
 )
 
 __all__ = [
+    "clip_cov_loss",
+    "kl_cov_loss",
+    "token_covariance",
     "ADVANTAGE_ESTIMATORS",
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -30,6 +30,7 @@ class PolicyLossOutput:
     - ``dual_clipfrac``: ``A < 0`` and the dual-clip cap ``-A * dual_clip`` is active
       (``ratio > dual_clip``); 0 without dual-clip.
     - ``approx_kl``: masked mean of ``old_logp - logp`` (k1 estimate of KL(old || new)).
+    - ``extra``: the loss's own diagnostics (logged as ``train/<loss name>/<key>``).
     """
 
     loss_mat: Tensor
@@ -38,6 +39,7 @@ class PolicyLossOutput:
     clipfrac_high: Tensor
     dual_clipfrac: Tensor
     approx_kl: Tensor
+    extra: dict[str, Tensor] = field(default_factory=dict)
 
 
 _F = TypeVar("_F", bound=Callable[..., PolicyLossOutput])

@@ -53,6 +53,7 @@ def micro_loss(module, rollouts: StepRollouts, advantages, rows, num_tokens: flo
         "clipfrac_high": float(pl.clipfrac_high),
         "dual_clipfrac": float(pl.dual_clipfrac),
         "ppo_kl": float(pl.approx_kl),
+        **{f"{algo.policy_loss}/{k}": float(v) for k, v in pl.extra.items()},
     }
     entropy = token_entropy(logits.detach()) if algo.entropy_coef == 0 else token_entropy(logits)
     metrics["entropy"] = float(masked_mean(entropy.detach(), mask))

@@ -1,0 +1,106 @@
+"""Entropy-covariance policy losses, ``clip_cov`` and ``kl_cov`` ("The Entropy Mechanism of
+Reinforcement Learning for Reasoning Language Models"; verl's ``loss_mode`` of the same names).
+
+Entropy falls fastest through the tokens whose log-probability and advantage covary most: a
+confident token with a positive advantage grows more confident. Both losses find, per token,
+``cov = (A - mean A) * (logp - mean logp)`` over the micro-batch's response tokens and act on a
+small share of them: ``clip_cov`` takes those tokens out of the gradient, ``kl_cov`` adds a KL
+penalty ``coef * |logp - old_logp|`` to them. Defaults are verl's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from medsrl.algo.logprobs import masked_mean
+from medsrl.algo.policy_loss import PolicyLossOutput, _frac, clipped_surrogate, register_policy_loss
+
+
+def token_covariance(advantages: Tensor, logp: Tensor, mask: Tensor) -> Tensor:
+    """``(A - mean A) * (logp - mean logp)`` per token ``[B, T]``, means over the masked tokens;
+    detached (it selects tokens, it is not differentiated)."""
+    adv = advantages.unsqueeze(-1) if advantages.dim() == logp.dim() - 1 else advantages
+    adv = adv.detach().expand_as(logp).float()
+    lp = logp.detach().float()
+    return (adv - masked_mean(adv, mask)) * (lp - masked_mean(lp, mask))
+
+
+@register_policy_loss("clip_cov")
+def clip_cov_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    clip_cov_ratio: float = 0.0002,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+    seed: int = 0,
+) -> PolicyLossOutput:
+    """The clipped surrogate, with ``max(1, int(clip_cov_ratio * tokens))`` tokens whose
+    covariance lies in ``(clip_cov_lb, clip_cov_ub)`` (and that the PPO clip did not already
+    take) drawn at random and given zero loss and zero gradient. The draw is seeded by ``seed``
+    and the number of candidates, so a run is reproducible.
+    """
+    if clip_cov_ratio <= 0 or clip_cov_lb >= clip_cov_ub:
+        raise ValueError(f"clip_cov needs clip_cov_ratio > 0 and lb < ub, got {clip_cov_ratio}, {clip_cov_lb}, {clip_cov_ub}")
+    base = clipped_surrogate(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+                             dual_clip=dual_clip)
+    with torch.no_grad():
+        adv = advantages.unsqueeze(-1) if advantages.dim() == logp.dim() - 1 else advantages
+        ratio = torch.exp((logp - old_logp).clamp(-20.0, 20.0))
+        already = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high) > -adv * ratio
+        cov = token_covariance(advantages, logp, mask)
+        candidates = mask.bool() & ~already & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+        idx = candidates.flatten().nonzero().flatten()
+        n = max(1, int(clip_cov_ratio * float(mask.sum())))
+        gen = torch.Generator().manual_seed(int(seed) + len(idx))
+        chosen = idx[torch.randperm(len(idx), generator=gen)[:n].to(idx.device)]
+        keep = torch.ones(mask.numel(), dtype=base.loss_mat.dtype, device=mask.device)
+        keep[chosen] = 0.0
+        keep = keep.view_as(mask)
+    base.loss_mat = base.loss_mat * keep
+    base.extra = {"cov_clipped_frac": _frac(keep == 0, mask), "cov_candidate_frac": _frac(candidates, mask)}
+    return base
+
+
+@register_policy_loss("kl_cov")
+def kl_cov_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    kl_cov_ratio: float = 0.0002,
+    ppo_kl_coef: float = 0.1,
+) -> PolicyLossOutput:
+    """``-A * ratio`` (no clipping, as in verl: the KL term replaces it) plus
+    ``ppo_kl_coef * |logp - old_logp|`` on the ``max(1, int(kl_cov_ratio * tokens))`` tokens of
+    largest covariance. The clip settings are accepted and unused."""
+    if kl_cov_ratio <= 0 or ppo_kl_coef < 0:
+        raise ValueError(f"kl_cov needs kl_cov_ratio > 0 and ppo_kl_coef >= 0, got {kl_cov_ratio}, {ppo_kl_coef}")
+    adv = advantages.unsqueeze(-1) if advantages.dim() == logp.dim() - 1 else advantages
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
+    loss = -adv * torch.exp(log_ratio)
+    with torch.no_grad():
+        cov = token_covariance(advantages, logp, mask).masked_fill(~mask.bool(), float("-inf")).flatten()
+        valid = int(mask.sum())
+        picked = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
+        if valid:
+            picked[torch.topk(cov, max(1, int(kl_cov_ratio * valid))).indices] = True
+        picked = picked.view_as(mask)
+    loss = torch.where(picked, loss + ppo_kl_coef * log_ratio.abs(), loss)
+    zero = torch.zeros((), device=logp.device)
+    return PolicyLossOutput(
+        loss_mat=loss, clipfrac=zero, clipfrac_low=zero, clipfrac_high=zero, dual_clipfrac=zero,
+        approx_kl=masked_mean((old_logp - logp).detach(), mask),
+        extra={"kl_penalised_frac": _frac(picked, mask),
+               "abs_kl": masked_mean(log_ratio.detach().abs(), mask)},
+    )
