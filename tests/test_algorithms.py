@@ -19,6 +19,7 @@ EXPECTED_PLUGINS = {
     "grpo": [], "drgrpo": [], "grpo_entropy": ["entropy_bonus"],
     "dapo": ["dynamic_sampling", "overlong"], "gdpo": ["dynamic_sampling", "overlong"],
     "clip_cov": ["dynamic_sampling", "overlong"], "kl_cov": ["dynamic_sampling", "overlong"],
+    "steer": ["dynamic_sampling", "overlong", "steer"],
     "meds": ["dynamic_sampling", "overlong", "meds"],
     "r3": ["r3"], "meds_r3": ["r3", "dynamic_sampling", "overlong", "meds"],  # R3 before DAPO's filter
 }
@@ -45,6 +46,7 @@ def runs(tmp_path_factory, micro_cache) -> dict[str, dict[int, dict[str, float]]
         "clip_cov": ["algorithm=clip_cov", "algorithm.policy_loss_options.clip_cov_ratio=0.05",
                      "algorithm.policy_loss_options.clip_cov_lb=0.0"],
         "kl_cov": ["algorithm=kl_cov", "algorithm.policy_loss_options.kl_cov_ratio=0.05"],
+        "steer": ["algorithm=steer"],
     }
     out = {}
     for name, overrides in cases.items():
@@ -79,3 +81,10 @@ def test_covariance_losses_train_and_log_what_they_did(runs):
     assert 0 < clip["train/clip_cov/cov_clipped_frac"] <= clip["train/clip_cov/cov_candidate_frac"]
     assert 0 < kl["train/kl_cov/kl_penalised_frac"] < 0.2 and kl["train/kl_cov/abs_kl"] >= 0
     assert kl["train/clipfrac"] == 0  # kl_cov does not clip
+
+
+@pytest.mark.slow
+def test_steer_weights_span_their_range(runs):
+    m = runs["steer"][1]
+    assert m["train/steer/weight_min"] == pytest.approx(0.8) and m["train/steer/weight_max"] == pytest.approx(1.2)
+    assert 0.8 < m["train/steer/weight_mean"] < 1.2
