@@ -20,6 +20,7 @@ EXPECTED_PLUGINS = {
     "dapo": ["dynamic_sampling", "overlong"], "gdpo": ["dynamic_sampling", "overlong"],
     "clip_cov": ["dynamic_sampling", "overlong"], "kl_cov": ["dynamic_sampling", "overlong"],
     "steer": ["dynamic_sampling", "overlong", "steer"],
+    "novelty": ["dynamic_sampling", "overlong", "novelty"],
     "meds": ["dynamic_sampling", "overlong", "meds"],
     "r3": ["r3"], "meds_r3": ["r3", "dynamic_sampling", "overlong", "meds"],  # R3 before DAPO's filter
 }
@@ -47,6 +48,8 @@ def runs(tmp_path_factory, micro_cache) -> dict[str, dict[int, dict[str, float]]
                      "algorithm.policy_loss_options.clip_cov_lb=0.0"],
         "kl_cov": ["algorithm=kl_cov", "algorithm.policy_loss_options.kl_cov_ratio=0.05"],
         "steer": ["algorithm=steer"],
+        "novelty": ["algorithm=novelty"],
+        "novelty_hidden": ["algorithm=novelty", "algorithm.plugins.novelty.vectors=hidden_mean"],
     }
     out = {}
     for name, overrides in cases.items():
@@ -88,3 +91,12 @@ def test_steer_weights_span_their_range(runs):
     m = runs["steer"][1]
     assert m["train/steer/weight_min"] == pytest.approx(0.8) and m["train/steer/weight_max"] == pytest.approx(1.2)
     assert 0.8 < m["train/steer/weight_mean"] < 1.2
+
+
+@pytest.mark.slow
+def test_novelty_rewards_stay_in_their_ranges(runs):
+    for name, rate in (("novelty", None), ("novelty_hidden", 1.0)):
+        m = runs[name][1]
+        assert -1.0 <= m["train/novelty/wrong_mean"] <= -0.5, name
+        assert m["train/novelty/right_mean"] == 0 or 0.5 <= m["train/novelty/right_mean"] <= 1.0, name
+        assert m["train/novelty/vector_rate"] > 0.5 if rate is None else m["train/novelty/vector_rate"] == rate
