@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from medsrl.algo.logprobs import per_token
+
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -208,6 +210,6 @@ def entropy_bonus_advantage(
     bonus. Entropy is detached: it shapes the advantage, it is not a loss term. ``advantages`` may
     be [B] (broadcast over tokens) or [B,T]; ``entropy`` is [B,T]; returns [B,T].
     """
-    adv = advantages.unsqueeze(-1) if advantages.dim() == entropy.dim() - 1 else advantages
+    adv = per_token(advantages, entropy)
     bonus = torch.minimum(coef * entropy.detach(), adv.abs() * cap_ratio)
     return adv + bonus

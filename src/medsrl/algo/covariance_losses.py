@@ -13,14 +13,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from medsrl.algo.logprobs import masked_mean
+from medsrl.algo.logprobs import masked_mean, per_token
 from medsrl.algo.policy_loss import PolicyLossOutput, _frac, clipped_surrogate, register_policy_loss
 
 
 def token_covariance(advantages: Tensor, logp: Tensor, mask: Tensor) -> Tensor:
     """``(A - mean A) * (logp - mean logp)`` per token ``[B, T]``, means over the masked tokens;
     detached (it selects tokens, it is not differentiated)."""
-    adv = advantages.unsqueeze(-1) if advantages.dim() == logp.dim() - 1 else advantages
+    adv = per_token(advantages, logp)
     adv = adv.detach().expand_as(logp).float()
     lp = logp.detach().float()
     return (adv - masked_mean(adv, mask)) * (lp - masked_mean(lp, mask))
@@ -51,7 +51,7 @@ def clip_cov_loss(
     base = clipped_surrogate(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high,
                              dual_clip=dual_clip)
     with torch.no_grad():
-        adv = advantages.unsqueeze(-1) if advantages.dim() == logp.dim() - 1 else advantages
+        adv = per_token(advantages, logp)
         ratio = torch.exp((logp - old_logp).clamp(-20.0, 20.0))
         already = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high) > -adv * ratio
         cov = token_covariance(advantages, logp, mask)
@@ -86,7 +86,7 @@ def kl_cov_loss(
     largest covariance. The clip settings are accepted and unused."""
     if kl_cov_ratio <= 0 or ppo_kl_coef < 0:
         raise ValueError(f"kl_cov needs kl_cov_ratio > 0 and ppo_kl_coef >= 0, got {kl_cov_ratio}, {ppo_kl_coef}")
-    adv = advantages.unsqueeze(-1) if advantages.dim() == logp.dim() - 1 else advantages
+    adv = per_token(advantages, logp)
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
     loss = -adv * torch.exp(log_ratio)
     with torch.no_grad():

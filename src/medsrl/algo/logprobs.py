@@ -84,6 +84,12 @@ def token_entropy(logits: Tensor) -> Tensor:
     return torch.cat(parts, dim=-1)
 
 
+def per_token(advantages: Tensor, like: Tensor) -> Tensor:
+    """Sequence advantages ``[B]`` as ``[B, 1]`` (broadcast over the tokens of ``like`` ``[B, T]``);
+    token-level ``[B, T]`` ones unchanged."""
+    return advantages.unsqueeze(-1) if advantages.dim() == like.dim() - 1 else advantages
+
+
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Mean of ``x`` over positions where ``mask`` (0/1 or weights) is non-zero.
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from medsrl.algo.logprobs import masked_mean
+from medsrl.algo.logprobs import masked_mean, per_token
 
 
 @dataclass
@@ -128,7 +128,7 @@ def clipped_surrogate(
     """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-    adv = advantages.unsqueeze(-1) if advantages.dim() == logp.dim() - 1 else advantages
+    adv = per_token(advantages, logp)
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
     loss_unclipped = -adv * ratio

@@ -12,10 +12,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from medsrl.algo.logprobs import per_token
+
 
 def steer_omega(advantages: Tensor, old_logp: Tensor, entropy: Tensor) -> Tensor:
     """``|A (1 - pi) (log pi + H)|`` per token ``[B, T]`` (``A`` may be ``[B]``)."""
-    adv = advantages.unsqueeze(-1) if advantages.dim() == old_logp.dim() - 1 else advantages
+    adv = per_token(advantages, old_logp)
     lp = old_logp.detach().float()
     return (adv.detach().float() * (1 - lp.exp()) * (lp + entropy.detach().float())).abs()
 

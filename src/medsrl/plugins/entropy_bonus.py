@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from medsrl.algo import entropy_bonus_advantage, masked_mean
+from medsrl.algo import entropy_bonus_advantage, masked_mean, per_token
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.step.rollouts import StepRollouts
 
@@ -26,7 +26,7 @@ class EntropyBonus(Plugin):
         mask = rollouts.packed.response_mask
         adv = advantages.to(entropy.device)
         shaped = entropy_bonus_advantage(adv, entropy, self.coef, self.cap_ratio)
-        size = (adv.unsqueeze(-1) if adv.dim() == 1 else adv).abs()
+        size = per_token(adv, entropy).abs()
         bonus = torch.minimum(self.coef * entropy, size * self.cap_ratio)
         ctx.log(self, {
             "bonus_mean": float(masked_mean(bonus, mask)),
