@@ -20,7 +20,7 @@ EXPECTED_PLUGINS = {
     "dapo": ["dynamic_sampling", "overlong"], "gdpo": ["dynamic_sampling", "overlong"],
     "clip_cov": ["dynamic_sampling", "overlong"], "kl_cov": ["dynamic_sampling", "overlong"],
     "steer": ["dynamic_sampling", "overlong", "steer"],
-    "novelty": ["dynamic_sampling", "overlong", "novelty"],
+    "novelty": ["dynamic_sampling", "overlong", "novelty"], "lp_reg": [],
     "meds": ["dynamic_sampling", "overlong", "meds"],
     "r3": ["r3"], "meds_r3": ["r3", "dynamic_sampling", "overlong", "meds"],  # R3 before DAPO's filter
 }
@@ -50,6 +50,7 @@ def runs(tmp_path_factory, micro_cache) -> dict[str, dict[int, dict[str, float]]
         "steer": ["algorithm=steer"],
         "novelty": ["algorithm=novelty"],
         "novelty_hidden": ["algorithm=novelty", "algorithm.plugins.novelty.vectors=hidden_mean"],
+        "lp_reg": ["algorithm=lp_reg", "algorithm.policy_loss_options.bottom_frac=0.2"],
     }
     out = {}
     for name, overrides in cases.items():
@@ -100,3 +101,11 @@ def test_novelty_rewards_stay_in_their_ranges(runs):
         assert -1.0 <= m["train/novelty/wrong_mean"] <= -0.5, name
         assert m["train/novelty/right_mean"] == 0 or 0.5 <= m["train/novelty/right_mean"] <= 1.0, name
         assert m["train/novelty/vector_rate"] > 0.5 if rate is None else m["train/novelty/vector_rate"] == rate
+
+
+@pytest.mark.slow
+def test_lp_reg_regularises_low_probability_negative_tokens(runs):
+    m = max(runs["lp_reg"].values(), key=lambda s: s["train/lp_reg/candidate_frac"])
+    assert 0 < m["train/lp_reg/reg_frac"] <= m["train/lp_reg/candidate_frac"] < 0.2
+    assert m["train/lp_reg/reg_kl"] > 0 and 0 < m["train/lp_reg/proxy_support_frac"] <= 1
+    assert m["train/nonfinite_updates"] == 0

@@ -23,6 +23,7 @@ import lightning as L
 import torch
 
 from medsrl.algo import AdvantageInputs, compute_advantages, sampling_mismatch
+from medsrl.algo.policy_loss import policy_loss_reducers
 from medsrl.config import AlgorithmConfig, GraderConfig, OptimConfig, RolloutConfig, build, to_dict
 from medsrl.plugins import Plugin, PluginHost, StepContext
 from medsrl.reward.grader import MathGrader
@@ -68,6 +69,7 @@ class RLModule(L.LightningModule):
         self.grader_cfg = build(GraderConfig, grader, "grader")
         self.plugins = list(plugins or [])
         self.host = PluginHost(self.plugins)
+        self.reducers = _scoring_reducers(self.host, self.algo)
         self.seed = seed
         if self.rollout_cfg.backend not in BACKENDS:
             raise ValueError(f"rollout.backend={self.rollout_cfg.backend!r}; valid: {', '.join(BACKENDS)}")
@@ -179,7 +181,7 @@ class RLModule(L.LightningModule):
         with timer("logprob"), self.full_policy() as policy:
             self.host.before_scoring(rollouts, ctx)
             rollouts.old_logp, rollouts.token_stats = scoring_pass(
-                policy, rollouts.packed, mb, reducers=self.host.reducers,
+                policy, rollouts.packed, mb, reducers=self.reducers,
                 microbatch_context=self.host.microbatch_context(rollouts),
             )
             self.host.after_scoring(rollouts, ctx)
@@ -259,3 +261,11 @@ class RLModule(L.LightningModule):
                 policy.save_pretrained(path)
                 self.tokenizer.save_pretrained(path)
 
+
+def _scoring_reducers(host: PluginHost, algo: AlgorithmConfig) -> dict:
+    """The per-token stats the scoring forward computes: the plug-ins' and the policy loss's."""
+    own = policy_loss_reducers(algo.policy_loss, algo.policy_loss_options)
+    both = sorted(set(own) & set(host.reducers))
+    if both:
+        raise ValueError(f"token stats {both} are asked for by algorithm.policy_loss={algo.policy_loss!r} and a plug-in")
+    return {**host.reducers, **own}

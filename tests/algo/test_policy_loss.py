@@ -135,7 +135,7 @@ def test_unknown_loss_lists_valid_names_sorted(restore_losses):
 
     with pytest.raises(ValueError, match="'gspo'") as e:
         compute_policy_loss("gspo", _logp(RATIOS), torch.zeros(2, 4), ADV, torch.ones(2, 4))
-    assert "another, clip_cov, kl_cov, vanilla" in str(e.value)
+    assert "another, clip_cov, kl_cov, lp_reg, vanilla" in str(e.value)
 
 
 def test_bad_option_names_loss_and_config_key():

@@ -7,9 +7,14 @@ fp32 copy of them (or a full [B,T,V] log-softmax): logits are processed in chunk
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+
+# logits [b, R, V], labels [b, R] -> a per-token quantity [b, R], read in the scoring forward
+TokenReducer = Callable[[Tensor, Tensor], Tensor]
 
 CHUNK_TOKENS = 512  # tokens per fp32 chunk; ~300 MB at a 150k vocabulary
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from medsrl.algo.logprobs import masked_mean, per_token
+from medsrl.algo.logprobs import TokenReducer, masked_mean, per_token
 
 
 @dataclass
@@ -45,6 +45,9 @@ class PolicyLossOutput:
 _F = TypeVar("_F", bound=Callable[..., PolicyLossOutput])
 
 POLICY_LOSSES: dict[str, Callable[..., PolicyLossOutput]] = {}
+# name -> {stat name: factory(**its options) -> TokenReducer}: what a loss needs from the
+# scoring forward (Lp-Reg's proxy log-probs). The loss receives each stat as a keyword argument.
+POLICY_LOSS_STATS: dict[str, dict[str, Callable[..., TokenReducer]]] = {}
 
 # Passed by the caller to every registered loss, whatever the loss options are.
 _CLIP_KWARGS = ("clip_low", "clip_high", "dual_clip")
@@ -63,24 +66,65 @@ def _accepts_keywords(fn: Callable[..., Any], names: tuple[str, ...]) -> bool:
     return set(names) <= by_kw
 
 
-def register_policy_loss(name: str) -> Callable[[_F], _F]:
+def register_policy_loss(
+    name: str, token_stats: dict[str, Callable[..., TokenReducer]] | None = None
+) -> Callable[[_F], _F]:
     """Decorator adding ``fn(logp, old_logp, advantages, mask, *, clip_low, clip_high,
     dual_clip, **options) -> PolicyLossOutput`` as ``name``.
 
+    ``token_stats`` names per-token quantities of the old policy the loss needs, each built by
+    a factory from the loss options its signature names (those options go to the factory, not
+    to the loss). The scoring forward computes them; the loss gets each, sliced to the
+    micro-batch, as a keyword argument of the stat's name.
+
     A duplicate name is refused so a second loss cannot silently replace the first. A loss that
-    cannot take the clip keywords (which the caller always passes) is refused here, rather than
-    failing later with an error that would blame ``algorithm.policy_loss_options``.
+    cannot take the clip keywords (which the caller always passes) or its stats is refused here,
+    rather than failing later with an error that would blame ``algorithm.policy_loss_options``.
     """
+    stats = dict(token_stats or {})
 
     def deco(fn: _F) -> _F:
         if name in POLICY_LOSSES:
             raise ValueError(f"policy loss {name!r} is already registered")
-        if not _accepts_keywords(fn, _CLIP_KWARGS):
-            raise ValueError(f"policy loss {name!r} must accept keyword arguments {_CLIP_KWARGS}")
+        if not _accepts_keywords(fn, _CLIP_KWARGS + tuple(stats)):
+            raise ValueError(f"policy loss {name!r} must accept keyword arguments {_CLIP_KWARGS + tuple(stats)}")
         POLICY_LOSSES[name] = fn
+        POLICY_LOSS_STATS[name] = stats
         return fn
 
     return deco
+
+
+def _factory_options(factory: Callable[..., TokenReducer]) -> set[str]:
+    return set(inspect.signature(factory).parameters)
+
+
+def _loss_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The options that go to the loss itself (not to the factories of its token stats)."""
+    taken = set().union(*(_factory_options(f) for f in POLICY_LOSS_STATS.get(name, {}).values()))
+    return {k: v for k, v in options.items() if k not in taken}
+
+
+def policy_loss_reducers(name: str, options: dict[str, Any]) -> dict[str, TokenReducer]:
+    """The per-token reducers the loss ``name`` needs from the scoring forward, built from
+    ``options`` (``algorithm.policy_loss_options``); empty for most losses."""
+    _lookup(name)
+    out = {}
+    for stat, factory in POLICY_LOSS_STATS[name].items():
+        own = {k: v for k, v in options.items() if k in _factory_options(factory)}
+        try:
+            out[stat] = factory(**own)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"policy loss {name!r}: bad options for its token stat {stat!r}: {e}") from e
+    return out
+
+
+def _lookup(name: str) -> Callable[..., PolicyLossOutput]:
+    fn = POLICY_LOSSES.get(name)
+    if fn is None:
+        valid = ", ".join(sorted(POLICY_LOSSES))
+        raise ValueError(f"unknown policy loss {name!r}; valid names: {valid}")
+    return fn
 
 
 def compute_policy_loss(
@@ -88,15 +132,14 @@ def compute_policy_loss(
 ) -> PolicyLossOutput:
     """Per-token loss from the policy loss registered as ``name``.
 
-    ``options`` holds ``clip_low``, ``clip_high``, ``dual_clip`` plus the loss's own options.
-    They are checked against the loss's signature before the call, so a misspelt option is
-    reported as a config error, while a TypeError raised inside the loss stays one.
+    ``options`` holds ``clip_low``, ``clip_high``, ``dual_clip``, the loss's own options and
+    its token stats (:func:`policy_loss_reducers`), if any. Options of the stats' factories are
+    set aside. The rest are checked against the loss's signature before the call, so a misspelt
+    option is reported as a config error, while a TypeError raised inside the loss stays one.
     ``advantages`` is [B] or [B,T].
     """
-    fn = POLICY_LOSSES.get(name)
-    if fn is None:
-        valid = ", ".join(sorted(POLICY_LOSSES))
-        raise ValueError(f"unknown policy loss {name!r}; valid names: {valid}")
+    fn = _lookup(name)
+    options = _loss_options(name, options)
     try:
         inspect.signature(fn).bind(logp, old_logp, advantages, mask, **options)
     except TypeError as e:

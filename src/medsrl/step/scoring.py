@@ -14,10 +14,8 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 
 from medsrl.algo import token_entropy, token_logprobs
+from medsrl.algo.logprobs import TokenReducer
 from medsrl.rollout.base import PackedRollouts
-
-# logits [b, R, V], labels [b, R] -> a per-token quantity [b, R]
-TokenReducer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 BUILTIN_REDUCERS: dict[str, TokenReducer] = {
     "entropy": lambda logits, labels: token_entropy(logits),

@@ -22,6 +22,7 @@ from medsrl.algo import (
     token_entropy,
     token_logprobs,
 )
+from medsrl.algo.policy_loss import POLICY_LOSS_STATS
 from medsrl.step.rollouts import StepRollouts
 from medsrl.step.schedule import UpdateSchedule
 from medsrl.step.scoring import response_logits
@@ -38,10 +39,11 @@ def micro_loss(module, rollouts: StepRollouts, advantages, rows, num_tokens: flo
     labels = packed.input_ids[rows, packed.prompt_length :]
     logp = token_logprobs(logits, labels)
     mask = packed.response_mask[rows]
+    stats = {k: rollouts.token_stats[k][rows] for k in POLICY_LOSS_STATS.get(algo.policy_loss, {})}
     pl = compute_policy_loss(
         algo.policy_loss, logp, rollouts.old_logp[rows], advantages[rows], mask,
         clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
-        **algo.policy_loss_options,
+        **algo.policy_loss_options, **stats,
     )
     loss_mat = pl.loss_mat if rollouts.loss_weights is None else pl.loss_mat * rollouts.loss_weights[rows]
     agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm_length=module.rollout_cfg.max_new_tokens)

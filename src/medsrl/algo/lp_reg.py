@@ -1,0 +1,102 @@
+"""Lp-Reg, low-probability regularisation (arXiv 2510.03222) as the policy loss ``lp_reg``.
+
+RL keeps pushing down the rare tokens of failed responses, and with them the "reasoning
+sparks" that exploration needs. Lp-Reg protects them with a soft target, a proxy of the old
+policy with the noise removed: ``pi_proxy = pi_old`` restricted to the tokens above ``tau``
+and renormalised. So a plausible rare token gets *more* probability in the proxy, and noise
+gets none. Among the negative-advantage tokens of a micro-batch, the ``bottom_frac`` with the
+lowest current log-prob whose ``log pi_theta < log pi_proxy`` have their loss replaced by
+``-A * ratio + beta * KL_k3(pi_theta || pi_proxy)``. Every other token keeps the clipped
+surrogate.
+
+The proxy's log-prob of each sampled token is a token stat of the scoring forward (the one
+old-log-prob forward), read chunk by chunk from each micro-batch's logits, so no ``[B, T, V]``
+tensor outlives its micro-batch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from medsrl.algo.kl import kl_estimate
+from medsrl.algo.logprobs import TokenReducer, _acc, _chunk_rows, masked_mean, per_token
+from medsrl.algo.policy_loss import PolicyLossOutput, _frac, clipped_surrogate, register_policy_loss
+
+
+def proxy_logprobs(logits: Tensor, labels: Tensor, tau: float, relative: bool = False) -> Tensor:
+    """``log pi_proxy(label)`` per position ``[b, R]``: the label's log-prob renormalised over the
+    tokens whose probability is above ``tau`` (``relative``: above ``tau * max prob``, the
+    min-p form of the authors' code); ``-inf`` where the label itself is not above it."""
+    parts = []
+    for c, y in zip(logits.split(_chunk_rows(logits), dim=-2), labels.split(_chunk_rows(logits), dim=-1), strict=True):
+        lp = torch.log_softmax(_acc(c), dim=-1)
+        thresh = tau + lp.new_zeros(()) if not relative else tau * lp.max(-1, keepdim=True).values.exp()
+        keep = lp.exp() > thresh
+        log_z = lp.masked_fill(~keep, float("-inf")).logsumexp(-1)
+        picked = lp.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+        kept = keep.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+        parts.append(torch.where(kept, picked - log_z, float("-inf")))
+    return torch.cat(parts, dim=-1)
+
+
+def lp_reg_proxy(tau: float = 0.02, tau_relative: bool = False) -> TokenReducer:
+    """The scoring forward's reducer for ``lp_reg``'s ``proxy_logp`` (options from
+    ``algorithm.policy_loss_options``)."""
+    if not 0 < tau < 1:
+        raise ValueError(f"tau must be in (0, 1), got {tau}")
+    return lambda logits, labels: proxy_logprobs(logits, labels, tau, tau_relative)
+
+
+def lowest_fraction(values: Tensor, eligible: Tensor, frac: float) -> Tensor:
+    """Bool mask of the ``max(1, int(frac * n))`` smallest ``values`` among the ``n`` eligible
+    positions (none when ``n`` is 0); ties go to the earlier position."""
+    flat = values.flatten().masked_fill(~eligible.flatten(), float("inf"))
+    n = int(eligible.sum())
+    out = torch.zeros(flat.numel(), dtype=torch.bool, device=values.device)
+    if n:
+        k = max(1, int(frac * n))
+        order = torch.sort(flat, stable=True).indices[:k]
+        out[order] = True
+    return out.view_as(values)
+
+
+@register_policy_loss("lp_reg", token_stats={"proxy_logp": lp_reg_proxy})
+def lp_reg_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    proxy_logp: Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    bottom_frac: float = 0.01,
+    beta: float = 1.0,
+) -> PolicyLossOutput:
+    """The clipped surrogate, except on the regularised tokens: ``A < 0``, among the
+    ``bottom_frac`` of the micro-batch's negative-advantage tokens by current log-prob, and
+    ``logp < proxy_logp``. Those get ``-A * ratio + beta * k3(logp, proxy_logp)`` (unclipped,
+    as in the authors' code). Tokens outside the proxy's support (``-inf``) are never chosen.
+    """
+    if not 0 < bottom_frac <= 1 or beta < 0:
+        raise ValueError(f"lp_reg needs 0 < bottom_frac <= 1 and beta >= 0, got {bottom_frac}, {beta}")
+    base = clipped_surrogate(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+                             dual_clip=dual_clip)
+    adv = per_token(advantages, logp)
+    with torch.no_grad():
+        lp = logp.detach()
+        low = lowest_fraction(lp, mask.bool() & (adv < 0).expand_as(lp), bottom_frac)
+        reg = low & (lp < proxy_logp)
+        target = torch.where(reg, proxy_logp, lp)  # finite wherever it is used
+    kl = kl_estimate(logp, target, "k3")
+    unclipped = -adv * torch.exp((logp - old_logp).clamp(-20.0, 20.0))
+    base.loss_mat = torch.where(reg, unclipped + beta * kl, base.loss_mat)
+    base.extra = {
+        "reg_frac": _frac(reg, mask),
+        "candidate_frac": _frac(low, mask),
+        "reg_kl": masked_mean(kl.detach(), reg),
+        "proxy_support_frac": _frac(torch.isfinite(proxy_logp), mask),
+    }
+    return base
