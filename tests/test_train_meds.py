@@ -53,3 +53,22 @@ def test_meds_fills_memory_penalises_and_resumes_identically(tmp_path, cache_dir
         assert b[name] == pytest.approx(a[name], rel=1e-5, abs=1e-6), name
     ckpt = torch.load(resumed / "checkpoints" / "last.ckpt")  # loads with weights_only=True
     assert "plugin:meds" in ckpt["callbacks"]
+
+
+def test_remember_dropped_puts_the_filtered_groups_into_memory(tmp_path, cache_dir):
+    """DAPO's filter drops the groups without spread; with the option their features enter the
+    memory too, and nothing else about the first step changes."""
+    dapo = ["algorithm=meds", "trainer.max_steps=2",
+            "algorithm.plugins.dynamic_sampling={_target_: medsrl.plugins.dynamic_sampling.DynamicSampling, max_rounds: 3}"]
+    runs = {}
+    for flag in ("false", "true"):
+        out = tmp_path / flag
+        cfg = compose_train(out, MICRO_WARM_START + dapo + [f"algorithm.plugins.meds.remember_dropped={flag}"],
+                            cache_dir=cache_dir)
+        assert train(cfg)["steps"] == 2
+        runs[flag] = read_metrics(out)
+    off, on = runs["false"], runs["true"]
+    assert sum(on[s].get("train/meds/dropped_rows_remembered", 0.0) for s in on) > 0
+    assert all("train/meds/dropped_rows_remembered" not in off[s] for s in off)
+    assert on[0]["train/pg_loss"] == off[0]["train/pg_loss"]  # step 0: the memory was empty either way
+    assert on[1]["train/meds/memory_entries"] > off[1]["train/meds/memory_entries"]

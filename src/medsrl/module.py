@@ -179,12 +179,14 @@ class RLModule(L.LightningModule):
         rollouts = StepRollouts.from_groups(groups, step, ctx.stage, self.tokenizer.pad_token_id, self.device)
         mb = self.algo.micro_batch_size
         with timer("logprob"), self.full_policy() as policy:
+            ctx.scoring_policy = policy
             self.host.before_scoring(rollouts, ctx)
             rollouts.old_logp, rollouts.token_stats = scoring_pass(
                 policy, rollouts.packed, mb, reducers=self.reducers,
                 microbatch_context=self.host.microbatch_context(rollouts),
             )
             self.host.after_scoring(rollouts, ctx)
+            ctx.scoring_policy = None
             if self.ref_policy is not None:
                 rollouts.ref_logp, _ = scoring_pass(self.ref_policy, rollouts.packed, mb)
         if rollouts.engine_logp is not None:

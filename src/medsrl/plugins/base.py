@@ -46,6 +46,9 @@ class StepContext:
 
     ``sample(prompts, round)`` generates and grades this rank's share of ``prompts`` (seeded by
     step and round) and returns them as groups; ``metrics`` is logged under ``train/``.
+    ``dropped`` holds the groups a filter took out of the batch (DAPO's zero-spread groups):
+    never trained on, but a later plug-in may learn from them. ``scoring_policy`` is the policy
+    with all its weights while the scoring block runs (for a plug-in's own no-grad forward).
     """
 
     trainer: Any
@@ -56,6 +59,8 @@ class StepContext:
     sample: Callable[[list[Prompt], int], list[Group]]
     num_prompts: int  # the step's global prompt count (the batch to fill)
     metrics: dict[str, float] = field(default_factory=dict)
+    dropped: list[Group] = field(default_factory=list)
+    scoring_policy: Any = None
 
     def log(self, plugin: Plugin, values: dict[str, float]) -> None:
         """Scalars as ``train/<plugin name>/<key>``."""

@@ -1,6 +1,7 @@
 """DAPO dynamic sampling: keep only groups whose responses differ in accuracy (or that a plug-in
 listed before it made trainable, ``Group.trainable``), and generate extra rounds of prompts
-until the step's batch is full again (or ``max_rounds`` is reached). The extra rounds' groups
+until the step's batch is full again (or ``max_rounds`` is reached). The groups it drops go to
+``ctx.dropped`` (MEDS can remember them). The extra rounds' groups
 pass through the plug-ins listed before it first, as the first round's did.
 
 Kept groups are counted over all ranks, and the surplus of the last round is cut in
@@ -36,6 +37,7 @@ class DynamicSampling(Plugin):
         while True:
             kept = [g for g in groups if g.trainable]
             kept_by_round.append(kept)
+            ctx.dropped.extend(g for g in groups if not g.trainable)
             total += all_reduce_sum(len(kept))
             if total >= target or rounds >= self.max_rounds:
                 break

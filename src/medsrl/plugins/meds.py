@@ -12,6 +12,7 @@ Every setting is an argument here and a key of ``configs/plugins/meds.yaml``.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from medsrl.meds.penalty import TARGETS, advantage_order_changed, apply_penalty,
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.plugins.dynamic_sampling import DynamicSampling
 from medsrl.step.rollouts import SAMPLED, StepRollouts
+from medsrl.step.scoring import scoring_pass
 from medsrl.utils.run_dir import run_log_dir
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,7 @@ class Meds(Plugin):
         refit: str = "background",
         refit_workers: int = 1,
         mixed_groups_only: bool = True,
+        remember_dropped: bool = False,
         reset_on_stage_change: bool = False,
         snapshot_every_n_steps: int = 20,
         panels_every_n_steps: int = 10,
@@ -73,6 +76,7 @@ class Meds(Plugin):
         self.spec = FeatureSpec(layers=layers, diff=diff, final_norm=final_norm, dtype=feature_dtype)
         self.store = ClusteredMemory(cap_per_key, refit, refit_workers, min_cluster_size, min_samples)
         self.mixed_groups_only = mixed_groups_only
+        self.remember_dropped = remember_dropped
         self.reset_on_stage_change = reset_on_stage_change
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self.panels_every_n_steps, self.panel_prompts = panels_every_n_steps, panel_prompts
@@ -81,6 +85,7 @@ class Meds(Plugin):
         self._stage: str | None = None
         self._feats = torch.zeros(0, 0)
         self._rows = torch.zeros(0, dtype=torch.long)
+        self._dropped: tuple[list[tuple[str, bool]], np.ndarray] = ([], np.zeros((0, 0), np.float32))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -89,6 +94,9 @@ class Meds(Plugin):
             self.reader = AnswerFeatureReader(pl_module.policy, pl_module.tokenizer, self.spec)
         self.store.open()
         filtered = any(isinstance(p, DynamicSampling) for p in getattr(pl_module, "plugins", []))
+        if self.remember_dropped and not filtered:
+            log.warning("meds.remember_dropped=true without dynamic sampling: no group is dropped, "
+                        "so it does nothing (meds.mixed_groups_only=false remembers every group)")
         if not filtered:
             log.info(
                 "MEDS without dynamic sampling: groups whose responses are all right or all wrong are %s "
@@ -123,6 +131,28 @@ class Meds(Plugin):
 
     def after_scoring(self, rollouts: StepRollouts, ctx: StepContext) -> None:
         self.use_features(rollouts, *self.reader.finish(), ctx)
+        self._dropped = ([], np.zeros((0, 0), np.float32))
+        if self.remember_dropped and ctx.dropped:
+            self._dropped = self.dropped_features(ctx.dropped, ctx)
+
+    def dropped_features(self, groups: list, ctx: StepContext) -> tuple[list[tuple[str, bool]], np.ndarray]:
+        """``(key, correct)`` and features of the responses of ``groups`` (dropped by DAPO's filter,
+        never trained on), from a no-grad forward of the old policy over them alone: the scoring
+        forward never saw them. Beyond the reference (``meds.remember_dropped``): a mistake a
+        prompt makes in every sample is remembered, and costs when the prompt next gives a
+        mixed group."""
+        t0 = time.perf_counter()
+        m = ctx.module
+        extra = StepRollouts.from_groups(groups, ctx.step, ctx.stage, m.tokenizer.pad_token_id, m.device)
+        self.reader.begin(extra.response_ids, extra.packed.prompt_length)
+        scoring_pass(ctx.scoring_policy, extra.packed, m.algo.micro_batch_size,
+                     microbatch_context=self.reader.microbatch)
+        feats, rows = self.reader.finish()
+        correct = (extra.acc > 0.5).tolist()
+        keys = [(extra.keys[i], bool(correct[i])) for i in rows.tolist()]
+        ctx.log(self, {"dropped_rows_remembered": float(len(keys)),
+                       "dropped_pass_s": time.perf_counter() - t0})
+        return keys, feats.numpy()
 
     def enter_stage(self, stage: str | None) -> None:
         """At a stage change, reset the memory first (option), before anything reads it."""
@@ -183,13 +213,19 @@ class Meds(Plugin):
         return sizes, labels
 
     def step_additions(self, rollouts: StepRollouts, ctx: StepContext):
-        """The features of this step's sampled responses. Rows another plug-in added (R3's
-        replayed responses) are shaped but not remembered again: each generated response enters
-        the memory at most once, in the step that sampled it."""
+        """The features of this step's sampled responses (and, ``remember_dropped``, of the
+        groups DAPO dropped). Rows another plug-in added (R3's replayed responses) are shaped but
+        not remembered again: each generated response enters the memory at most once, in the
+        step that sampled it."""
         keys, correct = rollouts.keys, (rollouts.acc > 0.5).tolist()
         fresh = [j for j, i in enumerate(self._rows.tolist()) if rollouts.source[i] == SAMPLED]
         rows = self._rows[fresh].tolist()
-        return [(keys[i], bool(correct[i])) for i in rows], self._feats[fresh].numpy()
+        added, feats = [(keys[i], bool(correct[i])) for i in rows], self._feats[fresh].numpy()
+        dropped_keys, dropped_feats = self._dropped
+        if dropped_keys:
+            feats = np.concatenate([feats, dropped_feats]) if added else dropped_feats
+            added = added + dropped_keys
+        return added, feats
 
     def commit(self, additions, ctx: StepContext) -> None:
         touched = self.store.insert(additions, ctx.step)
