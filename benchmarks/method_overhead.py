@@ -3,6 +3,10 @@
     .venv/bin/python benchmarks/method_overhead.py [--methods dapo,grpo,r3,meds,meds_r3]
         [--steps 6] [--rounds 3] [--pool 32] [overrides]
 
+A method is an ``algorithm=`` preset (grpo, clip_cov, kl_cov, steer, novelty, lp_reg, ...) or a
+variant of ``VARIANTS`` (meds_filter, meds_dropped: MEDS behind DAPO's filter, without and with
+``remember_dropped``, the only runs with the filter on).
+
 Each round runs every method once, in turn, for ``--steps`` steps from the same warm-started
 policy, seed and data; the first step of each run is dropped (warm-up). The data pool is cut to
 ``--pool`` prompts so prompts come back within a run and history-based methods (MEDS, R3)
@@ -36,14 +40,23 @@ QUIET = {  # no snapshots or panels inside the timed steps
     "r3": ["algorithm.plugins.r3.snapshot_every_n_steps=0", "algorithm.plugins.r3.panels_every_n_steps=0"],
 }
 PLUGINS_OF = {"meds": ["meds"], "r3": ["r3"], "meds_r3": ["meds", "r3"]}
+# DAPO's filter without extra rounds: the same generation work as the runs without it
+FILTER_ONLY = "algorithm.plugins.dynamic_sampling={_target_: medsrl.plugins.dynamic_sampling.DynamicSampling, max_rounds: 0}"
+VARIANTS = {  # name -> (algorithm preset, overrides); compare meds_dropped with meds_filter
+    "meds_filter": ("meds", [FILTER_ONLY]),
+    "meds_dropped": ("meds", [FILTER_ONLY, "algorithm.plugins.meds.remember_dropped=true"]),
+}
 FIRED = ["train/r3/replay/rescued_groups", "train/r3/replay/rows", "train/r3/ranking/groups",
-         "train/r3/reflection/prompts", "train/meds/penalised_frac"]
+         "train/r3/reflection/prompts", "train/meds/penalised_frac", "train/meds/dropped_rows_remembered",
+         "train/meds/dropped_pass_s", "train/lp_reg/reg_frac", "train/clip_cov/cov_clipped_frac",
+         "train/kl_cov/kl_penalised_frac", "train/novelty/vector_rate"]
 
 
 def _config(out: Path, method: str, steps: int, pool: int, extra: list[str]):
+    preset, own = VARIANTS.get(method, (method, []))
     overrides = [
         f"paths.output_dir={out}",
-        f"algorithm={method}",
+        f"algorithm={preset}",
         f"trainer.max_steps={steps}",
         "logger=csv",
         "callbacks.pass_at_k.every_n_steps=0",
@@ -53,8 +66,9 @@ def _config(out: Path, method: str, steps: int, pool: int, extra: list[str]):
         f"data.stages.0.datasets.0.source.num={pool}",
         "algorithm.plugins.dynamic_sampling=null",
     ]
-    for plugin in PLUGINS_OF.get(method, []):
+    for plugin in PLUGINS_OF.get(preset, []):
         overrides += QUIET[plugin]
+    overrides += own
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         return compose("train", overrides=overrides + list(extra))
 
