@@ -7,7 +7,8 @@ A method is an ``algorithm=`` preset (grpo, clip_cov, kl_cov, steer, novelty, lp
 variant of ``VARIANTS`` (meds_filter, meds_dropped: MEDS behind DAPO's filter, without and with
 ``remember_dropped``, the only runs with the filter on).
 
-Each round runs every method once, in turn, for ``--steps`` steps from the same warm-started
+Each round runs every method once, in turn (the order rotates by one each round, so no method
+always runs first in a round), for ``--steps`` steps from the same warm-started
 policy, seed and data; the first step of each run is dropped (warm-up). The data pool is cut to
 ``--pool`` prompts so prompts come back within a run and history-based methods (MEDS, R3)
 act, not only fill their memory. DAPO's dynamic sampling is off everywhere, so generation
@@ -100,7 +101,7 @@ def main() -> None:
     phases: dict[str, dict[str, list[float]]] = {m: {} for m in methods}
     fired: dict[str, dict[str, float]] = {m: {} for m in methods}
     for r in range(args.rounds):
-        for method in methods:
+        for method in methods[r % len(methods):] + methods[: r % len(methods)]:  # rotated: no method always first
             out = tmp / f"{method}_{r}"
             train(_config(out, method, args.steps, args.pool, args.overrides))
             steps = _steps(out)

@@ -239,7 +239,7 @@ def evaluate(cfg: DictConfig) -> list[dict]:
     rows = []
     with (
         GenerationStore(out_dir / "generations.jsonl") as store,
-        MathGrader(timeout_s=cfg.grader.timeout_s, num_workers=cfg.grader.num_workers) as grader,
+        MathGrader(timeout_s=cfg.grader.timeout_s, num_workers=cfg.grader.num_workers).start() as grader,
     ):
         for run, path in models_to_evaluate(cfg):
             policy, tok = load_for_eval(path, cfg.tokenizer, cfg.dtype)

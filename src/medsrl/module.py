@@ -94,7 +94,7 @@ class RLModule(L.LightningModule):
             # A frozen copy of the starting policy; excluded from checkpoints (see state_dict).
             self.ref_policy = copy.deepcopy(self.policy).eval().requires_grad_(False)
         if self.grader is None:
-            self.grader = MathGrader(timeout_s=self.grader_cfg.timeout_s, num_workers=self.grader_cfg.num_workers)
+            self.grader = MathGrader(timeout_s=self.grader_cfg.timeout_s, num_workers=self.grader_cfg.num_workers).start()
         if self.engine is None:
             self.engine = build_engine(self.rollout_cfg, self.policy, self.tokenizer, seed=self.seed)
 

@@ -377,3 +377,18 @@ def test_module_grader_cleanup(grader: MathGrader) -> None:
     """Replaced workers were reaped: only the pool's current workers are alive."""
     alive = {p.pid for p in grader_processes()}
     assert alive <= {w.process.pid for w in grader._workers}
+
+
+def test_start_readies_the_workers_before_the_first_slow_answer() -> None:
+    """``start()`` spawns the pool at once (the trainer calls it in setup); a worker that became
+    ready long before its first task, past its start-up deadline, still takes it."""
+    g = MathGrader(num_workers=1, startup_timeout_s=60.0).start()
+    try:
+        (worker,) = g._workers
+        assert worker.process.is_alive()
+        assert worker.conn.poll(60.0)  # its "ready" arrives with no grade call
+        worker.deadline = time.monotonic() - 1.0  # the first use comes after the deadline
+        assert g.grade(boxed("\\frac{1}{2}"), "0.5").score == 1.0
+        assert g._workers == [worker]  # the same worker, not a replacement
+    finally:
+        g.close()

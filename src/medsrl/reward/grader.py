@@ -315,7 +315,7 @@ class MathGrader:
     """Score responses 1.0 / 0.0 by their last boxed answer, with a hard per-answer timeout.
 
     ``num_workers`` persistent 'spawn' processes (safe after torch started threads) run the
-    math-verify comparison; they start on first use and stop in ``close()``. An answer that takes
+    math-verify comparison; they start at ``start()`` (or on first use) and stop in ``close()``. An answer that takes
     longer than ``timeout_s`` scores 0 with ``timed_out=True`` and its worker is replaced.
     ``num_workers=0`` grades in-process with NO timeout: for debugging only.
 
@@ -398,6 +398,16 @@ class MathGrader:
                 )
         self.stats["graded"] += len(responses)
         return results  # type: ignore[return-value]
+
+    def start(self) -> MathGrader:
+        """Spawn the workers now rather than at the first answer that needs one: a worker takes
+        seconds to import sympy, which then happens in the background (while the model loads and
+        the first steps generate) instead of stalling a training step. Returns the grader."""
+        if self.num_workers:
+            with self._lock:
+                while len(self._workers) < self.num_workers:
+                    self._workers.append(self._spawn())
+        return self
 
     def close(self) -> None:
         """Stop all workers. Safe to call more than once; the grader restarts them if used again."""
