@@ -59,3 +59,22 @@ def test_save_and_reload_with_auto_tokenizer(tmp_path):
     batch = loaded(["ab", "abcd"], padding=True)
     assert batch["input_ids"][0][:2] == [0, 0]  # left padded with <|endoftext|>
     assert batch["attention_mask"][0] == [0, 0, 1, 1]
+
+
+def test_a_saved_policy_loads_its_tokenizer_through_auto_tokenizer(tmp_path):
+    """Beside a Qwen2 config.json, AutoTokenizer builds Qwen2Tokenizer (a byte-level BPE over
+    the saved vocabulary): anyone loading the policy outside medsrl gets the same ids."""
+    from medsrl.models.tiny import build_tiny_model
+
+    build_tiny_model(seed=0, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                     num_key_value_heads=1, intermediate_size=32).save_pretrained(tmp_path)
+    tok = build_char_tokenizer()
+    tok.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert type(loaded).__name__ == "Qwen2Tokenizer"
+    text = render_prompt("Start at 4,\tadd 2.\nWhat is it?") + "4 + 2 = 6. \\boxed{6}" + IM_END
+    assert loaded(text)["input_ids"] == tok(text)["input_ids"]
+    assert loaded.decode(loaded(text)["input_ids"]) == text
+    assert loaded.pad_token_id == tok.pad_token_id and loaded.eos_token_id == tok.eos_token_id
+    batch = loaded(["ab", "a b c"], padding=True)
+    assert batch["input_ids"][0][:3] == [0, 0, 0]  # left padded with <|endoftext|>

@@ -156,3 +156,22 @@ def test_char_tokenizer_saved_beside_a_qwen2_config_keeps_spaces(tmp_path):
     assert loaded(text)["input_ids"] == original(text)["input_ids"]
     assert loaded.decode(loaded(text)["input_ids"]) == text
     assert loaded.padding_side == "left"
+
+
+def test_char_tokenizer_saved_with_plain_names_still_loads(tmp_path):
+    """Policies exported before the byte-level names keep loading with their own tokenizer."""
+    import json
+
+    from medsrl.models.char_tokenizer import ALPHABET, SPECIAL_TOKENS, UNK, build_char_tokenizer
+
+    original = build_char_tokenizer()
+    original.save_pretrained(tmp_path)
+    data = json.loads((tmp_path / "tokenizer.json").read_text())
+    data["model"]["vocab"] = {t: i for i, t in enumerate(SPECIAL_TOKENS + [UNK] + ALPHABET)}
+    data["pre_tokenizer"] = {"type": "Split", "pattern": {"String": ""}, "behavior": "Isolated", "invert": False}
+    data["decoder"] = {"type": "Fuse"}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    loaded = load_tokenizer(str(tmp_path))
+    text = "a b\nc = 3"
+    assert loaded(text)["input_ids"] == original(text)["input_ids"]
+    assert loaded.decode(loaded(text)["input_ids"]) == text

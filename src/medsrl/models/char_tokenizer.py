@@ -3,6 +3,12 @@
 Built with the ``tokenizers`` library and wrapped as a ``PreTrainedTokenizerFast`` so it is saved
 and loaded exactly like a Hugging Face tokenizer (``save_pretrained`` / ``AutoTokenizer``).
 Every printable ASCII character is one token; the Qwen chat tokens are single special tokens.
+
+Tokens are named in GPT-2's byte-level alphabet (space is ``Ġ``, newline ``Ċ``). A saved policy
+has a Qwen2 ``config.json``, and for that model type ``AutoTokenizer`` always builds
+``Qwen2Tokenizer``, a byte-level BPE over the saved vocabulary: with these names (and no merges)
+it gives the same ids for ASCII text, so the policy works outside medsrl too. Characters outside
+the alphabet are one ``<unk>`` each here (``Qwen2Tokenizer`` drops them).
 """
 
 from __future__ import annotations
@@ -19,9 +25,18 @@ UNK = "<unk>"
 ALPHABET = sorted(set(string.printable) - set("\r\x0b\x0c"))
 
 
+_BYTE_LEVEL = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+
+
+def byte_level_name(char: str) -> str:
+    """A character's name in the byte-level alphabet (``" "`` -> ``"Ġ"``; ``"a"`` -> ``"a"``)."""
+    return _BYTE_LEVEL.pre_tokenize_str(char)[0][0]
+
+
 def char_vocab() -> dict[str, int]:
-    """Fixed vocabulary: special tokens first (ids 0-2), then ``<unk>``, then characters."""
-    tokens = SPECIAL_TOKENS + [UNK] + ALPHABET
+    """Fixed vocabulary: special tokens first (ids 0-2), then ``<unk>``, then characters (by
+    their byte-level names)."""
+    tokens = SPECIAL_TOKENS + [UNK] + [byte_level_name(c) for c in ALPHABET]
     return {tok: i for i, tok in enumerate(tokens)}
 
 
@@ -29,8 +44,10 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     """Return the char tokenizer: pad = ``<|endoftext|>``, eos = ``<|im_end|>``."""
     vocab = char_vocab()
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-    core.decoder = decoders.Fuse()
+    # one pre-token per character, renamed into the byte-level alphabet (a non-ASCII character
+    # becomes a multi-symbol name, absent from the vocabulary: one <unk>)
+    core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(pattern="", behavior="isolated"), _BYTE_LEVEL])
+    core.decoder = decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core,
         unk_token=UNK,

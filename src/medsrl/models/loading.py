@@ -25,7 +25,7 @@ from transformers import (
 )
 
 from medsrl.data.template import ENDOFTEXT, IM_END
-from medsrl.models.char_tokenizer import build_char_tokenizer, char_vocab
+from medsrl.models.char_tokenizer import ALPHABET, SPECIAL_TOKENS, UNK, build_char_tokenizer, char_vocab
 from medsrl.models.tiny import build_tiny_model
 
 CHAR_TOKENIZER_NAMES = ("char",)
@@ -94,6 +94,12 @@ def _load_error(name_or_path: str, what: str, err: Exception) -> ModelLoadError:
     )
 
 
+def _plain_char_vocab() -> dict[str, int]:
+    """The char vocabulary as saved before its byte-level names (same ids): policies exported
+    then still load, with the tokenizer they were saved with."""
+    return {tok: i for i, tok in enumerate(SPECIAL_TOKENS + [UNK] + ALPHABET)}
+
+
 def is_char_tokenizer_dir(path: str | Path) -> bool:
     """True when ``path`` holds the tiny preset's char tokenizer (its exact vocabulary)."""
     file = Path(path) / "tokenizer.json"
@@ -103,7 +109,9 @@ def is_char_tokenizer_dir(path: str | Path) -> bool:
         model = json.loads(file.read_text()).get("model", {})
     except (OSError, ValueError):
         return False
-    return model.get("type") == "WordLevel" and model.get("vocab") == char_vocab()
+    vocab = model.get("vocab")
+    # before the byte-level names, the characters were their own names (the same ids)
+    return model.get("type") == "WordLevel" and vocab in (char_vocab(), _plain_char_vocab())
 
 
 def load_tokenizer(
@@ -118,8 +126,10 @@ def load_tokenizer(
         return build_char_tokenizer()
     name_or_path = str(name_or_path)
     source = _check_local(name_or_path, "tokenizer")
-    # A saved char tokenizer next to a Qwen2 config.json: AutoTokenizer would pick Qwen2Tokenizer
-    # from the model type and rebuild a byte-level pre-tokenizer that drops spaces and newlines.
+    # A saved char tokenizer next to a Qwen2 config.json: AutoTokenizer picks Qwen2Tokenizer from
+    # the model type. It gives the same ids for ASCII (byte-level names), but maps a character
+    # outside the alphabet to nothing instead of <unk>, and one saved before those names it
+    # would break (spaces and newlines dropped): load exactly what was saved.
     cls = PreTrainedTokenizerFast if is_char_tokenizer_dir(source) else AutoTokenizer
     try:
         tok = cls.from_pretrained(source, padding_side="left", trust_remote_code=trust_remote_code)

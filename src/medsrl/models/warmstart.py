@@ -31,7 +31,7 @@ import medsrl
 from medsrl.data.arithmetic import GENERATOR_VERSION, generate_arithmetic
 from medsrl.data.example import MathExample
 from medsrl.data.template import IM_END, QWEN_MATH_SYSTEM_PROMPT, render_prompt
-from medsrl.models.char_tokenizer import build_char_tokenizer
+from medsrl.models.char_tokenizer import build_char_tokenizer, char_vocab
 from medsrl.models.tiny import build_tiny_model, tiny_qwen2_config
 from medsrl.reward.extract import extract_last_boxed
 
@@ -91,6 +91,7 @@ def warm_start_key(model_config: dict, ws: WarmStartConfig) -> str:
         "generator": GENERATOR_VERSION,
         "warmstart": WARMSTART_VERSION,
         "template": render_prompt("{problem}", system_prompt=ws.system_prompt),
+        "tokenizer": char_vocab(),  # the saved tokenizer must match the code's
     }
     blob = json.dumps(payload, sort_keys=True, default=str).encode("utf-8")
     return hashlib.sha256(blob).hexdigest()
