@@ -4,8 +4,11 @@
         [--steps 6] [--rounds 3] [--pool 32] [overrides]
 
 A method is an ``algorithm=`` preset (grpo, clip_cov, kl_cov, steer, novelty, lp_reg, ...) or a
-variant of ``VARIANTS`` (meds_filter, meds_dropped: MEDS behind DAPO's filter, without and with
-``remember_dropped``, the only runs with the filter on).
+variant of ``VARIANTS``: meds_filter and meds_dropped (MEDS behind DAPO's filter, without and with
+``remember_dropped``, the only runs with the filter on); meds_256 and meds_2048 (MEDS whose
+memory holds 256 / 2048 wrong-answer features per key before step 0, as in a long run). Besides
+the whole-step ratio, ``own_time_median`` gives what a method's own code costs: its plug-in
+phases and its extra time in the scoring forward (MEDS's capture hooks), over DAPO's.
 
 Each round runs every method once, in turn (the order rotates by one each round, so no method
 always runs first in a round), for ``--steps`` steps from the same warm-started
@@ -34,7 +37,12 @@ os.environ.setdefault("MEDSRL_ROOT", str(ROOT))
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from medsrl.train import train  # noqa: E402
+import numpy as np  # noqa: E402
+
+from medsrl.meds.clustering import fit_cluster_labels  # noqa: E402
+from medsrl.meds.features import AnswerFeatureReader  # noqa: E402
+from medsrl.plugins.meds import Meds  # noqa: E402
+from medsrl.train import build_run, train  # noqa: E402
 
 QUIET = {  # no snapshots or panels inside the timed steps
     "meds": ["algorithm.plugins.meds.snapshot_every_n_steps=0", "algorithm.plugins.meds.panels_every_n_steps=0"],
@@ -46,11 +54,14 @@ FILTER_ONLY = "algorithm.plugins.dynamic_sampling={_target_: medsrl.plugins.dyna
 VARIANTS = {  # name -> (algorithm preset, overrides); compare meds_dropped with meds_filter
     "meds_filter": ("meds", [FILTER_ONLY]),
     "meds_dropped": ("meds", [FILTER_ONLY, "algorithm.plugins.meds.remember_dropped=true"]),
+    "meds_256": ("meds", []),
+    "meds_2048": ("meds", []),
 }
+PREFILL = {"meds_256": 256, "meds_2048": 2048}  # wrong-answer features per key before step 0
 FIRED = ["train/r3/replay/rescued_groups", "train/r3/replay/rows", "train/r3/ranking/groups",
          "train/r3/reflection/prompts", "train/meds/penalised_frac", "train/meds/dropped_rows_remembered",
          "train/meds/dropped_pass_s", "train/lp_reg/reg_frac", "train/clip_cov/cov_clipped_frac",
-         "train/kl_cov/kl_penalised_frac", "train/novelty/vector_rate"]
+         "train/kl_cov/kl_penalised_frac", "train/novelty/vector_rate", "train/meds/refit_blocked_waits"]
 
 
 def _config(out: Path, method: str, steps: int, pool: int, extra: list[str]):
@@ -72,6 +83,23 @@ def _config(out: Path, method: str, steps: int, pool: int, extra: list[str]):
     overrides += own
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         return compose("train", overrides=overrides + list(extra))
+
+
+def _prefill(run, steps: int, per_key: int) -> int:
+    """Fill the wrong-answer store of every prompt the run will see with ``per_key`` features in
+    a few clusters, labelled by a real HDBSCAN fit, as if the run had been going for long; the
+    first re-fit of each key then clusters ``per_key`` + its new rows."""
+    meds = next(p for p in run.module.plugins if isinstance(p, Meds))
+    memory = meds.store.memory
+    dim = AnswerFeatureReader(run.module.policy, run.module.tokenizer, meds.spec).num_features
+    rng = np.random.default_rng(0)
+    keys = {p.key for s in range(steps) for p in run.datamodule.prompts_for_step(s)}
+    for key in sorted(keys):
+        centers = rng.standard_normal((4, dim)).astype(np.float32)
+        x = centers[rng.integers(4, size=per_key)] + 0.1 * rng.standard_normal((per_key, dim)).astype(np.float32)
+        memory.add(key, False, x, step=-1)
+        memory.set_labels(key, False, fit_cluster_labels(x))
+    return len(keys)
 
 
 def _steps(out: Path) -> list[dict[str, float]]:
@@ -103,7 +131,11 @@ def main() -> None:
     for r in range(args.rounds):
         for method in methods[r % len(methods):] + methods[: r % len(methods)]:  # rotated: no method always first
             out = tmp / f"{method}_{r}"
-            train(_config(out, method, args.steps, args.pool, args.overrides))
+            cfg = _config(out, method, args.steps, args.pool, args.overrides)
+            run = build_run(cfg)
+            if method in PREFILL:
+                _prefill(run, args.steps, PREFILL[method])
+            train(cfg, run)
             steps = _steps(out)
             per_round[method].append(statistics.mean(s["train/time/step"] for s in steps))
             for s in steps:
@@ -114,6 +146,12 @@ def main() -> None:
                         fired[method][k.removeprefix("train/")] = fired[method].get(k.removeprefix("train/"), 0.0) + v
             print(f"[method_overhead] round {r} {method}: {per_round[method][-1]:.3f} s/step", file=sys.stderr)
     ratios = {m: [a / b for a, b in zip(per_round[m], per_round["dapo"], strict=True)] for m in methods if m != "dapo"}
+    med = {m: {k: statistics.median(v) for k, v in p.items()} for m, p in phases.items()}
+    # what a method's own code costs: its plug-in phases, and what it adds to the scoring forward
+    # (MEDS's capture hooks) over DAPO's
+    own = {m: {"plugin_phases_s": round(p.get("groups", 0.0) + p.get("shaping", 0.0), 4),
+               "scoring_forward_extra_s": round(p.get("logprob", 0.0) - med["dapo"].get("logprob", 0.0), 4)}
+           for m, p in med.items() if m != "dapo"}
     result = {
         "benchmark": "method_overhead",
         "machine": f"{platform.machine()} {os.cpu_count()} cores",
@@ -124,6 +162,7 @@ def main() -> None:
         "ratio_to_dapo": {m: _spread(v) for m, v in ratios.items()},
         "phase_seconds_median": {m: {k: round(statistics.median(v), 4) for k, v in sorted(p.items())}
                                  for m, p in phases.items()},
+        "own_time_median": own,
         "fired_total": {m: {k: round(v, 3) for k, v in f.items()} for m, f in fired.items() if f},
     }
     print(json.dumps(result))
