@@ -131,17 +131,3 @@ def test_close_leaves_no_worker_processes():
     for pid in pids:  # gone, not zombies (signal 0 succeeds on a zombie)
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
-
-
-def _niceness(features, **kw):
-    """Labels that carry the nice value of the process that ran the fit."""
-    return np.full(len(features), os.nice(0), dtype=np.int64)
-
-
-def test_worker_processes_run_below_the_training_step_priority():
-    from medsrl.meds.refit import REFIT_NICENESS
-
-    with BackgroundRefitter(fit_fn=_niceness) as rf:
-        rf.submit("k", blobs(5, n=8))
-        labels = rf.wait("k")
-    assert labels[0] == min(os.nice(0) + REFIT_NICENESS, 19)

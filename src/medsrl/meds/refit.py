@@ -42,9 +42,7 @@ most ``max_restarts`` times, then everything runs in the main process).
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
-import os
 import time
 import warnings
 from collections.abc import Callable, Hashable
@@ -72,17 +70,6 @@ def _fit_job(
     t0 = time.perf_counter()
     labels = fit_fn(features, min_cluster_size=min_cluster_size, min_samples=min_samples)
     return np.asarray(labels, dtype=np.int64), time.perf_counter() - t0
-
-
-REFIT_NICENESS = 10  # added to a worker's nice value: it yields the cores to the training step
-
-
-def _lower_priority() -> None:
-    """Worker initializer: re-fits run at a lower CPU priority than the training step. A fit is
-    needed only at its key's next visit, so it can wait for a free core; on a machine with as
-    many busy threads as cores it would otherwise take its share of them from the update."""
-    with contextlib.suppress(OSError, AttributeError):  # not permitted, or no os.nice (Windows)
-        os.nice(REFIT_NICENESS)
 
 
 def _warm_up() -> None:
@@ -154,7 +141,7 @@ class BackgroundRefitter:
                 self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="refit")
             else:
                 ctx = mp.get_context(self.mp_context)
-                self._pool = ProcessPoolExecutor(self.num_workers, mp_context=ctx, initializer=_lower_priority)
+                self._pool = ProcessPoolExecutor(self.num_workers, mp_context=ctx)
         return self._pool
 
     def _fit_here(self, key_id: Hashable, features: np.ndarray) -> np.ndarray:
