@@ -35,9 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("MEDSRL_ROOT", str(ROOT))
 
-from hydra import compose, initialize_config_dir  # noqa: E402
-
 import numpy as np  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
 
 from medsrl.meds.clustering import fit_cluster_labels  # noqa: E402
 from medsrl.meds.features import AnswerFeatureReader  # noqa: E402

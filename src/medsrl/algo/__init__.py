@@ -18,8 +18,8 @@ from medsrl.algo.aggregation import LOSS_AGG_MODES, aggregate_loss
 from medsrl.algo.covariance_losses import clip_cov_loss, kl_cov_loss, token_covariance
 from medsrl.algo.dynamic_sampling import keep_mask_by_group_spread, zero_spread_groups
 from medsrl.algo.kl import kl_estimate, sampling_mismatch
-from medsrl.algo.lp_reg import lp_reg_loss, lowest_fraction, proxy_logprobs
 from medsrl.algo.logprobs import masked_mean, per_token, token_entropy, token_logprobs
+from medsrl.algo.lp_reg import lowest_fraction, lp_reg_loss, proxy_logprobs
 from medsrl.algo.policy_loss import (
     POLICY_LOSSES,
     PolicyLossOutput,

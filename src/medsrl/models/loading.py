@@ -25,7 +25,13 @@ from transformers import (
 )
 
 from medsrl.data.template import ENDOFTEXT, IM_END
-from medsrl.models.char_tokenizer import ALPHABET, SPECIAL_TOKENS, UNK, build_char_tokenizer, char_vocab
+from medsrl.models.char_tokenizer import (
+    ALPHABET,
+    SPECIAL_TOKENS,
+    UNK,
+    build_char_tokenizer,
+    char_vocab,
+)
 from medsrl.models.tiny import build_tiny_model
 
 CHAR_TOKENIZER_NAMES = ("char",)
