@@ -14,7 +14,13 @@ import torch
 from torch import Tensor
 
 from medsrl.algo.logprobs import masked_mean, per_token
-from medsrl.algo.policy_loss import PolicyLossOutput, _frac, clipped_surrogate, register_policy_loss
+from medsrl.algo.policy_loss import (
+    PolicyLossOutput,
+    _frac,
+    clamped_log_ratio,
+    clipped_surrogate,
+    register_policy_loss,
+)
 
 
 def token_covariance(advantages: Tensor, logp: Tensor, mask: Tensor) -> Tensor:
@@ -51,11 +57,8 @@ def clip_cov_loss(
     base = clipped_surrogate(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high,
                              dual_clip=dual_clip)
     with torch.no_grad():
-        adv = per_token(advantages, logp)
-        ratio = torch.exp((logp - old_logp).clamp(-20.0, 20.0))
-        already = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high) > -adv * ratio
         cov = token_covariance(advantages, logp, mask)
-        candidates = mask.bool() & ~already & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+        candidates = mask.bool() & ~base.clipped_tokens & (cov > clip_cov_lb) & (cov < clip_cov_ub)
         idx = candidates.flatten().nonzero().flatten()
         n = max(1, int(clip_cov_ratio * float(mask.sum())))
         gen = torch.Generator().manual_seed(int(seed) + len(idx))
@@ -87,7 +90,7 @@ def kl_cov_loss(
     if kl_cov_ratio <= 0 or ppo_kl_coef < 0:
         raise ValueError(f"kl_cov needs kl_cov_ratio > 0 and ppo_kl_coef >= 0, got {kl_cov_ratio}, {ppo_kl_coef}")
     adv = per_token(advantages, logp)
-    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
+    log_ratio = clamped_log_ratio(logp, old_logp)
     loss = -adv * torch.exp(log_ratio)
     with torch.no_grad():
         cov = token_covariance(advantages, logp, mask).masked_fill(~mask.bool(), float("-inf")).flatten()

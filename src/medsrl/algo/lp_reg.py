@@ -21,7 +21,13 @@ from torch import Tensor
 
 from medsrl.algo.kl import kl_estimate
 from medsrl.algo.logprobs import TokenReducer, _acc, _chunk_rows, masked_mean, per_token
-from medsrl.algo.policy_loss import PolicyLossOutput, _frac, clipped_surrogate, register_policy_loss
+from medsrl.algo.policy_loss import (
+    PolicyLossOutput,
+    _frac,
+    clamped_log_ratio,
+    clipped_surrogate,
+    register_policy_loss,
+)
 
 
 def proxy_logprobs(logits: Tensor, labels: Tensor, tau: float, relative: bool = False) -> Tensor:
@@ -91,7 +97,7 @@ def lp_reg_loss(
         reg = low & (lp < proxy_logp)
         target = torch.where(reg, proxy_logp, lp)  # finite wherever it is used
     kl = kl_estimate(logp, target, "k3")
-    unclipped = -adv * torch.exp((logp - old_logp).clamp(-20.0, 20.0))
+    unclipped = -adv * torch.exp(clamped_log_ratio(logp, old_logp))
     base.loss_mat = torch.where(reg, unclipped + beta * kl, base.loss_mat)
     base.extra = {
         "reg_frac": _frac(reg, mask),

@@ -31,6 +31,8 @@ class PolicyLossOutput:
       (``ratio > dual_clip``); 0 without dual-clip.
     - ``approx_kl``: masked mean of ``old_logp - logp`` (k1 estimate of KL(old || new)).
     - ``extra``: the loss's own diagnostics (logged as ``train/<loss name>/<key>``).
+    - ``clipped_tokens`` [B,T] bool: where the clipped branch won (what ``clipfrac`` counts), for
+      a loss built on this one; None where the loss does not clip.
     """
 
     loss_mat: Tensor
@@ -40,6 +42,7 @@ class PolicyLossOutput:
     dual_clipfrac: Tensor
     approx_kl: Tensor
     extra: dict[str, Tensor] = field(default_factory=dict)
+    clipped_tokens: Tensor | None = None
 
 
 _F = TypeVar("_F", bound=Callable[..., PolicyLossOutput])
@@ -150,6 +153,12 @@ def compute_policy_loss(
     return fn(logp, old_logp, advantages, mask, **options)
 
 
+def clamped_log_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
+    """``logp - old_logp`` clamped to [-20, 20], so that ``exp`` of it (the importance ratio)
+    stays finite; every policy loss takes its ratio from here."""
+    return (logp - old_logp).clamp(-20.0, 20.0)
+
+
 @register_policy_loss("vanilla")
 def clipped_surrogate(
     logp: Tensor,
@@ -172,8 +181,7 @@ def clipped_surrogate(
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
     adv = per_token(advantages, logp)
-    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
-    ratio = torch.exp(log_ratio)
+    ratio = torch.exp(clamped_log_ratio(logp, old_logp))
     loss_unclipped = -adv * ratio
     loss_clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     loss = torch.maximum(loss_unclipped, loss_clipped)
@@ -193,6 +201,7 @@ def clipped_surrogate(
         clipfrac_high=_frac(high, mask),
         dual_clipfrac=_frac(dual, mask),
         approx_kl=masked_mean((old_logp - logp).detach(), mask),
+        clipped_tokens=clipped.expand_as(mask),
     )
 
 
