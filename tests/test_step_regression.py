@@ -4,6 +4,10 @@ the pre-refactor module with the same settings).
 
 Not compared: wall times, and the MEDS re-fit counters and cluster statistics read while a
 background re-fit may still be running (they depend on timing, not on the algorithm).
+
+The shared-prompt forward (``step.scoring.response_logits``) computes the same log-probs in
+another order, so they differ in float rounding (a few 1e-6). The KL terms, small differences of
+log-probs, get an absolute tolerance of 1e-6 for that; everything else still matches to 1e-5.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ RUNS = {  # the same runs as recorded, in today's config keys
     "meds_no_filter": ["algorithm=meds", "algorithm.plugins.meds.mixed_groups_only=false"],
 }
 TIMING = ("/time/", "refit_blocked", "clusters_per_key", "noise_fraction", "top1_eigen_ratio")
+LOGPROB_DIFFERENCES = ("train/kl", "train/ppo_kl")
 
 
 @pytest.fixture
@@ -53,4 +58,5 @@ def test_per_step_metrics_match_the_pre_refactor_run(tmp_path, cache_dir, name):
             if any(t in key for t in TIMING):
                 continue
             assert key in got[int(step)], (name, step, key)
-            assert got[int(step)][key] == pytest.approx(value, rel=1e-5, abs=1e-7), (name, step, key)
+            abs_tol = 1e-6 if key in LOGPROB_DIFFERENCES else 1e-7
+            assert got[int(step)][key] == pytest.approx(value, rel=1e-5, abs=abs_tol), (name, step, key)

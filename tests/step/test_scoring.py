@@ -66,3 +66,96 @@ def test_meds_features_are_read_at_the_same_tokens_from_trimmed_forwards():
     want = ref.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     m = packed.response_mask.bool()
     assert torch.allclose(logp[m], want[m], atol=1e-5)
+
+
+# --- the shared-prompt forward: groups of responses to one prompt run that prompt once ----------
+
+GROUP_PROMPTS = ["1+2=", "1+2=", "1+2=", "what is 7*6? Think first.", "what is 7*6? Think first.", "9-4", "1+2="]
+GROUP_RESPONSES = ["so \\boxed{3}", "3", "\\boxed{4} no", "7*6 = \\boxed{42}", "42", "\\boxed{5} ok", "it is \\boxed{3}"]
+
+
+def _groups():
+    enc = lambda s: TOK.encode(s, add_special_tokens=False)  # noqa: E731
+    packed = pack_rollouts([enc(p) for p in GROUP_PROMPTS], [enc(r) for r in GROUP_RESPONSES], TOK.pad_token_id)
+    return packed, [enc(r) for r in GROUP_RESPONSES]
+
+
+def _logp_and_grads(model, forward, packed, rows):
+    model.zero_grad(set_to_none=True)
+    logits = forward(model, packed, rows)
+    labels = packed.input_ids[rows, packed.prompt_length :]
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, labels[..., None]).squeeze(-1)
+    (logp * packed.response_mask[rows] * torch.linspace(0.5, 1.5, logp.shape[1])).sum().backward()
+    return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def _backbone_calls(model, fn):
+    """``fn()``, and the number of rows each backbone forward ran with a cache passed in."""
+    calls = []
+
+    def hook(module, args, kwargs):
+        cache = kwargs.get("past_key_values")
+        calls.append(None if cache is None else kwargs["input_ids"].shape[0])
+
+    handle = model.model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        fn()
+    finally:
+        handle.remove()
+    return calls
+
+
+def test_shared_prompts_give_the_full_forwards_logits_and_gradients():
+    """Runs of one prompt (3, 2, 1, then the first prompt again, not shared with its first run)
+    give the logits and the gradients of the full forward: the gradient reaches the prompt's
+    forward through the expanded KV cache, summed over the group's rows."""
+    model, (packed, _) = _model().train(), _groups()
+    # the prompts' forward (4 runs, no cache), then the 7 responses on top of the cache
+    assert _backbone_calls(model, lambda: response_logits(model, packed, slice(0, 7))) == [None, 7]
+    # no shared prompt: one full forward
+    assert _backbone_calls(model, lambda: response_logits(model, packed, slice(4, 7))) == [None]
+    for rows in (slice(0, 7), slice(1, 5), torch.tensor([0, 1, 2, 6])):
+        got, got_grads = _logp_and_grads(model, response_logits, packed, rows)
+        want, want_grads = _logp_and_grads(model, _full_width, packed, rows)
+        mask = packed.response_mask[rows].bool()
+        assert torch.allclose(got[mask], want[mask], atol=1e-5), rows
+        for name, g in want_grads.items():
+            assert torch.allclose(got_grads[name], g, rtol=1e-4, atol=1e-6), (rows, name)
+
+
+def test_meds_features_are_read_from_the_response_forward_of_shared_prompts():
+    model, (packed, responses) = _model(), _groups()
+    reader = AnswerFeatureReader(model, TOK, FeatureSpec(layers="all"))
+
+    def features(forward):
+        reader.begin(responses, packed.prompt_length)
+        with torch.no_grad():
+            for start, stop in ((0, 4), (4, 7)):
+                forward(model, packed, slice(start, stop), reader.microbatch(start, stop))
+        return reader.finish()
+
+    def full(model, packed, rows, context):
+        with context:
+            return _full_width(model, packed, rows)
+
+    (shared, rows), (want, want_rows) = features(response_logits), features(full)
+    assert torch.equal(rows, want_rows) and rows.tolist() == [0, 2, 3, 5, 6]
+    assert torch.allclose(shared, want, atol=1e-5)
+
+
+def test_the_scoring_pass_is_the_full_forwards_with_shared_prompts():
+    model, (packed, _) = _model(), _groups()
+    logp, stats = scoring_pass(model, packed, 3, reducers={"entropy": lambda logits, labels: logits.logsumexp(-1)})
+    with torch.no_grad():
+        logits = _full_width(model, packed, slice(0, 7))
+    labels = packed.input_ids[:, packed.prompt_length :]
+    want = torch.log_softmax(logits, -1).gather(-1, labels[..., None]).squeeze(-1)
+    mask = packed.response_mask.bool()
+    assert torch.allclose(logp[mask], want[mask], atol=1e-5)
+    assert torch.allclose(stats["entropy"][mask], logits.logsumexp(-1)[mask], atol=1e-5)
+
+
+def test_gradient_checkpointing_runs_the_full_forward():
+    model, (packed, _) = _model().train(), _groups()
+    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+    assert _backbone_calls(model, lambda: response_logits(model, packed, slice(0, 7))) == [None]

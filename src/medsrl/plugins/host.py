@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 
 import torch
 
@@ -81,12 +81,16 @@ class PluginHost:
         for p in self.plugins:
             p.before_scoring(rollouts, ctx)
 
-    def microbatch_context(self, rollouts) -> Callable[[int, int], ExitStack]:
-        def enter(start: int, stop: int) -> ExitStack:
-            stack = ExitStack()
-            for p in self.plugins:
-                stack.enter_context(p.scoring_microbatch(rollouts, start, stop))
-            return stack
+    def microbatch_context(self, rollouts) -> Callable[[int, int], AbstractContextManager]:
+        """Every plug-in's context for the forward of rows ``start:stop``, entered only when the
+        forward runs (the shared-prompt forward runs the prompts before it, outside)."""
+
+        @contextmanager
+        def enter(start: int, stop: int) -> Iterator[None]:
+            with ExitStack() as stack:
+                for p in self.plugins:
+                    stack.enter_context(p.scoring_microbatch(rollouts, start, stop))
+                yield
 
         return enter
 

@@ -22,25 +22,76 @@ BUILTIN_REDUCERS: dict[str, TokenReducer] = {
 }
 
 
-def response_logits(model, packed: PackedRollouts, rows: slice | torch.Tensor) -> torch.Tensor:
+def response_logits(
+    model,
+    packed: PackedRollouts,
+    rows: slice | torch.Tensor,
+    context: AbstractContextManager | None = None,
+) -> torch.Tensor:
     """Logits of the response positions only: ``logits[:, t]`` predicts response token t.
 
-    The rows run without the left-padding columns they all share: a batch is padded to its
-    longest prompt, and one long prompt (an R3 reflection prompt quotes a whole response) would
-    otherwise widen every micro-batch. Exact: those columns are masked out, and the position ids
-    are explicit. (MEDS's capture hooks shift their positions by the columns dropped.)
+    ``context`` wraps the one forward that runs over the response columns (plug-ins' capture
+    hooks are armed there). Two ways, the same logits up to float rounding:
+
+    * shared prompt: rows that repeat the row before's prompt (the ``n`` responses of a group
+      are packed next to each other) run the prompt once; its KV cache is expanded to every row
+      and the responses run on top of it. The linear layers then see ``G * P + B * R`` tokens
+      instead of ``B * (P + R)``: on the tiny preset, half the scoring forward and the update
+      (``docs/BENCHMARKS.md``). Gradients flow through the expanded cache into the prompt's
+      forward, summed over the group's rows, as in the full forward.
+    * full: one forward over prompt and response, when no row shares a prompt, under FSDP's
+      wrapper (one forward per unit and backward) or with gradient checkpointing (no cache).
+
+    Either way the rows run without the left-padding columns they all share: a batch is padded
+    to its longest prompt, and one long prompt (an R3 reflection prompt quotes a whole response)
+    would otherwise widen every micro-batch. Exact: those columns are masked out, and the
+    position ids are explicit. (MEDS's capture hooks shift their positions by the columns
+    dropped; in the shared way their forward holds the response columns only.)
     """
+    P = packed.prompt_length
     resp_len = packed.response_mask.shape[1]
-    mask = packed.attention_mask[rows]
+    ids, mask, pos = packed.input_ids[rows], packed.attention_mask[rows], packed.position_ids[rows]
     lead = int((mask.cumsum(dim=1) == 0).sum(dim=1).min()) if mask.numel() else 0
-    out = model(
-        input_ids=packed.input_ids[rows][:, lead:],
-        attention_mask=mask[:, lead:],
-        position_ids=packed.position_ids[rows][:, lead:],
-        use_cache=False,
-        logits_to_keep=resp_len + 1,
+    first, group = _prompt_groups(ids[:, :P], mask[:, :P])
+    if len(first) == len(ids) or resp_len == 0 or not _can_share_prompts(model):
+        with context or nullcontext():
+            out = model(
+                input_ids=ids[:, lead:], attention_mask=mask[:, lead:], position_ids=pos[:, lead:],
+                use_cache=False, logits_to_keep=resp_len + 1,
+            )
+        return out.logits[:, :-1, :]
+    prompt = model(
+        input_ids=ids[first, lead:P], attention_mask=mask[first, lead:P], position_ids=pos[first, lead:P],
+        use_cache=True, logits_to_keep=1,
     )
-    return out.logits[:, :-1, :]
+    cache = prompt.past_key_values
+    cache.reorder_cache(group)  # [G, ...] -> [B, ...]: row i reads its group's prompt
+    with context or nullcontext():
+        out = model(
+            input_ids=ids[:, P:], attention_mask=mask[:, lead:], position_ids=pos[:, P:],
+            past_key_values=cache, use_cache=True, logits_to_keep=resp_len,
+        )
+    return torch.cat([prompt.logits[group], out.logits[:, :-1, :]], dim=1)
+
+
+def _prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Runs of consecutive rows with the same (left-padded) prompt: the first row of each run,
+    and each row's run index."""
+    new = torch.ones(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
+    if prompt_ids.shape[0] > 1:
+        new[1:] = (prompt_ids[1:] != prompt_ids[:-1]).any(dim=1) | (prompt_mask[1:] != prompt_mask[:-1]).any(dim=1)
+    return new.nonzero().squeeze(1), new.long().cumsum(0) - 1
+
+
+def _can_share_prompts(model) -> bool:
+    """Not under FSDP's wrapper (one forward per unit before backward) nor with gradient
+    checkpointing (HF drops the cache then)."""
+    from medsrl.utils.sharding import is_sharded
+
+    checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.2x
+    if checkpointing is None:
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    return not is_sharded(model) and not checkpointing
 
 
 def scoring_pass(
@@ -66,9 +117,8 @@ def scoring_pass(
         with torch.no_grad():
             for start in range(0, B, micro_batch_size):
                 stop = min(start + micro_batch_size, B)
-                ctx = microbatch_context(start, stop) if microbatch_context else nullcontext()
-                with ctx:
-                    logits = response_logits(model, packed, slice(start, stop))
+                ctx = microbatch_context(start, stop) if microbatch_context else None
+                logits = response_logits(model, packed, slice(start, stop), ctx)
                 labels = packed.input_ids[start:stop, packed.prompt_length :]
                 logps.append(token_logprobs(logits, labels))
                 for name, fn in reducers.items():
