@@ -121,3 +121,52 @@ def test_engine_logprobs_are_carried_and_compared_with_the_trainers(dynamic_samp
     assert gaps[1.0]["train/engine/kl_k3"] < 1e-6
     assert gaps[0.5]["train/engine/logprob_diff_mean"] > 1e-2
     assert gaps[0.5]["train/engine/kl_k3"] > 1e-4
+
+
+def _tiny_policy():
+    return build_tiny_model(seed=0, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                            num_key_value_heads=1, intermediate_size=32)
+
+
+def test_which_steps_need_the_scoring_forward():
+    from medsrl.plugins.entropy_bonus import EntropyBonus
+    from medsrl.plugins.overlong import OverlongPenalty
+
+    tok = build_char_tokenizer()
+    on_policy = {**SMALL_ALGO, "kl_coef": 0.0, "entropy_coef": 0.0}
+
+    def needed(algo=on_policy, plugins=(), rollout=None):
+        return RLModule(_tiny_policy(), tok, algorithm=algo, plugins=list(plugins), rollout=rollout).scoring_forward_needed
+
+    assert not needed()
+    assert not needed(plugins=[DynamicSampling(max_rounds=2), OverlongPenalty(buffer_length=4)])
+    assert not needed({**on_policy, "kl_coef": 0.01})  # the reference pass is its own
+    assert needed({**on_policy, "ppo_epochs": 2})  # the second epoch is off-policy
+    assert needed({**on_policy, "mini_batch_prompts": 1})  # so is every mini-batch after the first
+    assert needed(plugins=[EntropyBonus(coef=0.01)])  # reads the token entropies
+    assert needed({**on_policy, "policy_loss": "lp_reg"})  # its proxy is a token stat
+    assert needed(rollout={"logprobs": True})  # the engine's log-probs are compared with it
+
+
+def test_an_on_policy_step_without_the_scoring_forward_makes_the_same_update(monkeypatch):
+    """Old log-probs = the update's own, detached: the same gradient as a separate forward's
+    (which equal them up to float rounding), one forward fewer."""
+    import medsrl.module as module_py
+
+    calls = []
+    real = module_py.scoring_pass
+    monkeypatch.setattr(module_py, "scoring_pass", lambda *a, **k: calls.append(1) or real(*a, **k))
+    tok = build_char_tokenizer()
+    weights = {}
+    for forced in (False, True):
+        if forced:
+            monkeypatch.setattr(RLModule, "scoring_forward_needed", property(lambda self: True))
+        policy = _tiny_policy()
+        module = RLModule(policy, tok, algorithm={**SMALL_ALGO, "kl_coef": 0.0, "entropy_coef": 0.0},
+                          rollout={"n": 4, "max_new_tokens": 6}, optim={"lr": 1e-2, "warmup_steps": 0})
+        _fit(module, _datamodule(2), steps=2)
+        weights[forced] = {k: v.clone() for k, v in policy.state_dict().items()}
+        assert len(calls) == (2 if forced else 0)
+    for k, v in weights[True].items():
+        assert torch.allclose(weights[False][k], v, atol=1e-6), k
+    assert any(not torch.equal(v, _tiny_policy().state_dict()[k]) for k, v in weights[True].items())

@@ -179,14 +179,15 @@ class RLModule(L.LightningModule):
         rollouts = StepRollouts.from_groups(groups, step, ctx.stage, self.tokenizer.pad_token_id, self.device)
         mb = self.algo.micro_batch_size
         with timer("logprob"), self.full_policy() as policy:
-            ctx.scoring_policy = policy
-            self.host.before_scoring(rollouts, ctx)
-            rollouts.old_logp, rollouts.token_stats = scoring_pass(
-                policy, rollouts.packed, mb, reducers=self.reducers,
-                microbatch_context=self.host.microbatch_context(rollouts),
-            )
-            self.host.after_scoring(rollouts, ctx)
-            ctx.scoring_policy = None
+            if self.scoring_forward_needed:
+                ctx.scoring_policy = policy
+                self.host.before_scoring(rollouts, ctx)
+                rollouts.old_logp, rollouts.token_stats = scoring_pass(
+                    policy, rollouts.packed, mb, reducers=self.reducers,
+                    microbatch_context=self.host.microbatch_context(rollouts),
+                )
+                self.host.after_scoring(rollouts, ctx)
+                ctx.scoring_policy = None
             if self.ref_policy is not None:
                 rollouts.ref_logp, _ = scoring_pass(self.ref_policy, rollouts.packed, mb)
         if rollouts.engine_logp is not None:
@@ -209,6 +210,19 @@ class RLModule(L.LightningModule):
         ctx.metrics.update(rollout_metrics(rollouts, self.grader.stats))
         ctx.metrics.update(timer.as_metrics())
         self._log_step(ctx.metrics, ctx.stage)
+
+    @property
+    def scoring_forward_needed(self) -> bool:
+        """Whether a step runs the no-grad scoring forward (old log-probs) before its update.
+
+        Not when the update is one optimiser step on the freshly sampled rollouts (one PPO
+        epoch, one mini-batch) and nothing else reads that forward (no token stats, no plug-in
+        that reads it, no engine log-probs to compare): the old log-probs are then the update's
+        own, detached (ratio 1), as TRL and verl do on-policy. Saves one forward over the batch.
+        """
+        on_policy = self.algo.ppo_epochs == 1 and self.algo.mini_batch_prompts is None
+        readers = [p.name for p in self.plugins if p.reads_scoring_forward]
+        return not on_policy or bool(readers or self.reducers or self.rollout_cfg.logprobs)
 
     def _sample(self, prompts: list, step: int, round_: int, timer: PhaseTimer) -> list[Group]:
         """Generate for this rank's contiguous shard of ``prompts`` and grade: one group each.

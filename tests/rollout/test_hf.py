@@ -303,11 +303,11 @@ def test_kv_cache_used_even_with_checkpointing_training_setup(model, tok):
     (enable or model.gradient_checkpointing_enable)()
     model.config.use_cache = False
     model.train()
-    lengths = []
+    shapes = []
     orig_forward = model.forward
 
     def spy(*args, **kwargs):
-        lengths.append(kwargs["input_ids"].shape[1])
+        shapes.append(tuple(kwargs["input_ids"].shape))
         return orig_forward(*args, **kwargs)
 
     model.forward = spy
@@ -316,10 +316,24 @@ def test_kv_cache_used_even_with_checkpointing_training_setup(model, tok):
         batch = engine.generate(["hello", "hi"], SamplingParams(n=2, max_new_tokens=4, seed=0))
     finally:
         del model.forward
-    assert lengths[0] == 5  # prefill of the left-padded prompts
-    assert all(n == 1 for n in lengths[1:])  # then one new token per step (KV cache)
-    assert len(lengths) == max(len(r) for r in batch.response_ids)
+    assert shapes[0] == (2, 4)  # prefill of the 2 left-padded prompts but their last token, once each
+    assert all(s == (4, 1) for s in shapes[1:])  # then one token per row and step (KV cache)
+    assert len(shapes) == 1 + max(len(r) for r in batch.response_ids)
     assert model.training
+
+
+def test_shared_prompt_prefill_gives_the_samples_of_a_full_prefill(model, tok, monkeypatch):
+    """The prompts' KV cache, computed once per prompt and expanded to its ``n`` rows, samples
+    what ``generate``'s own prefill of every row samples."""
+    import medsrl.rollout.hf as hf
+
+    prompts, params = _prompts(), SamplingParams(n=4, max_new_tokens=8, seed=3, logprobs=True)
+    shared = HFRolloutEngine(model, tok).generate(prompts, params)
+    monkeypatch.setattr(hf, "_shared_prompt_cache", lambda *args: None)
+    full = HFRolloutEngine(model, tok).generate(prompts, params)
+    assert shared.response_ids == full.response_ids
+    for a, b in zip(shared.response_logprobs, full.response_logprobs, strict=True):
+        assert a == pytest.approx(b, abs=1e-5)
 
 
 def test_splitting_prompts_at_chunk_boundaries_with_offset_seeds_gives_the_same_samples(model, tok):

@@ -88,6 +88,9 @@ class Plugin(Callback):
 
     name: str = "plugin"  # set from its key in ``algorithm.plugins``
     token_stats: tuple[str, ...] = ()  # per-token quantities from the scoring forward
+    # Reads the scoring forward (old log-probs, token stats, capture hooks). Only when no plug-in
+    # does may an on-policy step skip that forward (``RLModule.scoring_forward_needed``).
+    reads_scoring_forward: bool = True
     legacy_state_keys: tuple[str, ...] = ()  # where checkpoints of older versions kept the state
 
     @property

@@ -23,6 +23,7 @@ class DynamicSampling(Plugin):
     """Drops zero-spread groups; refills the batch from ``datamodule.extra_prompts``."""
 
     name = "dynamic_sampling"
+    reads_scoring_forward = False
 
     def __init__(self, max_rounds: int = 10) -> None:
         if max_rounds < 0:

@@ -13,6 +13,7 @@ class OverlongPenalty(Plugin):
     """Adds ``overlong_penalty(length)`` to the reward of each response (term ``overlong``)."""
 
     name = "overlong"
+    reads_scoring_forward = False
 
     def __init__(self, buffer_length: int = 512, penalty_factor: float = 1.0) -> None:
         self.buffer_length = buffer_length

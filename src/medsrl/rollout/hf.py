@@ -215,6 +215,7 @@ class HFRolloutEngine:
                     attention_mask=attention_mask,
                     generation_config=config,
                     logits_processor=LogitsProcessorList([recorder] if recorder else []),
+                    past_key_values=_shared_prompt_cache(model, input_ids, attention_mask),
                 )
                 new_tokens = out[:, input_ids.shape[1] :]
                 row_logprobs = recorder.finish(new_tokens) if recorder else None
@@ -247,6 +248,29 @@ class HFRolloutEngine:
             input_ids[row, width - len(seq) :] = torch.as_tensor(seq, dtype=torch.long)
             attention_mask[row, width - len(seq) :] = 1
         return input_ids.to(device), attention_mask.to(device)
+
+
+def _shared_prompt_cache(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    """The KV cache of every prompt but its last token, computed once per run of equal rows (the
+    ``n`` copies of a prompt) and expanded to all rows; ``None`` when no row repeats the one
+    before it. ``generate`` then runs only the last prompt token of each row before sampling:
+    the prefill shrinks ``n``-fold (-27 % of a tiny-preset rollout, ``docs/BENCHMARKS.md``) and the
+    samples are the same (the logits differ only in float rounding)."""
+    if input_ids.shape[1] < 2 or input_ids.shape[0] < 2:
+        return None
+    new = torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    new[1:] = (input_ids[1:] != input_ids[:-1]).any(dim=1) | (attention_mask[1:] != attention_mask[:-1]).any(dim=1)
+    if bool(new.all()):
+        return None
+    first, group = new.nonzero().squeeze(1), new.long().cumsum(0) - 1
+    positions = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    out = model(
+        input_ids=input_ids[first, :-1], attention_mask=attention_mask[first, :-1],
+        position_ids=positions[first, :-1], use_cache=True, logits_to_keep=1,
+    )
+    cache = out.past_key_values
+    cache.reorder_cache(group)
+    return cache
 
 
 class _SampledTokenLogProbs(LogitsProcessor):

@@ -40,8 +40,10 @@ def micro_loss(module, rollouts: StepRollouts, advantages, rows, num_tokens: flo
     logp = token_logprobs(logits, labels)
     mask = packed.response_mask[rows]
     stats = {k: rollouts.token_stats[k][rows] for k in POLICY_LOSS_STATS.get(algo.policy_loss, {})}
+    # no scoring forward (``RLModule.scoring_forward_needed``): on-policy, old = current
+    old_logp = logp.detach() if rollouts.old_logp is None else rollouts.old_logp[rows]
     pl = compute_policy_loss(
-        algo.policy_loss, logp, rollouts.old_logp[rows], advantages[rows], mask,
+        algo.policy_loss, logp, old_logp, advantages[rows], mask,
         clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
         **algo.policy_loss_options, **stats,
     )
