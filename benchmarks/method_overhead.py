@@ -6,7 +6,9 @@
 A method is an ``algorithm=`` preset (grpo, clip_cov, kl_cov, steer, novelty, lp_reg, ...) or a
 variant of ``VARIANTS``: meds_filter and meds_dropped (MEDS behind DAPO's filter, without and with
 ``remember_dropped``, the only runs with the filter on); meds_256 and meds_2048 (MEDS whose
-memory holds 256 / 2048 wrong-answer features per key before step 0, as in a long run). Besides
+memory holds 256 / 2048 wrong-answer features per key before step 0, as in a long run), and
+meds_256_growth / meds_2048_growth (the same with ``refit_growth=0.1``: a store re-fits once it
+grew by 10 %, not at every visit). Besides
 the whole-step ratio, ``own_time_median`` gives what a method's own code costs: its plug-in
 phases and its extra time in the scoring forward (MEDS's capture hooks), over DAPO's.
 
@@ -55,8 +57,11 @@ VARIANTS = {  # name -> (algorithm preset, overrides); compare meds_dropped with
     "meds_dropped": ("meds", [FILTER_ONLY, "algorithm.plugins.meds.remember_dropped=true"]),
     "meds_256": ("meds", []),
     "meds_2048": ("meds", []),
+    # re-fit a store once it grew by 10 % (algorithm.plugins.meds.refit_growth), not every visit
+    "meds_256_growth": ("meds", ["algorithm.plugins.meds.refit_growth=0.1"]),
+    "meds_2048_growth": ("meds", ["algorithm.plugins.meds.refit_growth=0.1"]),
 }
-PREFILL = {"meds_256": 256, "meds_2048": 2048}  # wrong-answer features per key before step 0
+PREFILL = {"meds_256": 256, "meds_2048": 2048, "meds_256_growth": 256, "meds_2048_growth": 2048}  # rows per key at step 0
 FIRED = ["train/r3/replay/rescued_groups", "train/r3/replay/rows", "train/r3/ranking/groups",
          "train/r3/reflection/prompts", "train/meds/penalised_frac", "train/meds/dropped_rows_remembered",
          "train/meds/dropped_pass_s", "train/lp_reg/reg_frac", "train/clip_cov/cov_clipped_frac",

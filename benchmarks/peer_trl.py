@@ -32,10 +32,11 @@ validation, plus ``--medsrl-overrides``):
   per RL step, AdamW with medsrl's settings and warm-up schedule (handed to TRL as its
   optimizer), grad clip 1.0, float32, CPU, no gradient checkpointing, no checkpoints or reports.
 
-What the two cannot share: with ``num_iterations=1`` and generation aligned to the optimizer
-step, TRL skips the no-grad old-log-prob forward (its ratio is exactly 1), while medsrl always
-runs that scoring forward (its plug-ins read it); TRL's training forward also computes token
-entropies; group std + 1e-4 (TRL) vs 1e-6 (medsrl); TRL shuffles the 128 rows before splitting
+The forwards are the same too: with ``num_iterations=1`` and generation aligned to the optimizer
+step, TRL skips the no-grad old-log-prob forward (its ratio is exactly 1), and so does medsrl
+here (``RLModule.scoring_forward_needed``: one epoch, one mini-batch, no plug-in reading it).
+What the two do not share: medsrl runs each prompt once for its ``n`` rows (prefill, training
+forward), TRL every row whole; TRL's training forward also computes token entropies; group std + 1e-4 (TRL) vs 1e-6 (medsrl); TRL shuffles the 128 rows before splitting
 them into micro-batches. Sampling differs (two RNG streams), so responses differ, but lengths
 and rewards must be in the same range (checked, with a warning past 15 % in length).
 

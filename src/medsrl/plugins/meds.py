@@ -55,6 +55,7 @@ class Meds(Plugin):
         mode: str = "cluster",
         refit: str = "background",
         refit_workers: int = 1,
+        refit_growth: float = 0.0,
         mixed_groups_only: bool = True,
         remember_dropped: bool = False,
         reset_on_stage_change: bool = False,
@@ -74,7 +75,7 @@ class Meds(Plugin):
         self.alpha, self.beta, self.target = alpha, beta, target
         self.noise_is_cluster, self.k, self.mode = noise_is_cluster, k, mode
         self.spec = FeatureSpec(layers=layers, diff=diff, final_norm=final_norm, dtype=feature_dtype)
-        self.store = ClusteredMemory(cap_per_key, refit, refit_workers, min_cluster_size, min_samples)
+        self.store = ClusteredMemory(cap_per_key, refit, refit_workers, min_cluster_size, min_samples, refit_growth)
         self.mixed_groups_only = mixed_groups_only
         self.remember_dropped = remember_dropped
         self.reset_on_stage_change = reset_on_stage_change
