@@ -10,7 +10,10 @@ memory holds 256 / 2048 wrong-answer features per key before step 0, as in a lon
 meds_256_growth / meds_2048_growth (the same with ``refit_growth=0.1``: a store re-fits once it
 grew by 10 %, not at every visit). Besides
 the whole-step ratio, ``own_time_median`` gives what a method's own code costs: its plug-in
-phases and its extra time in the scoring forward (MEDS's capture hooks), over DAPO's.
+phases and its extra time in the scoring forward (MEDS's capture hooks), over DAPO's. Plain DAPO
+skips the scoring forward (on-policy, nothing reads it); the variant ``dapo_scored`` runs it, and
+when it is among the methods, ``ratio_to_dapo_scored`` gives each method over it: MEDS's cost
+beyond the one forward it needs.
 
 Each round runs every method once, in turn (the order rotates by one each round, so no method
 always runs first in a round), for ``--steps`` steps from the same warm-started
@@ -53,6 +56,10 @@ PLUGINS_OF = {"meds": ["meds"], "r3": ["r3"], "meds_r3": ["meds", "r3"]}
 # DAPO's filter without extra rounds: the same generation work as the runs without it
 FILTER_ONLY = "algorithm.plugins.dynamic_sampling={_target_: medsrl.plugins.dynamic_sampling.DynamicSampling, max_rounds: 0}"
 VARIANTS = {  # name -> (algorithm preset, overrides); compare meds_dropped with meds_filter
+    # DAPO with the no-grad scoring forward that MEDS reads its features from. Plain DAPO skips it
+    # (one epoch, one mini-batch: RLModule.scoring_forward_needed); naming the mini-batch of all
+    # 16 prompts gives the same update with that forward, as before it could be skipped.
+    "dapo_scored": ("dapo", ["algorithm.mini_batch_prompts=16"]),
     "meds_filter": ("meds", [FILTER_ONLY]),
     "meds_dropped": ("meds", [FILTER_ONLY, "algorithm.plugins.meds.remember_dropped=true"]),
     "meds_256": ("meds", []),
@@ -150,11 +157,14 @@ def main() -> None:
                         fired[method][k.removeprefix("train/")] = fired[method].get(k.removeprefix("train/"), 0.0) + v
             print(f"[method_overhead] round {r} {method}: {per_round[method][-1]:.3f} s/step", file=sys.stderr)
     ratios = {m: [a / b for a, b in zip(per_round[m], per_round["dapo"], strict=True)] for m in methods if m != "dapo"}
+    scored = "dapo_scored" if "dapo_scored" in methods else "dapo"
+    ratios_scored = {m: [a / b for a, b in zip(per_round[m], per_round[scored], strict=True)]
+                     for m in methods if scored != "dapo" and m not in ("dapo", scored)}
     med = {m: {k: statistics.median(v) for k, v in p.items()} for m, p in phases.items()}
     # what a method's own code costs: its plug-in phases, and what it adds to the scoring forward
     # (MEDS's capture hooks) over DAPO's
     own = {m: {"plugin_phases_s": round(p.get("groups", 0.0) + p.get("shaping", 0.0), 4),
-               "scoring_forward_extra_s": round(p.get("logprob", 0.0) - med["dapo"].get("logprob", 0.0), 4)}
+               "scoring_forward_extra_s": round(p.get("logprob", 0.0) - med[scored].get("logprob", 0.0), 4)}
            for m, p in med.items() if m != "dapo"}
     result = {
         "benchmark": "method_overhead",
@@ -164,6 +174,7 @@ def main() -> None:
         "pool": args.pool,
         "seconds_per_step": {m: _spread(v) for m, v in per_round.items()},
         "ratio_to_dapo": {m: _spread(v) for m, v in ratios.items()},
+        "ratio_to_dapo_scored": {m: _spread(v) for m, v in ratios_scored.items()},
         "phase_seconds_median": {m: {k: round(statistics.median(v), 4) for k, v in sorted(p.items())}
                                  for m, p in phases.items()},
         "own_time_median": own,
