@@ -17,7 +17,8 @@ beyond the one forward it needs.
 
 Each round runs every method once, in turn (the order rotates by one each round, so no method
 always runs first in a round), for ``--steps`` steps from the same warm-started
-policy, seed and data; the first step of each run is dropped (warm-up). The data pool is cut to
+policy, seed and data; the first step of each run is dropped (warm-up), and a run counts by its
+median step. The data pool is cut to
 ``--pool`` prompts so prompts come back within a run and history-based methods (MEDS, R3)
 act, not only fill their memory. DAPO's dynamic sampling is off everywhere, so generation
 differs only by what a method adds itself (R3's reflection prompts and replayed rows). The
@@ -148,7 +149,9 @@ def main() -> None:
                 _prefill(run, args.steps, PREFILL[method])
             train(cfg, run)
             steps = _steps(out)
-            per_round[method].append(statistics.mean(s["train/time/step"] for s in steps))
+            # the run's median step: one step slowed by another job on this shared machine
+            # moved a 5-step mean by 20-60 % (docs/BENCHMARKS.md, issue 13)
+            per_round[method].append(statistics.median(s["train/time/step"] for s in steps))
             for s in steps:
                 for k, v in s.items():
                     if k.startswith("train/time/"):
