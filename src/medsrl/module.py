@@ -31,7 +31,7 @@ from medsrl.rollout.base import SamplingParams
 from medsrl.rollout.factory import BACKENDS, build_engine
 from medsrl.step.metrics import PhaseTimer, mean_over_ranks, rollout_metrics, zero_spread_group_frac
 from medsrl.step.rollouts import Group, StepRollouts, split_groups
-from medsrl.step.scoring import scoring_pass
+from medsrl.step.scoring import scoring_forward_needed, scoring_pass
 from medsrl.step.update import policy_update
 from medsrl.utils.distributed import (
     all_gather_objects,
@@ -213,16 +213,8 @@ class RLModule(L.LightningModule):
 
     @property
     def scoring_forward_needed(self) -> bool:
-        """Whether a step runs the no-grad scoring forward (old log-probs) before its update.
-
-        Not when the update is one optimiser step on the freshly sampled rollouts (one PPO
-        epoch, one mini-batch) and nothing else reads that forward (no token stats, no plug-in
-        that reads it, no engine log-probs to compare): the old log-probs are then the update's
-        own, detached (ratio 1), as TRL and verl do on-policy. Saves one forward over the batch.
-        """
-        on_policy = self.algo.ppo_epochs == 1 and self.algo.mini_batch_prompts is None
-        readers = [p.name for p in self.plugins if p.reads_scoring_forward]
-        return not on_policy or bool(readers or self.reducers or self.rollout_cfg.logprobs)
+        """Whether a step runs the no-grad scoring forward (``step/scoring.py``)."""
+        return scoring_forward_needed(self.algo, self.plugins, self.reducers, self.rollout_cfg.logprobs)
 
     def _sample(self, prompts: list, step: int, round_: int, timer: PhaseTimer) -> list[Group]:
         """Generate for this rank's contiguous shard of ``prompts`` and grade: one group each.

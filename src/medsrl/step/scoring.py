@@ -127,3 +127,17 @@ def scoring_pass(
     finally:
         model.train(was_training)
     return torch.cat(logps), {name: torch.cat(parts) for name, parts in stats.items()}
+
+
+def scoring_forward_needed(algo, plugins, reducers: dict, engine_logprobs: bool) -> bool:
+    """Whether a step must run :func:`scoring_pass` before its update.
+
+    Not when the update is one optimiser step on the freshly sampled rollouts (one PPO epoch,
+    one mini-batch) and nothing else reads that forward: no plug-in that reads it
+    (``Plugin.reads_scoring_forward``), no token stats, no engine log-probs to compare. The old
+    log-probs are then the update's own, detached (ratio 1), as TRL and verl do on-policy; one
+    forward over the batch saved (``docs/BENCHMARKS.md``).
+    """
+    on_policy = algo.ppo_epochs == 1 and algo.mini_batch_prompts is None
+    readers = [p for p in plugins if p.reads_scoring_forward]
+    return not on_policy or bool(readers or reducers or engine_logprobs)
