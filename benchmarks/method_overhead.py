@@ -149,8 +149,9 @@ def main() -> None:
                 _prefill(run, args.steps, PREFILL[method])
             train(cfg, run)
             steps = _steps(out)
-            # the run's median step: one step slowed by another job on this shared machine
-            # moved a 5-step mean by 20-60 % (docs/BENCHMARKS.md, issue 13)
+            # the run's median step: in one run the first measured step took 4-9 s in 14 of 21
+            # runs (DAPO's too), which put their 5-step means 30-100 % above their medians
+            # (docs/BENCHMARKS.md, issue 13)
             per_round[method].append(statistics.median(s["train/time/step"] for s in steps))
             for s in steps:
                 for k, v in s.items():
