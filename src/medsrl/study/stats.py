@@ -1,0 +1,252 @@
+"""Significance statistics for comparing two RL methods over a few seeds and many problems.
+
+A study has two sources of noise. Seeds: retraining with another seed gives another policy, and
+with 3 seeds the seed-level test (Welch's t over per-seed benchmark scores) has little power.
+Problems: given the trained policies, the benchmark is a finite sample of problems; the
+problem-level test (paired over problems, scores averaged over seeds) measures that noise but
+not the seed noise. A difference is called significant only when both tests reject, so neither
+source alone can make it look real.
+
+Conventions: differences are ``b - a`` (treatment minus baseline) everywhere; non-finite values
+are dropped (a seed without features has ``nan`` diversity); random draws use a fixed seed, so
+every number is reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from medsrl.evaluation.passk import pass_at_k
+
+ALPHA = 0.05
+
+
+@dataclass(frozen=True)
+class WelchResult:
+    """Welch's two-sample t-test of ``b`` against ``a``."""
+
+    t: float  # (mean(b) - mean(a)) / standard error
+    dof: float  # Welch-Satterthwaite degrees of freedom
+    p: float  # two-sided
+
+
+@dataclass(frozen=True)
+class PairedResult:
+    """Paired test over problems of per-problem scores ``b`` against ``a``."""
+
+    diff: float  # mean over problems of b - a
+    ci_low: float  # percentile bootstrap 95% CI of diff, resampling problems
+    ci_high: float
+    p: float  # two-sided sign-flip permutation p-value
+    problems: int  # problems in the test (pairs with both values finite)
+    exact: bool  # True: all 2^P sign flips enumerated; False: `rounds` random flips
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Both tests of one metric, and the verdict that needs both."""
+
+    a_mean: float
+    a_std: float
+    b_mean: float
+    b_std: float
+    diff: float  # mean over seeds of b minus mean over seeds of a
+    welch: WelchResult
+    paired: PairedResult | None  # None: no per-problem scores
+    significant: bool
+    verdict: str
+
+
+def _finite(values) -> np.ndarray:
+    x = np.asarray(values, dtype=np.float64).ravel()
+    return x[np.isfinite(x)]
+
+
+def mean_std(values) -> tuple[float, float]:
+    """(mean, sample std with ddof=1) of the finite values.
+
+    Why ddof=1: the seeds are a sample of all possible seeds, and the report states the spread
+    one would expect of a new seed. One value gives std ``nan`` (no spread can be estimated);
+    no values give ``(nan, nan)``.
+    """
+    x = _finite(values)
+    if len(x) == 0:
+        return math.nan, math.nan
+    return float(x.mean()), float(x.std(ddof=1)) if len(x) > 1 else math.nan
+
+
+def welch_t_test(a, b) -> WelchResult:
+    """Welch's unequal-variance t-test of ``mean(b) - mean(a)``, two-sided.
+
+    Why Welch rather than Student: two methods need not have the same seed variance (a method
+    can be more or less stable), and Welch does not assume they do. t = (mean_b - mean_a) / se
+    with se^2 = var_a/n_a + var_b/n_b (ddof=1), dof by Welch-Satterthwaite
+    se^4 / ((var_a/n_a)^2/(n_a-1) + (var_b/n_b)^2/(n_b-1)), p = 2 * P(T_dof > |t|).
+    Undefined (all ``nan``) with fewer than 2 values on a side. With no variance at all the
+    test cannot judge a difference: equal means give t = 0, p = 1, different ones p = ``nan``.
+    """
+    x, y = _finite(a), _finite(b)
+    if len(x) < 2 or len(y) < 2:
+        return WelchResult(math.nan, math.nan, math.nan)
+    va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    diff = float(y.mean() - x.mean())
+    se2 = va + vb
+    if se2 == 0.0:
+        return (
+            WelchResult(0.0, math.nan, 1.0)
+            if diff == 0.0
+            else WelchResult(math.copysign(math.inf, diff), math.nan, math.nan)
+        )
+    t = diff / math.sqrt(se2)
+    dof = se2**2 / (va**2 / (len(x) - 1) + vb**2 / (len(y) - 1))
+    return WelchResult(float(t), float(dof), _t_two_sided_p(t, dof))
+
+
+def _t_two_sided_p(t: float, dof: float) -> float:
+    """P(|T| > |t|) for Student's t with (possibly fractional) ``dof``."""
+    from scipy import stats  # a dependency of hdbscan and scikit-learn, so always installed
+
+    return float(min(1.0, 2.0 * stats.t.sf(abs(t), dof)))
+
+
+def paired_problem_test(a, b, *, rounds: int = 10000, seed: int = 0) -> PairedResult:
+    """Mean of ``b - a`` over problems, its bootstrap 95% CI and a sign-flip permutation p.
+
+    ``a[i]`` and ``b[i]`` are the two methods' scores on problem i (e.g. pass@k averaged over
+    seeds); pairs with a non-finite value are dropped. Why paired: both methods saw the same
+    problems, and most of the variation is between problems (easy vs hard), which pairing
+    removes. The CI resamples problems with replacement (``rounds`` times, percentile 2.5 and
+    97.5). The p-value tests "no difference" by flipping the sign of each problem's difference
+    at random: p = (1 + #{|mean of flipped| >= |observed|}) / (1 + rounds). With few problems
+    (2^P <= rounds) all 2^P flips are enumerated and p is exact. Both use the fixed ``seed``, so
+    the result is deterministic. Identical inputs give diff 0, CI [0, 0] and p = 1.
+    """
+    x = np.asarray(a, dtype=np.float64).ravel()
+    y = np.asarray(b, dtype=np.float64).ravel()
+    if x.shape != y.shape:
+        raise ValueError(f"need the same problems on both sides, got {len(x)} and {len(y)}")
+    keep = np.isfinite(x) & np.isfinite(y)
+    d = y[keep] - x[keep]
+    n = len(d)
+    if n == 0:
+        return PairedResult(math.nan, math.nan, math.nan, math.nan, 0, False)
+    observed = float(d.mean())
+    boot_rng = np.random.default_rng([seed, 0])
+    flip_rng = np.random.default_rng([seed, 1])
+    boot = np.concatenate(
+        [d[boot_rng.integers(0, n, size=(m, n))].mean(axis=1) for m in _chunks(rounds, n)]
+    )
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    tol = 1e-12 * max(1.0, float(np.abs(d).max()))  # float noise must not beat an exact tie
+    exact = 2**n <= rounds
+    if exact:
+        signs = 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)
+        hits = int((np.abs(signs @ d / n) >= abs(observed) - tol).sum())
+        p = hits / 2**n
+    else:
+        hits = 0
+        for m in _chunks(rounds, n):
+            signs = flip_rng.choice(np.array([-1.0, 1.0]), size=(m, n))
+            hits += int((np.abs(signs @ d / n) >= abs(observed) - tol).sum())
+        p = (1 + hits) / (1 + rounds)
+    return PairedResult(observed, float(lo), float(hi), float(min(1.0, p)), n, exact)
+
+
+def _chunks(rounds: int, n: int, budget: int = 2_000_000):
+    """Round counts per batch so that one batch's [m, n] array stays at about ``budget`` cells."""
+    step = max(1, budget // max(1, n))
+    for start in range(0, rounds, step):
+        yield min(step, rounds - start)
+
+
+def per_problem_pass_at_k(scores_per_problem: Sequence[Sequence[float]], k: int) -> np.ndarray:
+    """Unbiased pass@k [P] of each problem from its graded samples (correct = score 1).
+
+    Why per problem: the paired test needs one number per problem, and the mean of these is
+    the benchmark's pass@k (``medsrl.evaluation.passk``). Each problem uses its own n, which
+    must be >= k.
+    """
+    out = []
+    for scores in scores_per_problem:
+        c = sum(float(s) >= 1.0 for s in scores)
+        out.append(pass_at_k(len(scores), c, k))
+    return np.asarray(out, dtype=np.float64)
+
+
+def compare(
+    a_seeds,
+    b_seeds,
+    a_problems=None,
+    b_problems=None,
+    *,
+    a_label: str = "baseline",
+    b_label: str = "treatment",
+    alpha: float = ALPHA,
+    rounds: int = 10000,
+    seed: int = 0,
+) -> Comparison:
+    """Seed-level Welch test and problem-level paired test of one metric, and a verdict.
+
+    ``a_seeds`` / ``b_seeds``: the metric of each seed's policy (e.g. the benchmark pass@1);
+    ``a_problems`` / ``b_problems``: per-problem values of the same problems in the same order
+    (averaged over seeds), or ``None``. Why both: with 3 seeds the seed test rarely rejects,
+    while the problem test ignores that another seed could have trained a different policy; a
+    difference is called significant only when both p < ``alpha`` and both point the same way.
+    """
+    a_mean, a_std = mean_std(a_seeds)
+    b_mean, b_std = mean_std(b_seeds)
+    welch = welch_t_test(a_seeds, b_seeds)
+    paired = None
+    if a_problems is not None and b_problems is not None:
+        paired = paired_problem_test(a_problems, b_problems, rounds=rounds, seed=seed)
+    diff = b_mean - a_mean
+    significant, text = verdict(diff, welch, paired, a_label=a_label, b_label=b_label, alpha=alpha)
+    return Comparison(a_mean, a_std, b_mean, b_std, diff, welch, paired, significant, text)
+
+
+def verdict(
+    diff: float,
+    welch: WelchResult,
+    paired: PairedResult | None,
+    *,
+    a_label: str = "baseline",
+    b_label: str = "treatment",
+    alpha: float = ALPHA,
+) -> tuple[bool, str]:
+    """(significant, plain sentence): significant only if both tests reject in the same direction.
+
+    Why so strict: either test alone overstates the evidence (see the module docstring), and a
+    study of 3 seeds should not claim more than it shows.
+    """
+    seed_p = welch.p
+    prob_p = paired.p if paired is not None else math.nan
+    both = _below(seed_p, alpha) and _below(prob_p, alpha)
+    same_way = paired is not None and np.sign(diff) == np.sign(paired.diff) and diff != 0
+    if both and same_way:
+        word = "higher" if diff > 0 else "lower"
+        return True, f"{b_label} {word} than {a_label} (both p < {alpha:g})"
+    if paired is None:
+        why = "no per-problem scores"
+    elif both:
+        why = "the two tests point in opposite directions"
+    else:
+        why = (
+            f"seed-level p = {format_p(seed_p)}, problem-level p = {format_p(prob_p)}; "
+            f"needs both < {alpha:g}"
+        )
+    return False, f"no difference shown ({why})"
+
+
+def _below(p: float, alpha: float) -> bool:
+    return math.isfinite(p) and p < alpha
+
+
+def format_p(p: float) -> str:
+    """A p-value for prose: 2 significant digits, ``<0.001`` below that, ``n/a`` if undefined."""
+    if not math.isfinite(p):
+        return "n/a"
+    return "<0.001" if p < 0.001 else f"{p:.2g}"
