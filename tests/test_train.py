@@ -121,3 +121,75 @@ def test_plugins_are_built_in_order_named_by_their_keys(caplog):
     assert any("algorithm.plugins.orphan" in r.getMessage() for r in caplog.records)
     with pytest.raises(TypeError, match="algorithm.plugins.x: .* is not a medsrl Plugin"):
         build_plugins({"x": {"_target_": "collections.OrderedDict"}})
+
+
+# ---------------------------------------------------------------- sweeps: metric, skip, continue
+
+
+def test_summary_has_the_final_validation_figures_and_main_returns_the_optimized_one(tmp_path):
+    from medsrl.train import optimized_value
+
+    cfg = compose_train(tmp_path / "run", ["trainer.max_steps=1", "optimized_metric=val/pass@2"])
+    summary = train(cfg)
+    for key in ("val/accuracy", "val/pass@1", "val/pass@2", "val/maj@n", "val/distinct_answers"):
+        assert 0.0 <= summary[key] < float("inf"), key
+    assert summary["val/accuracy"] == summary["val_accuracy_end"] == summary["val/pass@1"]
+    assert "val/n" not in summary and "val/run" not in summary
+    assert optimized_value(cfg, summary) == summary["val/pass@2"]
+    cfg.optimized_metric = "val/pass@8"  # n=2: no pass@8
+    with pytest.raises(ValueError, match=r"optimized_metric='val/pass@8'.*available: \[.*'val/pass@2'"):
+        optimized_value(cfg, summary)
+    assert optimized_value(cfg, summary, strict=False) is None  # a single run only warns
+    cfg.optimized_metric = None
+    assert optimized_value(cfg, summary) is None
+
+
+def test_skip_if_done_returns_a_finished_runs_summary_without_building_it(tmp_path, monkeypatch, capsys):
+    import medsrl.train as train_mod
+
+    out = tmp_path / "run"
+    cfg = compose_train(out, ["trainer.max_steps=1", "skip_if_done=true"])
+    first = train_mod.train_or_skip(cfg)
+    assert first["steps"] == 1 and (out / "summary.json").exists()
+    assert not list(out.glob(".summary.json.*"))  # written atomically: no temp file left
+
+    def no_build(cfg):
+        raise AssertionError("a finished run must not be built again")
+
+    monkeypatch.setattr(train_mod, "build_run", no_build)
+    capsys.readouterr()
+    again = train_mod.train_or_skip(cfg)
+    assert again == first
+    assert f"[medsrl] {out} finished before (summary.json): skipped" in capsys.readouterr().out
+    assert train_mod.optimized_value(cfg, again) == first["val/accuracy"]
+
+
+@pytest.mark.filterwarnings("ignore:Experiment logs directory", "ignore:Checkpoint directory")
+def test_skip_if_done_continues_an_interrupted_run_from_its_last_checkpoint(tmp_path, capsys):
+    from medsrl.train import train_or_skip
+
+    out = tmp_path / "run"
+    # an interrupted run: its checkpoint of step 1 written, no summary.json
+    train(compose_train(out, ["trainer.max_steps=1", "algorithm=grpo"]))
+    (out / "summary.json").unlink()
+
+    cfg = compose_train(out, ["trainer.max_steps=2", "algorithm=grpo", "skip_if_done=true"])
+    summary = train_or_skip(cfg)
+    assert f"continuing from {out / 'checkpoints' / 'last.ckpt'}" in capsys.readouterr().out
+    assert summary["steps"] == 2 and (out / "summary.json").exists()
+    assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+    steps = sorted(s for s, m in read_metrics(out).items() if "train/reward" in m)
+    # the continued process trained step 2 only (its CSV logger rewrote metrics.csv; TensorBoard
+    # would append): it started from the checkpoint's step 1
+    assert steps == [1]
+    assert "val_accuracy_start" not in summary  # no validation before a resumed run's first step
+
+
+def test_skip_if_done_refuses_a_dir_of_a_run_with_other_settings(tmp_path):
+    from medsrl.train import check_identity
+
+    out = tmp_path / "run"
+    check_identity(compose_train(out, ["skip_if_done=true"]), out)
+    check_identity(compose_train(out, ["skip_if_done=true", "ckpt_path=/x.ckpt"]), out)  # same run
+    with pytest.raises(ValueError, match=r"other settings.*algorithm\.plugins\.meds\.alpha"):
+        check_identity(compose_train(out, ["skip_if_done=true", "algorithm.plugins.meds.alpha=0.2"]), out)

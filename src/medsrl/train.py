@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -21,13 +22,17 @@ CONFIG_DIR = str(ROOT / "configs")
 import hydra  # noqa: E402
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.types import RunMode  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from medsrl.callbacks.pass_at_k import PassAtKValidation  # noqa: E402
+from medsrl.callbacks.hparams import log_final_hparams  # noqa: E402
+from medsrl.callbacks.pass_at_k import _NOT_LOGGED, PassAtKValidation  # noqa: E402
 from medsrl.models.policy import build_policy  # noqa: E402
 from medsrl.module import RLModule  # noqa: E402
 from medsrl.plugins import Plugin  # noqa: E402
+from medsrl.utils.atomic_file import atomic_write  # noqa: E402
 from medsrl.utils.checkpoint_io import AtomicCheckpointIO  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -149,21 +154,142 @@ def train(cfg: DictConfig, run: Run | None = None) -> dict[str, float]:
         if validation.history[0][0] == 0:
             summary["val_accuracy_start"] = validation.history[0][1]
         summary["val_accuracy_end"] = validation.history[-1][1]
+        summary.update(final_validation(validation.last_rows))
     summary["steps"] = trainer.global_step
     if cfg.export_policy:
         module.export_policy(out_dir / "policy")  # every rank: FSDP gathers the weights
         if trainer.is_global_zero:
             print(f"[medsrl] final policy saved to {out_dir / 'policy'}")
     if trainer.is_global_zero:
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        log_final_hparams(loggers, cfg, summary, step=trainer.global_step)  # TensorBoard's HParams
+        write_summary(out_dir, summary)  # last: its presence means the run is complete (skip_if_done)
         print(f"[medsrl] summary: {json.dumps(summary)}")
     return summary
 
 
+def final_validation(rows: list[dict]) -> dict[str, float]:
+    """``val/<figure>`` of the last validation over all held-out problems (``rows[0]``), finite
+    values only: the figures a sweep may optimise (``optimized_metric``), as TensorBoard names them."""
+    if not rows:
+        return {}
+    out = {"val/accuracy": float(rows[0]["pass@1"])}
+    for name, value in rows[0].items():
+        if name in _NOT_LOGGED or isinstance(value, (str, bool)) or value is None:
+            continue
+        if math.isfinite(float(value)):
+            out[f"val/{name}"] = float(value)
+    return out
+
+
+def write_summary(out_dir: Path, summary: dict[str, float]) -> Path:
+    """``summary.json``, atomically: a crash mid-write never leaves a half file that reads as done."""
+    data = json.dumps(summary, indent=2).encode()
+    return atomic_write(out_dir / "summary.json", lambda f: f.write(data))
+
+
+# ---------------------------------------------------------------- re-running a multirun
+
+# Keys that may differ between an interrupted run and its re-run without changing what it computes.
+_IDENTITY_EXEMPT = ("hydra", "paths", "logger", "skip_if_done", "ckpt_path", "resume_mode", "optimized_metric")
+
+
+def run_identity(cfg: DictConfig) -> dict[str, Any]:
+    """What makes a run this run: its config without paths and resume keys, unresolved (so no
+    time stamp or directory enters). A re-run compares it with the one stored in its dir."""
+    container = OmegaConf.to_container(cfg, resolve=False)
+    return {k: v for k, v in container.items() if k not in _IDENTITY_EXEMPT}
+
+
+def check_identity(cfg: DictConfig, out_dir: Path) -> None:
+    """Fail when ``out_dir`` holds a run of other settings (an Optuna study kept in a database
+    asks other trials on a re-run): skipping or resuming it would report the wrong run."""
+    path = out_dir / "run_identity.json"
+    mine = json.loads(json.dumps(run_identity(cfg)))  # tuples -> lists, as stored
+    if path.exists():
+        stored = json.loads(path.read_text())
+        if stored != mine:
+            diff = sorted(_diff_keys(stored, mine))
+            raise ValueError(
+                f"skip_if_done: {out_dir} holds a run of other settings (differ: {diff[:10]}); "
+                "re-run into a new hydra.sweep.dir / hydra.run.dir, or delete that run"
+            )
+    elif _is_rank_zero():
+        data = json.dumps(mine, indent=2, sort_keys=True).encode()
+        atomic_write(path, lambda f: f.write(data))
+
+
+def _diff_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted keys at which two nested dicts differ (for the error message)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [k for key in sorted(set(a) | set(b), key=str)
+                for k in _diff_keys(a.get(key), b.get(key), f"{prefix}{key}.")]
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def _is_rank_zero() -> bool:
+    """Before the trainer exists: rank 0 of a DDP launch (Lightning sets ``RANK`` for the others)."""
+    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0
+
+
+def finished_summary(out_dir: Path) -> dict[str, float] | None:
+    """The summary of a run that completed in ``out_dir`` (written last, atomically), else None."""
+    path = out_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+def train_or_skip(cfg: DictConfig) -> dict[str, float]:
+    """``train(cfg)``, or with ``skip_if_done``: the stored summary of a run that finished in this
+    output dir (nothing is built), or a full resume from the ``last.ckpt`` of one interrupted."""
+    if not cfg.get("skip_if_done", False):
+        return train(cfg)
+    out_dir = Path(cfg.paths.output_dir)
+    check_identity(cfg, out_dir)
+    done = finished_summary(out_dir)
+    if done is not None:
+        print(f"[medsrl] {out_dir} finished before (summary.json): skipped")
+        return done
+    last = out_dir / "checkpoints" / "last.ckpt"
+    if last.exists():
+        was = f" (instead of ckpt_path={cfg.ckpt_path}, resume_mode={cfg.resume_mode})" if cfg.ckpt_path else ""
+        print(f"[medsrl] {out_dir} was interrupted: continuing from {last}{was}")
+        cfg = cfg.copy()
+        cfg.ckpt_path, cfg.resume_mode = str(last), "full"
+    return train(cfg)
+
+
+def optimized_value(cfg: DictConfig, summary: dict[str, float], strict: bool = True) -> float | None:
+    """``summary[cfg.optimized_metric]``, the value ``main`` returns to a Hydra sweeper; None when
+    the key is null. A missing key fails under ``strict`` (an optimising sweeper would otherwise
+    rank the trial on nothing) and only warns otherwise (a single run or a grid needs no value)."""
+    key = cfg.get("optimized_metric")
+    if key is None:
+        return None
+    if key not in summary:
+        msg = (f"optimized_metric={key!r} is not in the run's summary; available: {sorted(summary)} "
+               "(val/pass@k needs callbacks.pass_at_k.n >= k and validation on)")
+        if strict:
+            raise ValueError(msg)
+        log.warning(msg)
+        return None
+    return float(summary[key])
+
+
+def sweeper_optimises() -> bool:
+    """True in a multirun whose sweeper reads ``main``'s value (Optuna, ...), not a plain grid."""
+    if not HydraConfig.initialized():
+        return False
+    hc = HydraConfig.get()
+    return hc.mode == RunMode.MULTIRUN and not str(hc.sweeper.get("_target_", "")).endswith("BasicSweeper")
+
+
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    summary = train(cfg)
-    return summary.get("val_accuracy_end")  # the value a Hydra sweeper optimises
+    summary = train_or_skip(cfg)
+    return optimized_value(cfg, summary, strict=sweeper_optimises())  # what a Hydra sweeper optimises
 
 
 if __name__ == "__main__":

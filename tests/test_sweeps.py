@@ -1,0 +1,190 @@
+"""Sweeps as users run them: the Optuna search over MEDS's knobs (composed, and a real 2-trial
+sweep through ``medsrl-train``'s Hydra entry point) and the SLURM launcher (composed into the
+sbatch script submitit would submit; there is no SLURM here)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+from medsrl.meds.logit_capture import select_layers
+from run_helpers import ROOT
+
+pytestmark = [
+    pytest.mark.slow,
+    # optuna 2.10's study-database models under SQLAlchemy 1.4 (pinned: optuna 2 cannot use 2.x)
+    pytest.mark.filterwarnings("ignore:Deprecated API features detected"),
+]
+
+SEARCHED = ["algorithm.plugins.meds.alpha", "algorithm.plugins.meds.beta", "algorithm.plugins.meds.layers"]
+
+
+def require(module: str) -> None:
+    """The `sweep` extra (also in `dev`); missing it skips only outside CI."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"{module} is not installed: pip install -e '.[sweep]' (CI never skips this)")
+
+
+def compose_with_hydra(overrides: list[str]):
+    """The train config with its ``hydra`` node, as ``medsrl-train`` composes it."""
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("train", overrides=overrides, return_hydra_config=True)
+
+
+def test_optuna_search_maximises_final_pass_at_8_over_meds_knobs():
+    require("hydra_plugins.hydra_optuna_sweeper")
+    cfg = compose_with_hydra(["hparams_search=meds_optuna", "experiment=tiny"])
+    sweeper = cfg.hydra.sweeper
+    assert sweeper._target_ == "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+    assert cfg.hydra.mode == RunMode.MULTIRUN  # `-m` may be left out
+    assert sweeper.direction == "maximize" and sweeper.n_jobs == 1 and sweeper.n_trials == 20
+    assert sweeper.sampler._target_ == "optuna.samplers.TPESampler" and sweeper.sampler.seed is not None
+    assert sorted(sweeper.params) == sorted(SEARCHED)
+    assert sweeper.params["algorithm.plugins.meds.alpha"].startswith("interval(")
+    assert cfg.optimized_metric == "val/pass@8"
+    assert cfg.callbacks.pass_at_k.n >= 8  # else the run has no val/pass@8
+    # every searched key exists in the composed run (an override of a missing key fails each trial)
+    assert cfg.algorithm.name == "meds"
+    for key in SEARCHED:
+        OmegaConf.select(cfg, key, throw_on_missing=True)
+    for layers in ("1", "half", "all"):  # the layer choices are valid for the 4-layer tiny model
+        assert select_layers(cfg.model.tiny.num_hidden_layers, layers)
+
+
+def test_slurm_launcher_builds_the_sbatch_script(tmp_path, monkeypatch):
+    """The launcher as Hydra instantiates it, launching one job: submitit gets our resources and
+    writes them into the sbatch script (a stub ``srun`` stands in for the cluster; nothing runs)."""
+    require("hydra_plugins.hydra_submitit_launcher")
+    import submitit
+    from hydra.utils import instantiate
+
+    cfg = compose_with_hydra(["hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path}", "hydra.job.name=train"])
+    assert cfg.hydra.launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (stub / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stub}{os.pathsep}{os.environ['PATH']}")
+
+    scripts = []
+
+    def capture(executor, fn, *args):  # in place of sbatch: the script each job would get
+        scripts.append(executor._executor._make_submission_file_text("python -m medsrl.train", "uid"))
+        return []
+
+    monkeypatch.setattr(submitit.AutoExecutor, "map_array", capture)
+    launcher = instantiate(cfg.hydra.launcher)
+    launcher.config = cfg
+    launcher.launch([["optim.lr=1e-5"]], initial_job_idx=0)
+    (script,) = scripts
+    for line in ("--time=240", "--cpus-per-task=4", "--mem=32GB", "--nodes=1", "--ntasks-per-node=1",
+                 "--job-name=train", f"--output={tmp_path}/.submitit/%j/"):
+        assert f"#SBATCH {line}" in script, line
+
+
+@pytest.fixture
+def restore_logging():
+    """Hydra's job logging re-configures the root logger (a file handler in the run dir)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for h in root.handlers:
+        if h not in handlers:
+            h.close()
+    root.handlers[:], root.level = handlers, level
+
+
+def run_main(argv: list[str], monkeypatch) -> None:
+    """``medsrl-train <argv>`` in this process (its trials fork no interpreter of their own)."""
+    from medsrl.train import main
+
+    monkeypatch.setattr(sys, "argv", ["medsrl-train", *argv])
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # raise, not exit, on a failed trial
+    try:
+        main()
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def test_optuna_sweep_runs_two_trials_and_a_rerun_skips_them(tmp_path, monkeypatch, capsys, restore_logging):
+    """``medsrl-train -m hparams_search=meds_optuna`` for real, shrunk to 2 one-step trials of the
+    micro model: each trial trains with its own MEDS settings and Optuna gets its value. Re-run
+    into the same dir with skip_if_done, the seeded search asks the same trials, which are skipped."""
+    require("hydra_plugins.hydra_optuna_sweeper")
+    sweep = tmp_path / "sweep"
+    argv = [
+        "-m", "hparams_search=meds_optuna", "experiment=tiny", "debug=fast",
+        "hydra.sweeper.n_trials=2", "optimized_metric=val/pass@2",  # debug=fast samples n=2
+        f"hydra.sweep.dir={sweep}", f"paths.cache_dir={tmp_path / 'cache'}", "skip_if_done=true",
+        "trainer.max_steps=1", "callbacks.pass_at_k.at_start=false", "callbacks.model_checkpoint=null",
+    ]
+    run_main(argv, monkeypatch)
+
+    trials = []
+    for job in ("0", "1"):
+        summary = json.loads((sweep / job / "summary.json").read_text())
+        overrides = yaml.safe_load((sweep / job / ".hydra" / "overrides.yaml").read_text())
+        assert summary["steps"] == 1 and math.isfinite(summary["val/pass@2"])
+        trials.append({o.split("=")[0]: o.split("=", 1)[1] for o in overrides if o.split("=")[0] in SEARCHED})
+    assert all(sorted(t) == sorted(SEARCHED) for t in trials)
+    assert trials[0] != trials[1]  # Optuna asked two different points
+    result = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    assert result["name"] == "optuna"
+    assert sorted(result["best_params"]) == sorted(SEARCHED)
+    assert math.isfinite(result["best_value"])
+    best = max(json.loads((sweep / j / "summary.json").read_text())["val/pass@2"] for j in "01")
+    assert result["best_value"] == pytest.approx(best)
+
+    def no_build(cfg):
+        raise AssertionError("a finished trial must not be built again")
+
+    import medsrl.train
+
+    monkeypatch.setattr(medsrl.train, "build_run", no_build)
+    capsys.readouterr()
+    run_main(argv, monkeypatch)
+    assert capsys.readouterr().out.count("finished before (summary.json): skipped") == 2
+    assert yaml.safe_load((sweep / "optimization_results.yaml").read_text()) == result
+
+
+def test_hparams_search_is_off_by_default():
+    cfg = compose_with_hydra([])
+    assert cfg.hydra.sweeper._target_.endswith("BasicSweeper")
+    assert cfg.optimized_metric == "val/accuracy" and cfg.skip_if_done is False
+    assert Path(ROOT / "configs" / "hparams_search" / "meds_optuna.yaml").exists()
+
+
+@pytest.mark.parametrize(("overrides", "optimises"), [
+    ([], False),                               # a single run
+    (["hydra.mode=MULTIRUN"], False),          # a grid: no value needed
+    (["hparams_search=meds_optuna"], True),    # Optuna ranks trials on it
+])
+def test_only_an_optimising_sweeper_makes_a_missing_metric_fatal(overrides, optimises):
+    from hydra.core.hydra_config import HydraConfig
+
+    from medsrl.train import sweeper_optimises
+
+    if overrides:
+        require("hydra_plugins.hydra_optuna_sweeper")
+    HydraConfig.instance().set_config(compose_with_hydra(overrides))
+    try:
+        assert sweeper_optimises() is optimises
+    finally:
+        HydraConfig.instance().cfg = None
+
