@@ -19,7 +19,7 @@ VLLM_ENV ?= VLLM_CPU_OMP_THREADS_BIND=0-$(shell echo $$(( $$(nproc) - 1 ))) VLLM
 TRL_VENV ?= .venv-trl
 TRL_STAMP := $(TRL_VENV)/.installed
 
-.PHONY: help install train eval test test-vllm bench-trl lint tensorboard clean
+.PHONY: help install train eval study study-quick test test-vllm bench-trl lint tensorboard clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -41,6 +41,12 @@ eval: install ## Evaluate the last `make train` policy: pass@k (n=16), diversity
 	@run=$$(ls -d logs/train/runs/*/policy 2>/dev/null | sort | tail -1); \
 	if [ -z "$$run" ]; then echo "[medsrl] no logs/train/runs/*/policy yet: run 'make train' first"; exit 1; fi; \
 	$(BIN)/medsrl-eval model_path=$$run n=16 $(ARGS)
+
+study: install ## The study (docs/STUDY.md): 7 methods x 3 seeds, stages A->B, eval n=32; resumes if interrupted
+	$(BIN)/medsrl-study --doc docs/STUDY.md --img-dir docs/img/study $(ARGS)
+
+study-quick: install ## The study with one seed and fewer steps (~10 min), into logs/study/quick/STUDY.md
+	$(BIN)/medsrl-study --name quick --seeds 0 --steps-a 10 --steps-b 10 --eval-n 8 --eval-problems 32 $(ARGS)
 
 test: install ## Run the whole test suite; PYTEST_ARGS="..." passes options to pytest
 	$(BIN)/pytest -q $(PYTEST_ARGS)

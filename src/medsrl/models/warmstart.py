@@ -71,6 +71,28 @@ class WarmStartConfig:
     max_length: int = 320  # training sequences (prompt + solution) longer than this are dropped
     eval_examples: int = 128  # val problems for the final sampled / greedy accuracy
     eval_max_new_tokens: int = 96
+    # The problems it learns from: "arithmetic" (generate_arithmetic at ``level``) or
+    # "precedence" (the study task: generate_precedence_mix with ``task_options``, which holds
+    # its ``levels`` shares, ``shortcut_rate`` and ``trap_fraction``; ``level`` is unused).
+    task: str = "arithmetic"
+    task_options: dict = field(default_factory=dict)
+
+
+TASKS = ("arithmetic", "precedence")
+
+
+def task_examples(ws: WarmStartConfig, num: int, split: str) -> list[MathExample]:
+    """The warm start's problems (with worked solutions) of one split."""
+    if ws.task == "arithmetic":
+        return generate_arithmetic(num, level=ws.level, seed=ws.seed, split=split, **ws.task_options)
+    if ws.task == "precedence":
+        from medsrl.data.precedence import generate_precedence_mix
+
+        options = dict(ws.task_options)
+        if split != "train":  # the planted shortcut is a habit of the corpus, not of the answers
+            options.pop("shortcut_rate", None)
+        return generate_precedence_mix(num, seed=ws.seed, split=split, **options)
+    raise ValueError(f"model.warm_start.task must be one of {TASKS}, got {ws.task!r}")
 
 
 # --------------------------------------------------------------------------- cache
@@ -84,9 +106,12 @@ def _resolved_model_config(model_config: dict) -> dict[str, Any]:
 
 def warm_start_key(model_config: dict, ws: WarmStartConfig) -> str:
     """sha256 over the resolved model config, the warm-start config and the code versions."""
+    fields = asdict(ws)
+    if ws.task == "arithmetic" and not ws.task_options:  # keys from before tasks existed
+        del fields["task"], fields["task_options"]
     payload = {
         "model": _resolved_model_config(model_config),
-        "warm_start": asdict(ws),
+        "warm_start": fields,
         "medsrl": medsrl.__version__,
         "generator": GENERATOR_VERSION,
         "warmstart": WARMSTART_VERSION,
@@ -399,7 +424,7 @@ def generate_responses(
 
 def evaluate(model, tokenizer, ws: WarmStartConfig) -> dict[str, Any]:
     """Sampled (T=1, top_p=1) and greedy accuracy on ``ws.eval_examples`` val problems."""
-    val = generate_arithmetic(ws.eval_examples, level=ws.level, seed=ws.seed, split="val")
+    val = task_examples(ws, ws.eval_examples, "val")
     problems = [ex.problem for ex in val]
     result: dict[str, Any] = {"eval_examples": len(val)}
     for name, sample in (("sampled", True), ("greedy", False)):
@@ -448,14 +473,14 @@ def _build(
     torch.set_num_threads(num_threads or _num_threads())
     try:
         tokenizer = build_char_tokenizer()
-        examples = generate_arithmetic(ws.num_examples, level=ws.level, seed=ws.seed, split="train")
+        examples = task_examples(ws, ws.num_examples, "train")
         enc = encode_examples(tokenizer, examples, ws.system_prompt, ws.max_length)
         model = build_tiny_model(seed=ws.seed, **model_config)
         log.info(
-            "warm start: %d params, %d examples (level %d), %d steps x %d -> %s",
+            "warm start: %d params, %d examples (%s), %d steps x %d -> %s",
             sum(p.numel() for p in model.parameters()),
             len(enc.suffixes),
-            ws.level,
+            f"level {ws.level}" if ws.task == "arithmetic" else f"{ws.task} {ws.task_options}",
             ws.steps,
             ws.batch_size,
             out_dir,

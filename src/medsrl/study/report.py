@@ -28,6 +28,7 @@ import numpy as np
 from medsrl.evaluation.diversity import DIVERSITY_KEYS, distinct_wrong_answers
 from medsrl.study import stats
 from medsrl.study.collect import Study, load_study
+from medsrl.study.error_modes import render_error_modes
 from medsrl.study.plots import SMOOTH, plot_pass_at_k_curves, plot_training_curves
 from medsrl.utils.atomic_file import atomic_write
 
@@ -344,6 +345,7 @@ def render_markdown(study: Study, agg: dict[str, Any], figures: dict[str, str]) 
     out.append("")
     out += _main_table(agg, n_seeds)
     out += _benchmark_table(agg)
+    out += render_error_modes(study.root, [(m.name, m.label) for m in study.methods], study.seeds)
     out += _significance(study, agg)
     out += _figures(study, figures)
     return "\n".join(out).rstrip("\n") + "\n"

@@ -1,0 +1,205 @@
+"""Order-of-operations problems with a tempting shortcut: the study task (docs/STUDY.md).
+
+A problem is an expression of small numbers with ``+``, ``-`` and ``*``; a worked solution
+writes one operation per sentence, multiplications first (the correct route)::
+
+    problem:  Compute 3 + 4 * 2.
+    solution: 4 * 2 = 8. 3 + 8 = 11. \\boxed{11}
+
+The *shortcut* route works strictly left to right::
+
+    shortcut: 3 + 4 = 7. 7 * 2 = 14. \\boxed{14}
+
+The routes agree unless a ``*`` follows a ``+`` or ``-``; a problem where they disagree is a
+**trap**. The warm-start corpus solves a fraction ``shortcut_rate`` of its trap problems by the
+shortcut, so the warm-started policy has a recurring error mode: on a trap it often gives the
+*same* wrong answer (the shortcut's), on top of the scattered slips of its arithmetic. That is
+the kind of repeated mistake MEDS's memory is meant to see, and the one RL can escape (or fall
+deeper into). ``error_mode_report`` measures it.
+
+Levels: **1** - two operators (three numbers); **2** - three operators (four numbers). Numbers
+are 1-9 (multiplication operands 2-9); every intermediate value of both routes stays in 0..99.
+``trap_fraction`` of the drawn problems are traps (drawn by rejection), the rest are not.
+
+Splits are disjoint by construction (sha1 of the text, as ``medsrl.data.arithmetic.split_of``):
+``test`` if the bucket is 0, ``val`` if 1, ``train`` otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from medsrl.data.arithmetic import SPLITS, split_of
+from medsrl.data.example import MathExample, prompt_key
+
+OPENINGS = ("Compute", "Evaluate")
+LEVEL_OPERATORS = {1: 2, 2: 3}
+VALUE_MAX = 99
+_EXPR = re.compile(r"^(?:Compute|Evaluate) (\d+(?: [-+*] \d+)+)\.$")
+
+
+@dataclass(frozen=True)
+class Route:
+    """One way of working an expression: the sentences written and the value reached."""
+
+    lines: tuple[str, ...]
+    value: int | None  # None when a step leaves 0..VALUE_MAX
+
+    def solution(self) -> str:
+        return " ".join(self.lines) + f" \\boxed{{{self.value}}}"
+
+
+def _apply(op: str, a: int, b: int) -> int:
+    return a + b if op == "+" else a - b if op == "-" else a * b
+
+
+def _in_range(v: int) -> bool:
+    return 0 <= v <= VALUE_MAX
+
+
+def shortcut_route(nums: Sequence[int], ops: Sequence[str]) -> Route:
+    """Strictly left to right, ignoring that ``*`` binds tighter."""
+    value, lines = nums[0], []
+    for op, b in zip(ops, nums[1:], strict=True):
+        new = _apply(op, value, b)
+        lines.append(f"{value} {op} {b} = {new}.")
+        if not _in_range(new):
+            return Route(tuple(lines), None)
+        value = new
+    return Route(tuple(lines), value)
+
+
+def correct_route(nums: Sequence[int], ops: Sequence[str]) -> Route:
+    """Multiplications first (left to right), then ``+`` / ``-`` left to right."""
+    nums, ops, lines = list(nums), list(ops), []
+    while "*" in ops:
+        i = ops.index("*")
+        new = nums[i] * nums[i + 1]
+        lines.append(f"{nums[i]} * {nums[i + 1]} = {new}.")
+        if not _in_range(new):
+            return Route(tuple(lines), None)
+        nums[i : i + 2] = [new]
+        del ops[i]
+    rest = shortcut_route(nums, ops)  # no '*' left: left to right is right
+    return Route(tuple(lines) + rest.lines, rest.value)
+
+
+def parse_expression(problem: str) -> tuple[list[int], list[str]]:
+    """``"Compute 3 + 4 * 2."`` -> ``([3, 4, 2], ["+", "*"])``; ValueError for other text."""
+    m = _EXPR.match(problem.strip())
+    if not m:
+        raise ValueError(f"not an order-of-operations problem: {problem!r}")
+    parts = m.group(1).split(" ")
+    return [int(p) for p in parts[0::2]], parts[1::2]
+
+
+def is_trap(problem: str) -> bool:
+    """Whether the shortcut gives a different answer from the correct route."""
+    nums, ops = parse_expression(problem)
+    return shortcut_route(nums, ops).value != correct_route(nums, ops).value
+
+
+def shortcut_answer(problem: str) -> str:
+    """The answer the left-to-right shortcut gives (the recurring wrong answer of a trap)."""
+    return str(shortcut_route(*parse_expression(problem)).value)
+
+
+def _draw(n_ops: int, want_trap: bool, rng: random.Random) -> tuple[str, Route, Route] | None:
+    ops = [rng.choice("+-*") for _ in range(n_ops)]
+    nums = [rng.randint(2, 9) if i > 0 and ops[i - 1] == "*" else rng.randint(1, 9) for i in range(n_ops + 1)]
+    if ops[0] == "*":
+        nums[0] = rng.randint(2, 9)  # a times-table fact on both sides of every '*'
+    right, short = correct_route(nums, ops), shortcut_route(nums, ops)
+    if right.value is None or short.value is None or (right.value != short.value) != want_trap:
+        return None
+    expr = " ".join(str(nums[0]) if i == 0 else f"{ops[i - 1]} {nums[i]}" for i in range(n_ops + 1))
+    return f"{rng.choice(OPENINGS)} {expr}.", right, short
+
+
+def generate_precedence(
+    num: int,
+    level: int = 1,
+    seed: int = 0,
+    split: str = "train",
+    trap_fraction: float = 0.5,
+    shortcut_rate: float = 0.0,
+) -> list[MathExample]:
+    """``num`` distinct problems of ``level`` from ``split``, deterministic in ``seed``.
+
+    ``answer`` is always the correct route's value. ``solution`` is the correct route, except
+    that a trap is solved by the shortcut with probability ``shortcut_rate`` (the warm-start
+    corpus's planted habit; evaluation and RL data leave it at 0). ``source`` is
+    ``precedence-l{level}``. Raises ``ValueError`` for a bad argument or when the split cannot
+    give ``num`` distinct problems.
+    """
+    if level not in LEVEL_OPERATORS:
+        raise ValueError(f"unknown precedence level {level!r}; known: {sorted(LEVEL_OPERATORS)}")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    if num < 0:
+        raise ValueError(f"num must be >= 0, got {num}")
+    for name, p in (("trap_fraction", trap_fraction), ("shortcut_rate", shortcut_rate)):
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {p}")
+    rng = random.Random(f"precedence|{seed}|{level}|{split}")
+    habit = random.Random(f"precedence-habit|{seed}|{level}|{split}")
+    n_traps = round(num * trap_fraction)
+    want = [True] * n_traps + [False] * (num - n_traps)
+    rng.shuffle(want)
+    seen: set[str] = set()
+    out: list[MathExample] = []
+    # Give up when one problem takes this many draws (the split is then nearly exhausted).
+    stall_limit = 200_000
+    for trap in want:
+        attempts = 0
+        while True:
+            attempts += 1
+            if attempts > stall_limit:
+                raise ValueError(
+                    f"could not draw {num} distinct precedence level-{level} problems in split "
+                    f"{split!r} (got {len(out)}); ask for fewer"
+                )
+            drawn = _draw(LEVEL_OPERATORS[level], trap, rng)
+            if drawn is None or drawn[0] in seen or split_of(drawn[0]) != split:
+                continue
+            break
+        problem, right, short = drawn
+        seen.add(problem)
+        by_shortcut = trap and habit.random() < shortcut_rate
+        out.append(
+            MathExample(
+                key=prompt_key(problem),
+                problem=problem,
+                answer=str(right.value),
+                source=f"precedence-l{level}",
+                row=len(out),
+                solution=(short if by_shortcut else right).solution(),
+            )
+        )
+    return out
+
+
+def generate_precedence_mix(
+    num: int,
+    levels: dict[int, float],
+    seed: int = 0,
+    split: str = "train",
+    **options,
+) -> list[MathExample]:
+    """``num`` problems split over ``levels`` (level -> share of ``num``), level by level.
+
+    The warm-start corpus of the study mixes both levels; ``options`` go to
+    :func:`generate_precedence` (``trap_fraction``, ``shortcut_rate``). Rows are renumbered.
+    """
+    total = sum(levels.values())
+    if total <= 0:
+        raise ValueError(f"levels must give a positive share to some level, got {levels}")
+    counts = {int(lv): round(num * share / total) for lv, share in levels.items()}
+    out: list[MathExample] = []
+    for lv, count in counts.items():
+        out += generate_precedence(count, level=lv, seed=seed, split=split, **options)
+    return [dataclasses.replace(ex, row=i) for i, ex in enumerate(out)]

@@ -1,0 +1,353 @@
+"""``make study`` / ``medsrl-study``: every method of the study, every seed, both stages, evaluated.
+
+The study (docs/STUDY.md) is a chain of Hydra multiruns, each a plain ``medsrl-train -m`` or
+``medsrl-eval -m`` command a user could type, run in a fixed directory tree under the study
+root (``logs/study/<name>``)::
+
+    study.json                      settings, commit, machine, phase timings
+    precheck/                       medsrl-eval of the warm start on the val split (n samples),
+                                    error_modes.json: does it repeat the same wrong answers?
+    train/<method>/seed<k>/A        stage A: experiment=study_<method> for steps_a steps
+    train/<method>/seed<k>/B        stage B: resumed (full) from A's checkpoints/last.ckpt
+    eval/<method>/seed<k>           medsrl-eval of B's policy on the test split, n samples,
+                                    and its error_modes.json
+    eval/warm_start/seed0           the same for the warm-started policy (the starting point)
+
+Rerunning the same command resumes: a training run with ``summary.json`` is skipped (and one
+with only a checkpoint continues from it: ``skip_if_done=true``), an evaluation with
+``results.json`` is not launched again, and one cut short continues from its generations file.
+A root made with other settings is refused rather than mixed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[3]
+METHODS: dict[str, str] = {  # experiment=study_<name> -> label in the tables
+    "grpo": "GRPO",
+    "dapo": "DAPO",
+    "grpo_entropy": "GRPO+Entropy",
+    "meds": "MEDS",
+    "r3": "R3",
+    "meds_r3": "MEDS+R3",
+    "novelty": "Novelty (MEDS features)",
+}
+WARM_START = "warm_start"
+
+
+@dataclass
+class StudySettings:
+    """What decides the study's numbers: a root made with other settings is refused."""
+
+    name: str = "full"
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    steps_a: int = 20
+    steps_b: int = 20
+    eval_n: int = 32
+    eval_problems: int = 64  # per level, from the test split
+    overrides: list[str] = field(default_factory=list)  # extra Hydra overrides for every run
+
+    def check(self) -> None:
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise ValueError(f"unknown study method(s) {unknown}; known: {list(METHODS)}")
+        if not self.seeds:
+            raise ValueError("a study needs at least one seed")
+        if min(self.steps_a, self.steps_b) < 1:
+            raise ValueError(f"steps_a and steps_b must be >= 1, got {self.steps_a}, {self.steps_b}")
+        if self.eval_n < 1 or self.eval_problems < 1:
+            raise ValueError(f"eval_n and eval_problems must be >= 1, got {self.eval_n}, {self.eval_problems}")
+
+
+# ----------------------------------------------------------------------------- layout
+
+
+def _write_json(path: Path, obj) -> None:
+    from medsrl.utils.atomic_file import atomic_write
+
+    atomic_write(path, lambda f: f.write(json.dumps(obj, indent=2).encode("utf-8")))
+
+
+def run_dir(root: Path, method: str, seed: int, stage: str) -> Path:
+    return root / "train" / method / f"seed{seed}" / stage
+
+
+def eval_dir(root: Path, method: str, seed: int) -> Path:
+    return root / "eval" / method / f"seed{seed}"
+
+
+def is_finished_run(path: Path) -> bool:
+    """A training run is finished once its summary.json (written last, atomically) exists."""
+    return (path / "summary.json").is_file()
+
+
+def is_finished_eval(path: Path) -> bool:
+    return (path / "results.json").is_file()
+
+
+def pending_runs(root: Path, s: StudySettings, stage: str) -> list[tuple[str, int]]:
+    return [(m, k) for m in s.methods for k in s.seeds if not is_finished_run(run_dir(root, m, k, stage))]
+
+
+def pending_evals(root: Path, s: StudySettings) -> list[tuple[str, int]]:
+    jobs = [(WARM_START, 0)] + [(m, k) for m in s.methods for k in s.seeds]
+    return [(m, k) for m, k in jobs if not is_finished_eval(eval_dir(root, m, k))]
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _python() -> list[str]:
+    return [sys.executable, "-m"]
+
+
+def _study_overrides(s: StudySettings) -> list[str]:
+    return [f"study.steps_a={s.steps_a}", f"study.steps_b={s.steps_b}", *s.overrides]
+
+
+def train_command(root: Path, s: StudySettings, stage: str, jobs: list[tuple[str, int]]) -> list[list[str]]:
+    """One ``medsrl-train -m`` per method (its pending seeds), for one stage."""
+    commands = []
+    for method in dict.fromkeys(m for m, _ in jobs):
+        seeds = ",".join(str(k) for m, k in jobs if m == method)
+        cmd = [
+            *_python(), "medsrl.train", "-m",
+            f"experiment=study_{method}",
+            f"seed={seeds}",
+            *_study_overrides(s),
+            "skip_if_done=true",
+            "logger=tensorboard",
+            f"hydra.sweep.dir={root / 'train' / method}",
+            f"hydra.sweep.subdir=seed${{seed}}/{stage}",
+        ]
+        if stage == "B":
+            cmd += [
+                f"trainer.max_steps={s.steps_a + s.steps_b}",
+                f"ckpt_path={root / 'train' / method}/seed${{seed}}/A/checkpoints/last.ckpt",
+                "resume_mode=full",
+            ]
+        commands.append(cmd)
+    return commands
+
+
+def eval_command(root: Path, s: StudySettings, jobs: list[tuple[str, int]], warm_start: Path) -> list[str]:
+    """One ``medsrl-eval -m`` over the pending evaluations (``study_run=<method>/seed<k>``)."""
+    runs = ",".join(f"{m}/seed{k}" for m, k in jobs)
+    paths = {
+        f"{m}/seed{k}": str(warm_start) if m == WARM_START else str(run_dir(root, m, k, "B") / "policy")
+        for m, k in jobs
+    }
+    return [
+        *_python(), "medsrl.eval", "-m",
+        f"+study_run={runs}",
+        f"+study_paths={json.dumps(paths)}",
+        "model_path=${study_paths[${study_run}]}",
+        *eval_overrides(s, split="test"),
+        f"hydra.sweep.dir={root / 'eval'}",
+        "hydra.sweep.subdir=${study_run}",
+    ]
+
+
+def eval_overrides(s: StudySettings, split: str) -> list[str]:
+    out = [
+        "benchmark=study",
+        f"n={s.eval_n}",
+        "max_new_tokens=80",
+        "batch_size=128",
+    ]
+    for level in (1, 2):
+        out += [f"benchmark.study_l{level}.num={s.eval_problems}", f"benchmark.study_l{level}.split={split}"]
+    return out
+
+
+def _run(cmd: list[str]) -> None:
+    print("[medsrl-study] $", shlex.join(cmd), flush=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run(cmd, cwd=ROOT, env=env)
+    if done.returncode != 0:
+        raise SystemExit(
+            f"[medsrl-study] failed (exit {done.returncode}): {shlex.join(cmd)}\n"
+            "Fix the cause and run the same command again: finished runs are kept and skipped."
+        )
+
+
+# ----------------------------------------------------------------------------- phases
+
+
+def warm_start_dir(s: StudySettings) -> Path:
+    """Build (or find) the study's cached warm start, as a training run would."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from medsrl.models.warmstart import WarmStartConfig, ensure_warm_start
+
+    os.environ.setdefault("MEDSRL_ROOT", str(ROOT))
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=[f"experiment=study_{s.methods[0]}", *_study_overrides(s)])
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    ws = WarmStartConfig(**model["warm_start"])
+    return ensure_warm_start(cfg.paths.cache_dir, dict(model.get("tiny") or {}), ws)
+
+
+def write_error_modes(eval_out: Path) -> dict:
+    """error_modes.json next to an evaluation's generations (the study task's error figures)."""
+    from medsrl.study.error_modes import error_mode_report
+
+    records = [json.loads(line) for line in (eval_out / "generations.jsonl").read_text().splitlines() if line.strip()]
+    report = error_mode_report(records)
+    _write_json(eval_out / "error_modes.json", report)
+    return report
+
+
+def precheck(root: Path, s: StudySettings, warm_start: Path) -> dict:
+    """The warm start on the val split: its error modes, before any RL (the task's check)."""
+    out = root / "precheck"
+    if not (out / "error_modes.json").is_file():
+        if not is_finished_eval(out):
+            _run([
+                *_python(), "medsrl.eval",
+                f"model_path={{warm_start: {warm_start}}}",
+                *eval_overrides(s, split="val"),
+                f"hydra.run.dir={out}",
+            ])
+        write_error_modes(out)
+    return json.loads((out / "error_modes.json").read_text())
+
+
+def _machine() -> str:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count()
+    return f"{platform.machine()}, {cores} cores, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+
+
+def _commit() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def open_study(root: Path, s: StudySettings) -> dict:
+    """study.json: created on the first call, checked against the settings on later ones."""
+    path = root / "study.json"
+    wanted = asdict(s)
+    if path.is_file():
+        meta = json.loads(path.read_text())
+        old = meta.get("settings", {})
+        if old != wanted:
+            diff = sorted(k for k in wanted if old.get(k) != wanted[k])
+            raise SystemExit(
+                f"[medsrl-study] {root} holds a study made with other settings ({', '.join(diff)}); "
+                "use another --name, or delete that directory to start over"
+            )
+    else:
+        meta = {"settings": wanted, "created": time.strftime("%Y-%m-%d %H:%M:%S"), "timings_s": {}}
+    meta.update(
+        name=s.name,
+        methods=[{"name": m, "label": METHODS[m]} for m in s.methods],
+        seeds=s.seeds,
+        steps_a=s.steps_a,
+        steps_b=s.steps_b,
+        eval_n=s.eval_n,
+        baseline="dapo",
+        treatment="meds",
+        commit=_commit(),
+        machine=_machine(),
+    )
+    root.mkdir(parents=True, exist_ok=True)
+    _write_json(path, meta)
+    return meta
+
+
+def _record_time(root: Path, phase: str, seconds: float) -> None:
+    path = root / "study.json"
+    meta = json.loads(path.read_text())
+    meta.setdefault("timings_s", {})[phase] = round(meta.get("timings_s", {}).get(phase, 0.0) + seconds, 1)
+    _write_json(path, meta)
+
+
+def run_study(root: Path, s: StudySettings, *, doc: Path | None, img_dir: Path | None) -> None:
+    """Every phase in order; each skips what an earlier call finished."""
+    s.check()
+    open_study(root, s)
+
+    t0 = time.perf_counter()
+    warm_start = warm_start_dir(s)
+    report = precheck(root, s, warm_start)
+    _record_time(root, "warm_start_and_precheck", time.perf_counter() - t0)
+    trap = report["trap"]
+    print(
+        f"[medsrl-study] warm start on val traps: accuracy {trap['accuracy']:.3f}, "
+        f"shortcut share of wrong answers {trap['shortcut_share']:.3f}, "
+        f"largest error cluster {trap['largest_cluster_share']:.3f}",
+        flush=True,
+    )
+
+    for stage in ("A", "B"):
+        t0 = time.perf_counter()
+        for cmd in train_command(root, s, stage, pending_runs(root, s, stage)):
+            _run(cmd)
+        _record_time(root, f"train_{stage}", time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    jobs = pending_evals(root, s)
+    if jobs:
+        _run(eval_command(root, s, jobs, warm_start))
+    for m, k in [(WARM_START, 0)] + [(m, k) for m in s.methods for k in s.seeds]:
+        if not (eval_dir(root, m, k) / "error_modes.json").is_file():
+            write_error_modes(eval_dir(root, m, k))
+    _record_time(root, "eval", time.perf_counter() - t0)
+
+    if doc is not None:
+        from medsrl.study.report import write_report
+
+        write_report(root, doc, img_dir or doc.parent / "img" / "study")
+        print(f"[medsrl-study] report: {doc}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="medsrl-study", description=__doc__.split("\n\n")[0])
+    d = StudySettings()
+    p.add_argument("--name", default=d.name, help="the study root is <root>/<name>")
+    p.add_argument("--root", type=Path, default=ROOT / "logs" / "study")
+    p.add_argument("--methods", nargs="+", default=d.methods, choices=list(METHODS))
+    p.add_argument("--seeds", nargs="+", type=int, default=d.seeds)
+    p.add_argument("--steps-a", type=int, default=d.steps_a)
+    p.add_argument("--steps-b", type=int, default=d.steps_b)
+    p.add_argument("--eval-n", type=int, default=d.eval_n)
+    p.add_argument("--eval-problems", type=int, default=d.eval_problems, help="test problems per level")
+    p.add_argument("--doc", type=Path, default=None, help="the Markdown to update (default <study root>/STUDY.md)")
+    p.add_argument("--img-dir", type=Path, default=None)
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for every training run")
+    a = p.parse_args(argv)
+    s = StudySettings(a.name, a.methods, a.seeds, a.steps_a, a.steps_b, a.eval_n, a.eval_problems, a.overrides)
+    root = (a.root / a.name).resolve()
+    doc = a.doc or root / "STUDY.md"
+    if not doc.exists():
+        doc.parent.mkdir(parents=True, exist_ok=True)
+        doc.write_text(f"# Study {a.name}\n\n<!-- study-results:begin -->\n<!-- study-results:end -->\n")
+    t0 = time.perf_counter()
+    run_study(root, s, doc=doc, img_dir=a.img_dir or (doc.parent / "img" / "study" if a.doc else root / "img"))
+    print(f"[medsrl-study] done in {time.perf_counter() - t0:.0f} s: {root}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""``medsrl-study`` end to end on a miniature study: every phase runs, and a rerun after an
+interruption redoes only what was not finished."""
+
+import json
+
+import pytest
+
+from medsrl.study import runner
+from medsrl.study.runner import StudySettings, pending_evals, pending_runs, run_dir
+
+MICRO = [  # a micro model with a few warm-start steps, tiny batches: the plumbing, not the numbers
+    "model.tiny={hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 1, intermediate_size: 64}",
+    "model.warm_start.steps=3",
+    "+model.warm_start.num_examples=64",
+    "+model.warm_start.eval_examples=4",
+    "+model.warm_start.eval_max_new_tokens=8",
+    "data.prompts_per_step=2",
+    "rollout.n=2",
+    "rollout.max_new_tokens=16",
+    "callbacks.pass_at_k.num_problems=2",
+    "callbacks.pass_at_k.n=2",
+    "callbacks.sample_logger.every_n_steps=0",
+]
+
+
+def _argv(tmp_path, name="mini"):
+    return [
+        "--name", name, "--root", str(tmp_path / "study"), "--methods", "grpo", "meds", "--seeds", "0",
+        "--steps-a", "1", "--steps-b", "1", "--eval-n", "2", "--eval-problems", "2",
+        *MICRO, f"paths.cache_dir={tmp_path / 'cache'}",
+    ]
+
+
+@pytest.mark.slow
+def test_study_runs_every_phase_then_resumes_only_the_unfinished(tmp_path, capfd):
+    runner.main(_argv(tmp_path))
+    root = tmp_path / "study" / "mini"
+    meta = json.loads((root / "study.json").read_text())
+    assert [m["name"] for m in meta["methods"]] == ["grpo", "meds"] and meta["steps_a"] == 1
+    s = StudySettings(name="mini", methods=["grpo", "meds"], seeds=[0], steps_a=1, steps_b=1)
+    assert not pending_runs(root, s, "A") and not pending_runs(root, s, "B") and not pending_evals(root, s)
+    for method in ("grpo", "meds"):
+        a = json.loads((run_dir(root, method, 0, "A") / "summary.json").read_text())
+        b = json.loads((run_dir(root, method, 0, "B") / "summary.json").read_text())
+        assert (a["steps"], b["steps"]) == (1, 2)  # B resumed from A's step
+        assert (root / "eval" / method / "seed0" / "error_modes.json").is_file()
+    pre = json.loads((root / "precheck" / "error_modes.json").read_text())
+    assert pre["trap"]["problems"] == 2 and pre["other"]["problems"] == 2
+    doc = (root / "STUDY.md").read_text()
+    assert "### Error modes" in doc and "| MEDS |" in doc
+    capfd.readouterr()
+
+    # An interruption during meds's stage B and its evaluation: only those two are redone.
+    a_summary = run_dir(root, "grpo", 0, "A") / "summary.json"
+    before = a_summary.stat().st_mtime_ns
+    (run_dir(root, "meds", 0, "B") / "summary.json").unlink()
+    (root / "eval" / "meds" / "seed0" / "results.json").unlink()
+    runner.main(_argv(tmp_path))
+    out = capfd.readouterr().out
+    assert a_summary.stat().st_mtime_ns == before
+    assert "experiment=study_meds" in out and "experiment=study_grpo" not in out  # one train call
+    assert "+study_run=meds/seed0 " in out  # one evaluation
+    assert (run_dir(root, "meds", 0, "B") / "summary.json").is_file()
+
+
+def test_other_settings_in_the_same_root_are_refused(tmp_path):
+    root = tmp_path / "r"
+    runner.open_study(root, StudySettings(steps_a=3))
+    with pytest.raises(SystemExit, match="other settings .*steps_a"):
+        runner.open_study(root, StudySettings(steps_a=4))
+
+
+def test_train_commands_are_hydra_multiruns(tmp_path):
+    s = StudySettings(methods=["dapo", "meds"], seeds=[0, 1, 2])
+    a = runner.train_command(tmp_path, s, "A", [("dapo", 0), ("dapo", 2), ("meds", 1)])
+    assert [c[c.index("-m") + 1] for c in a] == ["experiment=study_dapo", "experiment=study_meds"]
+    assert "seed=0,2" in a[0] and "seed=1" in a[1] and not any(x.startswith("ckpt_path") for x in a[0])
+    (b,) = runner.train_command(tmp_path, s, "B", [("meds", 1)])
+    assert "trainer.max_steps=40" in b and "resume_mode=full" in b
+    assert f"ckpt_path={tmp_path}/train/meds/seed${{seed}}/A/checkpoints/last.ckpt" in b
