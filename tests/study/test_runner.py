@@ -16,7 +16,7 @@ MICRO = [  # a micro model with a few warm-start steps, tiny batches: the plumbi
     "+model.warm_start.eval_max_new_tokens=8",
     "data.prompts_per_step=2",
     "rollout.n=2",
-    "rollout.max_new_tokens=16",
+    "rollout.max_new_tokens=24",
     "callbacks.pass_at_k.num_problems=2",
     "callbacks.pass_at_k.n=2",
     "callbacks.sample_logger.every_n_steps=0",
@@ -73,7 +73,7 @@ def test_other_settings_in_the_same_root_are_refused(tmp_path):
 def test_train_commands_are_hydra_multiruns(tmp_path):
     s = StudySettings(methods=["dapo", "meds"], seeds=[0, 1, 2])
     a = runner.train_command(tmp_path, s, "A", [("dapo", 0), ("dapo", 2), ("meds", 1)])
-    assert [c[c.index("-m") + 1] for c in a] == ["experiment=study_dapo", "experiment=study_meds"]
+    assert [c[c.index("medsrl.train") + 2] for c in a] == ["experiment=study_dapo", "experiment=study_meds"]
     assert "seed=0,2" in a[0] and "seed=1" in a[1] and not any(x.startswith("ckpt_path") for x in a[0])
     (b,) = runner.train_command(tmp_path, s, "B", [("meds", 1)])
     assert "trainer.max_steps=40" in b and "resume_mode=full" in b

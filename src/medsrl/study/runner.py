@@ -144,21 +144,26 @@ def train_command(root: Path, s: StudySettings, stage: str, jobs: list[tuple[str
     return commands
 
 
-def eval_command(root: Path, s: StudySettings, jobs: list[tuple[str, int]], warm_start: Path) -> list[str]:
-    """One ``medsrl-eval -m`` over the pending evaluations (``study_run=<method>/seed<k>``)."""
-    runs = ",".join(f"{m}/seed{k}" for m, k in jobs)
-    paths = {
-        f"{m}/seed{k}": str(warm_start) if m == WARM_START else str(run_dir(root, m, k, "B") / "policy")
-        for m, k in jobs
-    }
+def eval_command(root: Path, s: StudySettings, jobs: list[tuple[str, int]]) -> list[str]:
+    """One ``medsrl-eval -m`` over the pending evaluations of trained policies
+    (``study_run=<method>/seed<k>``, each writing to ``eval/<method>/seed<k>``)."""
     return [
         *_python(), "medsrl.eval", "-m",
-        f"+study_run={runs}",
-        f"+study_paths={json.dumps(paths)}",
-        "model_path=${study_paths[${study_run}]}",
+        "+study_run=" + ",".join(f"{m}/seed{k}" for m, k in jobs),
+        f"model_path={root / 'train'}/${{study_run}}/B/policy",
         *eval_overrides(s, split="test"),
         f"hydra.sweep.dir={root / 'eval'}",
         "hydra.sweep.subdir=${study_run}",
+    ]
+
+
+def warm_start_eval_command(out: Path, s: StudySettings, warm_start: Path, split: str) -> list[str]:
+    """``medsrl-eval`` of the warm-started policy into ``out`` (the check, and the start row)."""
+    return [
+        *_python(), "medsrl.eval",
+        f"model_path={{warm_start: {warm_start}}}",
+        *eval_overrides(s, split=split),
+        f"hydra.run.dir={out}",
     ]
 
 
@@ -218,12 +223,7 @@ def precheck(root: Path, s: StudySettings, warm_start: Path) -> dict:
     out = root / "precheck"
     if not (out / "error_modes.json").is_file():
         if not is_finished_eval(out):
-            _run([
-                *_python(), "medsrl.eval",
-                f"model_path={{warm_start: {warm_start}}}",
-                *eval_overrides(s, split="val"),
-                f"hydra.run.dir={out}",
-            ])
+            _run(warm_start_eval_command(out, s, warm_start, split="val"))
         write_error_modes(out)
     return json.loads((out / "error_modes.json").read_text())
 
@@ -309,8 +309,11 @@ def run_study(root: Path, s: StudySettings, *, doc: Path | None, img_dir: Path |
 
     t0 = time.perf_counter()
     jobs = pending_evals(root, s)
-    if jobs:
-        _run(eval_command(root, s, jobs, warm_start))
+    if (WARM_START, 0) in jobs:
+        _run(warm_start_eval_command(eval_dir(root, WARM_START, 0), s, warm_start, split="test"))
+    trained = [job for job in jobs if job[0] != WARM_START]
+    if trained:
+        _run(eval_command(root, s, trained))
     for m, k in [(WARM_START, 0)] + [(m, k) for m in s.methods for k in s.seeds]:
         if not (eval_dir(root, m, k) / "error_modes.json").is_file():
             write_error_modes(eval_dir(root, m, k))
