@@ -11,9 +11,13 @@ how much of a policy's error is that one mode, for traps and other problems apar
 * ``top_wrong_share``: per problem with a wrong sample, the most frequent wrong answer's share
   of the wrong samples (1.0 = every error is the same answer), averaged;
 * ``distinct_wrong``: distinct wrong answers per problem;
-* ``largest_cluster_share``: what MEDS's memory sees - per problem with at least 2 wrong samples
-  with features, the HDBSCAN clusters of their features (as MEDS fits them, noise together as
-  one cluster) and the largest cluster's share of them, averaged. ``nan`` without features.
+* ``wrong_per_problem``: wrong samples per problem;
+* ``largest_cluster_share`` and ``largest_cluster_size``: what MEDS's memory sees - per problem
+  with at least 2 wrong samples with features, the HDBSCAN clusters of their features (as MEDS
+  fits them, noise together as one cluster), and the largest cluster's share of them and its
+  size in samples, averaged. ``nan`` without features. The size is what MEDS's penalty grows
+  with (``alpha * log(|C| + 1)``); the shares alone flatter a problem with one or two errors,
+  which are trivially "concentrated".
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ def _mean(values: Sequence[float]) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
-def _largest_cluster_share(features: list[Any]) -> float | None:
+def _largest_cluster(features: list[Any]) -> tuple[float, int] | None:
+    """(share, size) of the largest cluster of the wrong samples' feature rows."""
     rows = [f for f in features if f is not None]
     if len(rows) < 2:
         return None
@@ -44,7 +49,7 @@ def _largest_cluster_share(features: list[Any]) -> float | None:
     if len(x) < 2:
         return None
     counts = Counter(fit_cluster_labels(x, min_cluster_size=2, min_samples=1).tolist())
-    return max(counts.values()) / len(x)
+    return max(counts.values()) / len(x), max(counts.values())
 
 
 def error_mode_report(
@@ -63,6 +68,7 @@ def error_mode_report(
         group.setdefault("samples", []).append(float(len(scores)))
         group.setdefault("accuracy", []).extend(scores)
         group.setdefault("distinct_wrong", []).append(float(len({a for a in wrong})))
+        group.setdefault("wrong_per_problem", []).append(float(len(wrong)))
         if wrong:
             group.setdefault("top_wrong_share", []).append(
                 Counter(wrong).most_common(1)[0][1] / len(wrong)
@@ -72,9 +78,10 @@ def error_mode_report(
             group.setdefault("shortcut_share", []).extend(float(a == short) for a in wrong)
         if features:
             wrong_feats = [r.get("feature") for r in rec["responses"] if float(r["score"]) < 1.0]
-            share = _largest_cluster_share(wrong_feats)
-            if share is not None:
-                group.setdefault("largest_cluster_share", []).append(share)
+            largest = _largest_cluster(wrong_feats)
+            if largest is not None:
+                group.setdefault("largest_cluster_share", []).append(largest[0])
+                group.setdefault("largest_cluster_size", []).append(float(largest[1]))
     out: dict[str, dict[str, float]] = {}
     for g in GROUPS:
         values = acc[g]
@@ -85,7 +92,9 @@ def error_mode_report(
             "shortcut_share": _mean(values.get("shortcut_share", [])) if g == "trap" else math.nan,
             "top_wrong_share": _mean(values.get("top_wrong_share", [])),
             "distinct_wrong": _mean(values.get("distinct_wrong", [])),
+            "wrong_per_problem": _mean(values.get("wrong_per_problem", [])),
             "largest_cluster_share": _mean(values.get("largest_cluster_share", [])),
+            "largest_cluster_size": _mean(values.get("largest_cluster_size", [])),
         }
     return out
 
@@ -99,6 +108,7 @@ _COLUMNS = (
     ("trap", "top_wrong_share", "top wrong answer share, traps (%)", 100.0),
     ("trap", "distinct_wrong", "distinct wrong, traps", 1.0),
     ("trap", "largest_cluster_share", "largest error cluster share, traps (%)", 100.0),
+    ("trap", "largest_cluster_size", "largest error cluster size, traps", 1.0),
 )
 
 
@@ -138,10 +148,13 @@ def render_error_modes(root, methods: list[tuple[str, str]], seeds: list[int]) -
             f"**{100 * t['shortcut_share']:.1f} % of the wrong answers on traps are the shortcut's answer**; "
             f"the most frequent wrong answer of a problem is {100 * t['top_wrong_share']:.1f} % of its wrong "
             f"answers on traps against {100 * o['top_wrong_share']:.1f} % on the others; "
-            f"{t['distinct_wrong']:.2f} against {o['distinct_wrong']:.2f} distinct wrong answers per problem; "
+            f"{t['distinct_wrong']:.2f} against {o['distinct_wrong']:.2f} distinct wrong answers per problem "
+            f"(of {t.get('wrong_per_problem', math.nan):.1f} against {o.get('wrong_per_problem', math.nan):.1f} wrong samples); "
             f"and in MEDS's clustering of the wrong answers' features the largest cluster holds "
             f"{100 * t['largest_cluster_share']:.1f} % of them on traps against "
-            f"{100 * o['largest_cluster_share']:.1f} % on the others.",
+            f"{100 * o['largest_cluster_share']:.1f} % on the others, "
+            f"{t.get('largest_cluster_size', math.nan):.1f} against {o.get('largest_cluster_size', math.nan):.1f} samples "
+            "(shares of one or two wrong samples are high by construction; MEDS's penalty grows with the size).",
             "",
         ]
     else:

@@ -221,11 +221,9 @@ def write_error_modes(eval_out: Path) -> dict:
 def precheck(root: Path, s: StudySettings, warm_start: Path) -> dict:
     """The warm start on the val split: its error modes, before any RL (the task's check)."""
     out = root / "precheck"
-    if not (out / "error_modes.json").is_file():
-        if not is_finished_eval(out):
-            _run(warm_start_eval_command(out, s, warm_start, split="val"))
-        write_error_modes(out)
-    return json.loads((out / "error_modes.json").read_text())
+    if not is_finished_eval(out):
+        _run(warm_start_eval_command(out, s, warm_start, split="val"))
+    return write_error_modes(out)  # recomputed from the generations on every call (cheap)
 
 
 def _machine() -> str:
@@ -259,7 +257,12 @@ def open_study(root: Path, s: StudySettings) -> dict:
                 "use another --name, or delete that directory to start over"
             )
     else:
-        meta = {"settings": wanted, "created": time.strftime("%Y-%m-%d %H:%M:%S"), "timings_s": {}}
+        meta = {
+            "settings": wanted,
+            "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "timings_s": {},
+            "commit": _commit(),  # the code the runs were made with; later calls add report_commit
+        }
     meta.update(
         name=s.name,
         methods=[{"name": m, "label": METHODS[m]} for m in s.methods],
@@ -269,7 +272,7 @@ def open_study(root: Path, s: StudySettings) -> dict:
         eval_n=s.eval_n,
         baseline="dapo",
         treatment="meds",
-        commit=_commit(),
+        report_commit=_commit(),
         machine=_machine(),
     )
     root.mkdir(parents=True, exist_ok=True)
@@ -315,8 +318,7 @@ def run_study(root: Path, s: StudySettings, *, doc: Path | None, img_dir: Path |
     if trained:
         _run(eval_command(root, s, trained))
     for m, k in [(WARM_START, 0)] + [(m, k) for m in s.methods for k in s.seeds]:
-        if not (eval_dir(root, m, k) / "error_modes.json").is_file():
-            write_error_modes(eval_dir(root, m, k))
+        write_error_modes(eval_dir(root, m, k))
     _record_time(root, "eval", time.perf_counter() - t0)
 
     if doc is not None:
