@@ -157,3 +157,58 @@ def test_a_meds_run_is_evaluated_on_its_own_feature(tmp_path, trained_run, caplo
         feats[rec["run"]] += [r["feature"] for r in rec["responses"] if r["feature"] is not None]
     assert feats["run"] and {len(f) for f in feats["run"]} == {2}
     assert feats["meds_run"] and {len(f) for f in feats["meds_run"]} == {1}
+
+
+# ---------------------------------------------------------------- bad input found before any model
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    import medsrl.eval
+
+    def fail(*args, **kwargs):
+        raise AssertionError("a model was loaded before the benchmarks were checked")
+
+    monkeypatch.setattr(medsrl.eval, "load_for_eval", fail)
+
+
+@pytest.mark.parametrize("text", ["", '{"problem": "1 + 1"}\n'], ids=["empty", "all_bad"])
+def test_an_empty_benchmark_file_fails_before_any_model_loads_and_names_the_file(tmp_path, no_model_load, text):
+    path = tmp_path / "aime25.jsonl"
+    path.write_text(text)
+    cfg = _eval_cfg(tmp_path / "out", "benchmark=[arithmetic,file]", f"benchmark.file.path={path}",
+                    "model_path=/some/model")
+    with pytest.raises(Exception) as err:  # Hydra wraps the loader's DataError
+        evaluate(cfg)
+    assert not isinstance(err.value, AssertionError)
+    assert str(path) in str(err.value)
+
+
+def test_two_benchmarks_of_one_name_are_refused_before_any_model_loads(tmp_path, no_model_load):
+    cfg = _eval_cfg(tmp_path, "benchmark=[arithmetic,file]", f"benchmark.file.path={tmp_path / 'arithmetic.jsonl'}",
+                    "model_path=/some/model")
+    with pytest.raises(ValueError, match="both named 'arithmetic'.*benchmark.file.name"):
+        evaluate(cfg)
+
+
+def test_benchmark_names():
+    from medsrl.eval import benchmark_name
+
+    assert benchmark_name("file", {"path": "/x/aime25.jsonl", "name": None}) == "aime25"
+    assert benchmark_name("file", {"path": "/x/aime25/test.jsonl"}) == "aime25"
+    assert benchmark_name("file", {"path": "/x/aime25.jsonl", "name": "foo"}) == "foo"
+    assert benchmark_name("study_l1", {"num": 64}) == "study_l1"
+
+
+def test_a_file_benchmark_is_named_after_its_file_or_its_name_key(tmp_path, trained_run):
+    data = tmp_path / "aime25.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
+                            for i in range(2)))
+    policy = trained_run / "policy"
+    for out, extra, label in [(tmp_path / "a", [], "aime25"), (tmp_path / "b", ["benchmark.file.name=foo"], "foo")]:
+        rows = evaluate(_eval_cfg(out, "benchmark=[arithmetic,file]", f"benchmark.file.path={data}", "limit=2",
+                                  f"model_path={policy}", *extra))
+        assert [r["benchmark"] for r in rows] == ["arithmetic", label]
+        assert [r["benchmark"] for r in _table(out)] == ["arithmetic", label]
+        assert f"| {label} |" in (out / "results.md").read_text()
+        assert _table(out)[1]["problems"] == 2

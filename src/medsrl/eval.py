@@ -28,6 +28,8 @@ import torch  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
 
+from medsrl.config_checks import check_eval_config  # noqa: E402
+from medsrl.data.loaders import default_name  # noqa: E402
 from medsrl.evaluation.report import (  # noqa: E402
     plot_pass_at_k,
     write_csv,
@@ -224,24 +226,57 @@ def settings_from(cfg: DictConfig) -> EvalSettings:
     )
 
 
+def benchmark_name(key: str, source: DictConfig | dict) -> str:
+    """The label of a benchmark's rows: its ``name`` key when set; for a file without one, the
+    file's name as the loader names it (``/x/aime25.jsonl`` and ``/x/aime25/test.jsonl`` ->
+    ``aime25``), so ``benchmark=file`` rows say which file; else its config key."""
+    name = source.get("name")
+    if name:
+        return str(name)
+    path = source.get("path")
+    return default_name(path) if path else str(key)
+
+
+def build_benchmarks(cfg: DictConfig) -> dict[str, list]:
+    """``{label: examples}`` of every benchmark, cut to ``limit``. Built before any model loads:
+    a benchmark without problems fails here (a file names its path), not in the report."""
+    benchmarks: dict[str, list] = {}
+    keys: dict[str, str] = {}
+    for key, source in cfg.benchmark.items():
+        name = benchmark_name(str(key), source)
+        if name in keys:
+            raise ValueError(
+                f"benchmarks {keys[name]!r} and {key!r} are both named {name!r}; "
+                f"set benchmark.{key}.name to tell their rows apart"
+            )
+        keys[name] = str(key)
+        examples = list(instantiate(source))
+        if not examples:
+            raise ValueError(f"benchmark {name!r} (benchmark.{key}, {source.get('_target_')}) has no problems")
+        benchmarks[name] = examples if cfg.limit is None else examples[: cfg.limit]
+        log.info("benchmark %s: %d problems", name, len(benchmarks[name]))
+    return benchmarks
+
+
 def evaluate(cfg: DictConfig) -> list[dict]:
-    """Evaluate every model on every benchmark; write the generations, tables and plot."""
+    """Evaluate every model on every benchmark; write the generations, tables and plot.
+
+    Everything that can be checked without a model is checked first (the config's values, the
+    benchmarks' problems, the models' paths), so a mistake costs no model load."""
+    check_eval_config(cfg)
     out_dir = Path(cfg.paths.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     settings = settings_from(cfg)
     template = settings.extra["template"]
-    benchmarks = {name: instantiate(src) for name, src in cfg.benchmark.items()}
-    for name, examples in benchmarks.items():
-        if cfg.limit is not None:
-            benchmarks[name] = examples[: cfg.limit]
-        log.info("benchmark %s: %d problems", name, len(benchmarks[name]))
+    benchmarks = build_benchmarks(cfg)
+    models = models_to_evaluate(cfg)
+    out_dir.mkdir(parents=True, exist_ok=True)
     device = cfg.device if cfg.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
     with (
         GenerationStore(out_dir / "generations.jsonl") as store,
         MathGrader(timeout_s=cfg.grader.timeout_s, num_workers=cfg.grader.num_workers).start() as grader,
     ):
-        for run, path in models_to_evaluate(cfg):
+        for run, path in models:
             policy, tok = load_for_eval(path, cfg.tokenizer, cfg.dtype)
             policy.to(device).eval()
             engine = HFRolloutEngine(policy, tok, max_batch_size=cfg.batch_size)

@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from medsrl.callbacks.hparams import log_final_hparams  # noqa: E402
 from medsrl.callbacks.pass_at_k import _NOT_LOGGED, PassAtKValidation  # noqa: E402
+from medsrl.config_checks import check_train_config  # noqa: E402
 from medsrl.models.policy import build_policy  # noqa: E402
 from medsrl.module import RLModule  # noqa: E402
 from medsrl.plugins import Plugin  # noqa: E402
@@ -46,12 +47,14 @@ warnings.filterwarnings("ignore", message="Found .* module\\(s\\) in eval mode a
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Fail at start, naming the keys, when a required value (``???``) is missing."""
+    """Fail at start, before the model is built, naming the keys: a required value (``???``)
+    missing, or any value of the wrong type or out of range (``medsrl.config_checks``)."""
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ValueError(f"missing required config value(s): {missing}")
     if cfg.resume_mode not in ("full", "weights"):
         raise ValueError(f"resume_mode must be 'full' or 'weights', got {cfg.resume_mode!r}")
+    check_train_config(cfg)
 
 
 def instantiate_group(group: DictConfig | None) -> list[Any]:

@@ -15,6 +15,7 @@ Lightning's one-batch prefetch is harmless.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -61,7 +62,7 @@ class DatasetSpec:
                 src = src()
             examples = [_as_example(e, self.name, i) for i, e in enumerate(src)]
             if not examples:
-                raise ValueError(f"dataset {self.name!r} is empty")
+                raise ValueError(f"dataset {self.name!r} is empty: {describe_source(self.source)} gave no examples")
             self._examples = examples
         return self._examples
 
@@ -77,6 +78,17 @@ class StageSpec:
     name: str
     start_step: int
     datasets: list[DatasetSpec]
+
+
+def describe_source(source: Any) -> str:
+    """Where a dataset's examples come from, for an error message: the loader or generator and
+    its arguments (a file's path among them) when the source is a callable, else its type."""
+    if isinstance(source, functools.partial):
+        args = [repr(a) for a in source.args] + [f"{k}={v!r}" for k, v in source.keywords.items()]
+        return f"{describe_source(source.func)}({', '.join(args)})"
+    if callable(source) and hasattr(source, "__qualname__"):
+        return f"{getattr(source, '__module__', '?')}.{source.__qualname__}"
+    return f"its source (a {type(source).__name__})"
 
 
 def _as_example(item: Any, dataset: str, i: int) -> MathExample:
@@ -298,6 +310,9 @@ class MathDataModule(lightning.LightningDataModule):
             names = [d.name for d in self.val]
             if len(set(names)) != len(names):
                 raise ValueError(f"val dataset names must be unique, got {names}")
+            for d in self.val:
+                if d.is_loaded:
+                    _ = d.examples  # eager sources: an empty one fails now, not at validation
         self._val_prompts: list[Prompt] | None = None
 
     # ----------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from medsrl.reward.extract import extract_last_boxed
 
 __all__ = [
     "DataError",
+    "default_name",
     "load_math_file",
     "strip_instructions",
 ]
@@ -293,11 +294,24 @@ def _columns_needed(problem_field: str | None, answer_field: str | None) -> set[
     return cols
 
 
-def _default_name(path: Path) -> str:
-    """The file's stem, or its folder's name when the stem is generic (``test``, ``train``)."""
+def default_name(path: str | Path) -> str:
+    """The file's stem, or its folder's name when the stem is generic (``test``, ``train``):
+    the name of a dataset or benchmark read from the file when none is given."""
+    path = Path(path)
     if path.stem.lower() in _GENERIC_STEMS and path.parent.name:
         return path.parent.name
     return path.stem
+
+
+def _no_examples(path: Path, total: int, bad_rows: list[int], bad_reasons: list[str]) -> DataError:
+    """The error for a file that gives no problem at all: empty, or every row unusable. A run
+    or benchmark built on it would fail later and far from the file (or score nothing)."""
+    if total == 0:
+        return DataError(f"{path}: the file holds no rows (empty)")
+    return DataError(
+        f"{path}: none of its {total} rows is usable (missing or empty problem/answer; "
+        f"first: row {bad_rows[0]}: {bad_reasons[0]})"
+    )
 
 
 def _where(path: Path, row: int, lineno: int | None) -> str:
@@ -326,12 +340,14 @@ def load_math_file(
         answer_field: dotted path of the answer (``reward_model.ground_truth``), or
             ``boxed:<path>`` for the last ``\\boxed{}`` of a field; default: auto-detect.
         limit: keep at most this many examples (the first ones); rows after are not read.
+            ``0`` gives an empty list.
         on_bad_row: ``"skip"`` (count them, log one warning) or ``"raise"`` (:class:`DataError`)
             for rows whose problem or answer is missing or empty.
 
     Raises:
         DataError: the file is missing, cannot be parsed (names the line), has an unknown
-            extension, or (with ``on_bad_row="raise"``) a row is unusable (names the row).
+            extension, gives no usable row at all (empty, or every row bad), or (with
+            ``on_bad_row="raise"``) a row is unusable (names the row).
     """
     if on_bad_row not in ("skip", "raise"):
         raise ValueError(f"on_bad_row must be 'skip' or 'raise', got {on_bad_row!r}")
@@ -345,7 +361,7 @@ def load_math_file(
         )
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    source = name if name is not None else _default_name(path)
+    source = name if name is not None else default_name(path)
 
     examples: list[MathExample] = []
     bad_rows: list[int] = []
@@ -413,4 +429,6 @@ def load_math_file(
             more,
             bad_reasons[0],
         )
+    if not examples and limit != 0:
+        raise _no_examples(path, total, bad_rows, bad_reasons)
     return examples

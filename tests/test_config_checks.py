@@ -1,0 +1,242 @@
+"""Config values checked at start against type and range, each problem named by its Hydra key."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from medsrl.config_checks import (
+    check_eval_config,
+    check_train_config,
+    collect_problems,
+    train_rules,
+)
+from run_helpers import ROOT, compose_train
+
+MEDS = "medsrl.plugins.meds.Meds"
+OVERLONG = "medsrl.plugins.overlong.OverlongPenalty"
+ARITHMETIC = "medsrl.data.arithmetic.generate_arithmetic"
+
+
+def problems(values: dict) -> list[str]:
+    """The messages of the training checker on a hand-made config."""
+    with pytest.raises(ValueError) as err:
+        check_train_config(OmegaConf.create(values))
+    return str(err.value).splitlines()[1:]
+
+
+def one_problem(values: dict) -> str:
+    found = problems(values)
+    assert len(found) == 1, found
+    return found[0].strip()
+
+
+# ---------------------------------------------------------------- each kind of rule
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"optim": {"lr": "abc"}}, "optim.lr must be a number >= 0, got 'abc'"),
+        ({"optim": {"lr": "1e-5"}}, "optim.lr must be a number >= 0, got '1e-5'"),  # a quoted YAML number
+        ({"optim": {"lr": -1e-5}}, "optim.lr must be a number >= 0, got -1e-05"),
+        ({"optim": {"lr": float("nan")}}, "optim.lr must be a number >= 0, got nan"),
+        ({"optim": {"eps": 0}}, "optim.eps must be a positive number, got 0"),
+        ({"optim": {"betas": [0.9, 1.0]}}, "optim.betas must be a pair of numbers each in [0, 1), got [0.9, 1.0]"),
+        ({"optim": {"betas": [0.9]}}, "optim.betas must be a pair of numbers each in [0, 1), got [0.9]"),
+        ({"optim": {"warmup_steps": -1}}, "optim.warmup_steps must be an int >= 0, got -1"),
+        ({"optim": {"grad_clip": None}}, "optim.grad_clip must be a number >= 0 (0: no clipping), got None"),
+        ({"rollout": {"n": 0}}, "rollout.n must be an int >= 1, got 0"),
+        ({"rollout": {"n": 2.0}}, "rollout.n must be an int >= 1, got 2.0"),
+        ({"rollout": {"n": True}}, "rollout.n must be an int >= 1, got True"),
+        ({"rollout": {"temperature": 0.0}}, "rollout.temperature must be a positive number, got 0.0"),
+        ({"rollout": {"top_p": 0}}, "rollout.top_p must be a number in (0, 1], got 0"),
+        ({"rollout": {"top_p": 1.5}}, "rollout.top_p must be a number in (0, 1], got 1.5"),
+        ({"rollout": {"logprobs": "yes"}}, "rollout.logprobs must be true or false, got 'yes'"),
+        ({"rollout": {"backend": "sglang"}}, "rollout.backend must be one of 'hf', 'vllm', got 'sglang'"),
+        ({"algorithm": {"clip_low": -0.2}}, "algorithm.clip_low must be a number >= 0, got -0.2"),
+        ({"algorithm": {"dual_clip": 1.0}}, "algorithm.dual_clip must be a number > 1 or null, got 1.0"),
+        ({"algorithm": {"loss_agg_mode": "mean"}}, "algorithm.loss_agg_mode must be one of 'token-mean'"),
+        ({"algorithm": {"advantage": "ppo"}}, "algorithm.advantage must be one of 'drgrpo', 'gdpo', 'grpo'"),
+        ({"algorithm": {"mini_batch_prompts": 0}}, "algorithm.mini_batch_prompts must be an int >= 1 or null, got 0"),
+        ({"algorithm": {"ppo_epochs": 0}}, "algorithm.ppo_epochs must be an int >= 1, got 0"),
+        ({"data": {"prompts_per_step": 0}}, "data.prompts_per_step must be an int >= 1, got 0"),
+        ({"data": {"stages": [{"name": "A", "start_step": -1}]}}, "data.stages.0.start_step must be an int >= 0, got -1"),
+        ({"trainer": {"max_steps": 0}}, "trainer.max_steps must be an int >= 1 or -1, got 0"),
+        ({"seed": -3}, "seed must be an int in [0, 4294967295], got -3"),
+        ({"grader": {"timeout_s": 0}}, "grader.timeout_s must be a positive number, got 0"),
+        ({"grader": {"num_workers": -1}}, "grader.num_workers must be an int >= 0, got -1"),
+        ({"callbacks": {"pass_at_k": {"n": 0}}}, "callbacks.pass_at_k.n must be an int >= 1, got 0"),
+        ({"callbacks": {"pass_at_k": {"every_n_steps": -1}}}, "callbacks.pass_at_k.every_n_steps must be an int >= 0"),
+        ({"resume_mode": "some"}, "resume_mode must be one of 'full', 'weights', got 'some'"),
+    ],
+)
+def test_each_rule_names_the_key_the_expectation_and_the_value(values, message):
+    assert one_problem(values).startswith(message)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},  # keys a config does not have are skipped
+        {"optim": {"lr": 0.0, "betas": [0.0, 0.999], "grad_clip": 0.0}},  # lr 0: a weights-only start
+        {"optim": {"lr": 3}},  # an int is a number
+        {"rollout": {"top_p": 1, "n": 1}},
+        {"algorithm": {"dual_clip": None, "mini_batch_prompts": None}},
+        {"trainer": {"max_steps": -1}},  # Lightning: no limit
+        {"grader": {"num_workers": 0}},  # in-process grading (debugging)
+        {"callbacks": {"pass_at_k": {"temperature": 0.0, "every_n_steps": 0}}},  # greedy; off
+    ],
+)
+def test_good_and_boundary_values_pass(values):
+    check_train_config(OmegaConf.create(values))
+
+
+def test_every_problem_is_reported_at_once():
+    found = problems({"optim": {"lr": "abc", "eps": -1}, "rollout": {"n": 0}, "trainer": {"max_steps": "10"}})
+    assert [f.strip().split(" must ")[0] for f in found] == ["optim.lr", "optim.eps", "rollout.n", "trainer.max_steps"]
+
+
+def test_a_value_set_by_interpolation_is_checked_resolved():
+    found = problems({"seed": 7, "data": {"seed": "${seed}", "prompts_per_step": "${seed}x"}})
+    assert found == ["  data.prompts_per_step must be an int >= 1, got '7x'"]
+
+
+def test_missing_unknown_and_related_values():
+    msg = one_problem({"rollout": {"n": "???"}})
+    assert msg == "rollout.n must be set (it is ???)"
+    msg = one_problem({"algorithm": {"clip_hgh": 0.3}})
+    assert msg.startswith("algorithm.clip_hgh is not a setting of algorithm (known: ")
+    msg = one_problem({"rollout": {"max_new_tokens": 16},
+                       "algorithm": {"plugins": {"overlong": {"_target_": OVERLONG, "buffer_length": 16}}}})
+    assert msg == "algorithm.plugins.overlong.buffer_length must be less than rollout.max_new_tokens (16), got 16"
+
+
+def test_plugins_are_checked_by_their_target_under_any_key():
+    found = problems({"algorithm": {"plugins": {
+        "memory": {"_target_": MEDS, "alpha": -0.1, "k": 0, "min_cluster_size": 1, "mode": "x", "beta": None},
+        "dyn": {"_target_": "medsrl.plugins.dynamic_sampling.DynamicSampling", "max_rounds": -1},
+        "r3": {"_target_": "medsrl.plugins.r3.R3", "ranking": {"p": 0}, "replay": {"lam": 0}},
+        "steer": {"_target_": "medsrl.plugins.steer.Steer", "low": 1.2, "high": 0.8},
+        "typo": {"_target_": MEDS, "alhpa": 0.1},
+        "gone": {"_target_": "medsrl.plugins.nothing.Here"},
+        "settings_only": {"alpha": -1},  # no _target_: not a plug-in of this run (ignored, as in train)
+    }}})
+    found = [f.strip() for f in found]
+    assert "algorithm.plugins.memory.alpha must be a number >= 0, got -0.1" in found
+    assert "algorithm.plugins.memory.k must be an int >= 1, got 0" in found
+    assert "algorithm.plugins.memory.min_cluster_size must be an int >= 2, got 1" in found
+    assert "algorithm.plugins.memory.mode must be one of 'cluster', 'single', got 'x'" in found
+    assert "algorithm.plugins.dyn.max_rounds must be an int >= 0, got -1" in found
+    assert "algorithm.plugins.r3.ranking.p must be a number in (0, 1], got 0" in found
+    assert "algorithm.plugins.r3.replay.lam must be a positive number, got 0" in found
+    assert "algorithm.plugins.steer.low must be <= algorithm.plugins.steer.high (0.8), got 1.2" in found
+    assert any(f.startswith("algorithm.plugins.typo.alhpa is not a setting of Meds") for f in found)
+    assert "algorithm.plugins.gone._target_ must be an importable plug-in class, got 'medsrl.plugins.nothing.Here'" in found
+    assert len(found) == 10, found
+
+
+def test_a_generator_source_names_its_dataset_and_generator():
+    msg = one_problem({"data": {"stages": [{"name": "A", "start_step": 0, "datasets": [
+        {"name": "easy", "weight": 1.0, "source": {"_target_": ARITHMETIC, "num": 0, "split": "train"}}]}]}})
+    assert msg == f"data.stages.0.datasets.0.source.num must be an int >= 1, got 0 (dataset 'easy', {ARITHMETIC})"
+
+
+def test_rules_are_plain_data():
+    rules = train_rules()
+    assert rules["rollout.n"].ok(1) and not rules["rollout.n"].ok(0)
+    assert collect_problems(OmegaConf.create({"rollout": {"n": 4}}), rules) == []
+
+
+def test_eval_rules():
+    cfg = OmegaConf.create({
+        "n": 0, "temperature": 0.0, "top_p": 1.0, "limit": 0, "dtype": "float64", "seed": 0,
+        "features": {"layers": "half", "dtype": "auto"},
+        "benchmark": {"arithmetic": {"_target_": ARITHMETIC, "num": -2}},
+        "grader": {"timeout_s": "5"},
+    })
+    with pytest.raises(ValueError) as err:
+        check_eval_config(cfg)
+    found = [f.strip() for f in str(err.value).splitlines()[1:]]
+    assert len(found) == 5, found
+    assert {
+        "n must be an int >= 1, got 0",
+        "limit must be an int >= 1 or null, got 0",
+        "grader.timeout_s must be a positive number, got '5'",
+        f"benchmark.arithmetic.num must be an int >= 1, got -2 (benchmark 'arithmetic', {ARITHMETIC})",
+    } < set(found)
+    assert any(f.startswith("dtype must be one of 'auto', ") and f.endswith("got 'float64'") for f in found)
+
+
+# ---------------------------------------------------------------- the real configs
+
+
+def _experiments() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def _algorithms() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "configs" / "algorithm").glob("*.yaml"))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [[], ["rollout=vllm", "trainer=fsdp", "data=math"]]
+    + [[f"experiment={e}"] for e in _experiments()]
+    + [[f"algorithm={a}"] for a in _algorithms()],
+)
+def test_every_shipped_training_config_passes(tmp_path, overrides):
+    check_train_config(compose_train(tmp_path, overrides, debug=None))
+
+
+def _eval_cfg(*overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("eval", overrides=["paths.output_dir=/nowhere", *overrides])
+
+
+@pytest.mark.parametrize("benchmark", ["arithmetic", "paper", "study", "gsm8k"])
+def test_every_shipped_eval_config_passes(benchmark):
+    check_eval_config(_eval_cfg(f"benchmark={benchmark}"))
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Building or loading a model fails the test: the checks must come first."""
+    import medsrl.eval
+    import medsrl.train
+
+    def fail(*args, **kwargs):
+        raise AssertionError("a model was built before the config was checked")
+
+    monkeypatch.setattr(medsrl.train, "build_policy", fail)
+    monkeypatch.setattr(medsrl.eval, "load_for_eval", fail)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("optim.lr=abc", "optim.lr must be a number >= 0, got 'abc'"),
+        ("rollout.n=0", "rollout.n must be an int >= 1, got 0"),
+        ("algorithm.plugins.overlong.buffer_length=-4", "algorithm.plugins.overlong.buffer_length must be an int >= 1"),
+    ],
+)
+def test_medsrl_train_fails_in_check_config_before_the_model_is_built(tmp_path, no_model, override, message):
+    from medsrl.train import build_run
+
+    cfg = compose_train(tmp_path / "run", [override])
+    with pytest.raises(ValueError, match="training config") as err:
+        build_run(cfg)
+    assert message in str(err.value)
+
+
+def test_medsrl_eval_fails_before_any_model_loads(tmp_path, no_model):
+    from medsrl.eval import evaluate
+
+    out = tmp_path / "eval"
+    cfg = _eval_cfg(f"paths.output_dir={out}", "model_path=/some/model", "n=0", "top_p=0")
+    with pytest.raises(ValueError, match="evaluation config") as err:
+        evaluate(cfg)
+    assert "n must be an int >= 1, got 0" in str(err.value)
+    assert "top_p must be a number in (0, 1], got 0" in str(err.value)
+    assert not out.exists()  # nothing written either
