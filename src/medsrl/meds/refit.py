@@ -37,7 +37,10 @@ for the same features (same function, same bytes).
 Failures: an exception raised by the fit surfaces as ``RefitError`` naming the key. A worker
 process that dies (segfault, OOM kill) breaks the pool: the key being collected is recomputed in
 the main process with a warning, the other pending keys are resubmitted to a fresh pool (at
-most ``max_restarts`` times, then everything runs in the main process).
+most ``max_restarts`` times, then everything runs in the main process). The workers exit by
+themselves when the process that made the pool dies, however it dies (``utils/lifetime.py``):
+a worker blocked on the pool's call queue would otherwise wait forever, keeping the forkserver
+and the resource tracker alive too.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from typing import Literal
 import numpy as np
 
 from medsrl.meds.clustering import fit_cluster_labels
+from medsrl.utils.lifetime import exit_with_owner, this_owner
 
 FitFn = Callable[..., np.ndarray]
 
@@ -141,7 +145,10 @@ class BackgroundRefitter:
                 self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="refit")
             else:
                 ctx = mp.get_context(self.mp_context)
-                self._pool = ProcessPoolExecutor(self.num_workers, mp_context=ctx)
+                self._pool = ProcessPoolExecutor(
+                    self.num_workers, mp_context=ctx,
+                    initializer=exit_with_owner, initargs=(this_owner(),),
+                )
         return self._pool
 
     def _fit_here(self, key_id: Hashable, features: np.ndarray) -> np.ndarray:

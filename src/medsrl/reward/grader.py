@@ -40,6 +40,7 @@ from fractions import Fraction
 from multiprocessing.connection import Connection, wait
 
 from medsrl.reward.extract import extract_last_boxed
+from medsrl.utils.lifetime import Owner, exit_with_owner, this_owner
 
 log = logging.getLogger(__name__)
 
@@ -256,10 +257,13 @@ def gold_text(gold: object) -> str:
     return str(gold)
 
 
-def _worker_main(conn: Connection, compare_fn: CompareFn) -> None:
-    """Worker process loop: receive ``(gold, answer)``, send back ``(ok, verdict_or_error)``."""
+def _worker_main(conn: Connection, compare_fn: CompareFn, owner: Owner | None = None) -> None:
+    """Worker process loop: receive ``(gold, answer)``, send back ``(ok, verdict_or_error)``.
+    Exits when ``owner`` (the process that started it) dies, even mid-comparison."""
     import signal
 
+    if owner is not None:
+        exit_with_owner(owner)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     answers_equivalent("1", "\\frac{2}{2}")  # import and warm up sympy before reporting ready
     conn.send("ready")
@@ -284,7 +288,8 @@ class _Worker:
     ):
         self.conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(
-            target=_worker_main, args=(child_conn, compare_fn), daemon=True, name="medsrl-grader"
+            target=_worker_main, args=(child_conn, compare_fn, this_owner()), daemon=True,
+            name="medsrl-grader",
         )
         self.process.start()
         child_conn.close()
@@ -317,7 +322,8 @@ class MathGrader:
     ``num_workers`` persistent 'spawn' processes (safe after torch started threads) run the
     math-verify comparison; they start at ``start()`` (or on first use) and stop in ``close()``. An answer that takes
     longer than ``timeout_s`` scores 0 with ``timed_out=True`` and its worker is replaced.
-    ``num_workers=0`` grades in-process with NO timeout: for debugging only.
+    ``num_workers=0`` grades in-process with NO timeout: for debugging only. A worker exits by
+    itself when the process that started it dies, however it dies (``utils/lifetime.py``).
 
     ``compare_fn(gold, answer) -> bool`` (a picklable top-level function, default
     ``answers_equivalent``) is called only for pairs that ``quick_verdict`` cannot settle.

@@ -1,0 +1,142 @@
+"""Worker processes that end with the process that owns them, however it ends (even ``kill -9``).
+
+Why a worker does not notice on its own: a worker blocked on a pipe sees EOF when its parent
+dies only if no living process holds the pipe's other end. ``ProcessPoolExecutor`` under
+forkserver or spawn pickles *both* ends of its call queue into each worker, so the HDBSCAN re-fit
+worker waits forever. A worker forked by the forkserver also holds the forkserver's "alive" pipe
+and the resource tracker's pipe, so that one survivor keeps both of multiprocessing's helpers
+alive as well (seen after ``kill -9`` of a MEDS run: tracker, forkserver and a ~470 MB re-fit
+worker under PID 1). Once every worker is gone the helpers read EOF and exit by themselves.
+
+So each worker calls :func:`exit_with_owner` first thing: a daemon thread checks every
+``poll_s`` that the owner (the training process, identified by pid *and* start time, so a reused
+pid does not count, and a zombie counts as dead) still runs, and ``os._exit``s when it does not.
+On Linux, when the worker is a direct child started from the owner's main thread, the kernel's
+``PR_SET_PDEATHSIG`` kills it at once as well (it fires when the *thread* that forked it exits,
+hence the main-thread condition; a forkserver child's parent is the forkserver, not the owner).
+
+Limits: the thread needs the GIL, so a worker inside one long C call that keeps it (an HDBSCAN
+fit) exits when that call returns; a spawn / forkserver worker that is still importing the main
+module when the owner dies exits when that import is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    """One process, not just a pid: ``start_time`` is /proc's field 22 (None without /proc)."""
+
+    pid: int
+    start_time: str | None
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The process whose death ends a worker, and whether workers start in its main thread."""
+
+    process: ProcessRef
+    main_thread: bool
+
+
+def _proc_stat(pid: int) -> tuple[int, str, str] | None:
+    """(parent pid, state letter, start time) from /proc/<pid>/stat; None if there is none."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and ")"
+    return int(fields[1]), fields[0], fields[19]
+
+
+def _has_proc() -> bool:
+    return Path("/proc/self/stat").exists()
+
+
+def process_ref(pid: int | None = None) -> ProcessRef:
+    """A reference to ``pid`` (default: this process)."""
+    pid = os.getpid() if pid is None else pid
+    stat = _proc_stat(pid)
+    return ProcessRef(pid, stat[2] if stat else None)
+
+
+def is_running(ref: ProcessRef) -> bool:
+    """Whether that very process still runs (a zombie has ended; a reused pid is another one)."""
+    if ref.start_time is None or not _has_proc():
+        try:
+            os.kill(ref.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    stat = _proc_stat(ref.pid)
+    return stat is not None and stat[1] not in "ZXx" and stat[2] == ref.start_time
+
+
+def descendants(pid: int) -> list[ProcessRef]:
+    """Every running process below ``pid`` (Linux /proc; empty elsewhere): to check for orphans."""
+    children: dict[int, list[int]] = {}
+    starts: dict[int, str] = {}
+    for entry in Path("/proc").glob("[0-9]*") if _has_proc() else []:
+        stat = _proc_stat(int(entry.name))
+        if stat is not None and stat[1] not in "ZXx":
+            children.setdefault(stat[0], []).append(int(entry.name))
+            starts[int(entry.name)] = stat[2]
+    out, frontier = [], [pid]
+    while frontier:
+        for child in children.get(frontier.pop(), []):
+            out.append(ProcessRef(child, starts[child]))
+            frontier.append(child)
+    return out
+
+
+def this_owner() -> Owner:
+    """This process as the owner of workers started from the calling thread."""
+    return Owner(process_ref(), threading.current_thread() is threading.main_thread())
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
+    """Ask Linux to send ``sig`` when the thread that forked us exits; False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    return False
+
+
+def exit_with_owner(owner: Owner, poll_s: float = 0.2) -> None:
+    """Make this worker exit when ``owner`` ends. Call it first in the worker (a picklable
+    top-level function: it is also a ``ProcessPoolExecutor`` initializer)."""
+    if owner.main_thread and os.getppid() == owner.process.pid:
+        set_parent_death_signal()
+    # a direct child is re-parented when its parent dies: the test that needs no /proc
+    parent = owner.process.pid if os.getppid() == owner.process.pid else None
+    if not _owner_alive(owner.process, parent):  # it died before we got here
+        os._exit(1)
+    threading.Thread(
+        target=_watch, args=(owner.process, parent, poll_s), name="medsrl-owner-watch", daemon=True
+    ).start()
+
+
+def _owner_alive(owner: ProcessRef, parent: int | None) -> bool:
+    return is_running(owner) and (parent is None or os.getppid() == parent)
+
+
+def _watch(owner: ProcessRef, parent: int | None, poll_s: float) -> None:
+    while _owner_alive(owner, parent):
+        time.sleep(poll_s)
+    os._exit(1)  # nothing to flush: the owner that would read our results is gone
