@@ -23,6 +23,12 @@ import lightning as L
 import torch
 
 from medsrl.algo import AdvantageInputs, compute_advantages, sampling_mismatch
+from medsrl.algo.guard import (
+    MAX_PARAM_NORM_GROWTH,
+    NONFINITE_SAMPLING,
+    RunawayError,
+    runaway_message,
+)
 from medsrl.algo.policy_loss import policy_loss_reducers
 from medsrl.config import AlgorithmConfig, GraderConfig, OptimConfig, RolloutConfig, build, to_dict
 from medsrl.plugins import Plugin, PluginHost, StepContext
@@ -82,6 +88,10 @@ class RLModule(L.LightningModule):
         self.engine = None
         self.grader: MathGrader | None = None
         self.last_rollouts: StepRollouts | None = None
+        # the runaway guard (algo/guard.py): the weights' norm at this fit's first update, and the
+        # growth allowed from it (optim.max_param_norm_growth where OptimConfig has that key)
+        self.param_norm_at_start: float | None = None
+        self.max_param_norm_growth = float(getattr(self.optim_cfg, "max_param_norm_growth", MAX_PARAM_NORM_GROWTH))
 
     # ------------------------------------------------------------------ setup
 
@@ -231,7 +241,10 @@ class RLModule(L.LightningModule):
                                 max_new_tokens=cfg.max_new_tokens, seed=seed, logprobs=cfg.logprobs)
         shard = list(prompts)[start:stop]
         with timer("generate"), self.full_policy():
-            rollout = self.engine.generate([p.text for p in shard], params)
+            try:
+                rollout = self.engine.generate([p.text for p in shard], params)
+            except RunawayError as e:  # inf/nan sampling probabilities: say at which step
+                raise self.runaway_error(step, NONFINITE_SAMPLING) from e
         with timer("grade"):
             grades = self.grader.grade_batch(rollout.response_text, [shard[i].answer for i in rollout.prompt_index])
         return split_groups(shard, rollout, grades, round_)
@@ -245,6 +258,11 @@ class RLModule(L.LightningModule):
         ctx.metrics.update(ctx.timer.as_metrics())
         ctx.metrics["skipped"] = 1.0
         self._log_step(ctx.metrics, None)
+
+    def runaway_error(self, step: int, what: str) -> RunawayError:
+        """The error that stops a run whose weights ran away at ``step`` (``algo/guard.py``)."""
+        precision = str(self.trainer.precision) if self._trainer is not None else None
+        return RunawayError(runaway_message(step, what, self.optim_cfg.lr, precision))
 
     # ------------------------------------------------------------ logging
 

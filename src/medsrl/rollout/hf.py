@@ -41,6 +41,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from medsrl.algo.guard import LIKELY_CAUSES, NONFINITE_SAMPLING, RunawayError
 from medsrl.models.loading import stop_token_ids as default_stop_token_ids
 from medsrl.rollout.base import (
     FINISH_LENGTH,
@@ -210,13 +211,14 @@ class HFRolloutEngine:
                 chunk = [prompt_ids[i] for i in rows]
                 input_ids, attention_mask = self._left_pad(chunk, device)
                 recorder = self.log_prob_recorder(params) if params.logprobs else None
-                out = model.generate(
-                    input_ids=input_ids,
-                    attention_mask=attention_mask,
-                    generation_config=config,
-                    logits_processor=LogitsProcessorList([recorder] if recorder else []),
-                    past_key_values=_shared_prompt_cache(model, input_ids, attention_mask),
-                )
+                with _nonfinite_sampling_is_runaway():
+                    out = model.generate(
+                        input_ids=input_ids,
+                        attention_mask=attention_mask,
+                        generation_config=config,
+                        logits_processor=LogitsProcessorList([recorder] if recorder else []),
+                        past_key_values=_shared_prompt_cache(model, input_ids, attention_mask),
+                    )
                 new_tokens = out[:, input_ids.shape[1] :]
                 row_logprobs = recorder.finish(new_tokens) if recorder else None
                 for r, row in enumerate(new_tokens.tolist()):
@@ -248,6 +250,18 @@ class HFRolloutEngine:
             input_ids[row, width - len(seq) :] = torch.as_tensor(seq, dtype=torch.long)
             attention_mask[row, width - len(seq) :] = 1
         return input_ids.to(device), attention_mask.to(device)
+
+
+@contextlib.contextmanager
+def _nonfinite_sampling_is_runaway() -> Iterator[None]:
+    """``torch.multinomial``'s error on inf/nan probabilities as our :class:`RunawayError`, which
+    names the cause. Caught rather than checked per token: a check would sync every token."""
+    try:
+        yield
+    except RuntimeError as e:
+        if "probability tensor contains" not in str(e):
+            raise
+        raise RunawayError(f"{NONFINITE_SAMPLING}. {LIKELY_CAUSES}") from e
 
 
 def _shared_prompt_cache(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):

@@ -4,7 +4,9 @@ The loss of a micro-batch is the registered policy loss (``algorithm.policy_loss
 plug-ins' per-token loss weights, aggregated with the mini-batch's global token / sequence counts
 so that micro-batches sum to the mini-batch loss; plus the optional entropy and KL terms. How
 ranks keep in step is :class:`~medsrl.step.schedule.UpdateSchedule`'s business. A non-finite
-loss or gradient drops that update on every rank and leaves the weights untouched.
+loss or gradient drops that update on every rank and leaves the weights untouched. A finite
+update that blows the weights up (``optim.lr=1e30``) stops the run right after its optimiser
+step, before the step's checkpoint (``algo/guard.py``).
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from medsrl.algo import (
     token_entropy,
     token_logprobs,
 )
+from medsrl.algo.guard import param_norm_sq, runaway_reason
 from medsrl.algo.policy_loss import POLICY_LOSS_STATS
 from medsrl.step.rollouts import StepRollouts
 from medsrl.step.schedule import UpdateSchedule
 from medsrl.step.scoring import response_logits
+from medsrl.utils.distributed import all_reduce_sum
 from medsrl.utils.sharding import grad_norm, is_sharded
 
 log = logging.getLogger(__name__)
@@ -90,6 +94,8 @@ def policy_update(module, rollouts: StepRollouts, advantages: torch.Tensor, step
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     nonfinite = updates_done = 0
+    if module.param_norm_at_start is None:  # the runaway guard's reference: this fit's first weights
+        module.param_norm_at_start = param_norm(params, sharded)
 
     module.policy.train()
     for _epoch in range(algo.ppo_epochs):
@@ -131,11 +137,28 @@ def policy_update(module, rollouts: StepRollouts, advantages: torch.Tensor, step
                 opt.step()  # counts one global step; skips params without grads
             else:
                 module.trainer.strategy.optimizer_step(opt.optimizer, closure=_no_closure)
+            stop_if_runaway(module, params, sharded, step, f"update {updates_done}/{total_updates}")
     sched.step()
     out = {k: sums[k] / counts[k] for k in sums}
     out["nonfinite_updates"] = float(nonfinite)
     out["lr"] = float(sched.get_last_lr()[0])
     return out
+
+
+def param_norm(params: list[torch.nn.Parameter], sharded: bool) -> float:
+    """The global L2 norm of the weights; sharded weights: squares summed over ranks first."""
+    sq = param_norm_sq(params)
+    return (all_reduce_sum(sq) if sharded else sq) ** 0.5
+
+
+def stop_if_runaway(module, params, sharded: bool, step: int, where: str) -> None:
+    """Raise :class:`~medsrl.algo.guard.RunawayError` when the last optimiser step made the
+    weights non-finite or exploded: before Lightning checkpoints this step, so no checkpoint
+    holds them. Every rank sees the same norm (replicated weights, or one all-reduce)."""
+    norm = param_norm(params, sharded)
+    reason = runaway_reason(norm, module.param_norm_at_start, module.max_param_norm_growth)
+    if reason is not None:
+        raise module.runaway_error(step, f"{reason} ({where})")
 
 
 def _no_closure() -> None:
