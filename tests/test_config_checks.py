@@ -47,6 +47,8 @@ def one_problem(values: dict) -> str:
         ({"optim": {"betas": [0.9]}}, "optim.betas must be a pair of numbers each in [0, 1), got [0.9]"),
         ({"optim": {"warmup_steps": -1}}, "optim.warmup_steps must be an int >= 0, got -1"),
         ({"optim": {"grad_clip": None}}, "optim.grad_clip must be a number >= 0 (0: no clipping), got None"),
+        ({"optim": {"max_param_norm_growth": 0.5}},
+         "optim.max_param_norm_growth must be 0 (off) or a number > 1, got 0.5"),
         ({"rollout": {"n": 0}}, "rollout.n must be an int >= 1, got 0"),
         ({"rollout": {"n": 2.0}}, "rollout.n must be an int >= 1, got 2.0"),
         ({"rollout": {"n": True}}, "rollout.n must be an int >= 1, got True"),

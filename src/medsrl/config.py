@@ -92,6 +92,9 @@ class OptimConfig:
     eps: float = 1e-8
     warmup_steps: int = 10
     grad_clip: float = 1.0
+    # runaway guard (algo/guard.py): stop when the weights' norm exceeds this many times its
+    # value at the fit's first update; 0 leaves only the non-finite check
+    max_param_norm_growth: float = 100.0
 
 
 @dataclass

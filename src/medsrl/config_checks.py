@@ -172,6 +172,8 @@ def train_rules() -> dict[str, Rule]:
         "optim.eps": POSITIVE,
         "optim.warmup_steps": COUNT,
         "optim.grad_clip": number(0, must_be="a number >= 0 (0: no clipping)"),
+        "optim.max_param_norm_growth": either(number(0, 0, must_be="0 (off)"),
+                                                number(1, low_open=True, must_be="a number > 1")),
         # rollout
         "rollout.backend": choice("hf", "vllm"),
         "rollout.n": POSITIVE_INT,

@@ -24,7 +24,6 @@ import torch
 
 from medsrl.algo import AdvantageInputs, compute_advantages, sampling_mismatch
 from medsrl.algo.guard import (
-    MAX_PARAM_NORM_GROWTH,
     NONFINITE_SAMPLING,
     RunawayError,
     runaway_message,
@@ -89,9 +88,9 @@ class RLModule(L.LightningModule):
         self.grader: MathGrader | None = None
         self.last_rollouts: StepRollouts | None = None
         # the runaway guard (algo/guard.py): the weights' norm at this fit's first update, and the
-        # growth allowed from it (optim.max_param_norm_growth where OptimConfig has that key)
+        # growth allowed from it (optim.max_param_norm_growth)
         self.param_norm_at_start: float | None = None
-        self.max_param_norm_growth = float(getattr(self.optim_cfg, "max_param_norm_growth", MAX_PARAM_NORM_GROWTH))
+        self.max_param_norm_growth = float(self.optim_cfg.max_param_norm_growth)
 
     # ------------------------------------------------------------------ setup
 

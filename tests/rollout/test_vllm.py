@@ -15,6 +15,7 @@ import torch
 
 pytest.importorskip("vllm", reason="vllm is not installed: `make test-vllm` builds an env with it")
 
+from medsrl.algo.guard import RunawayError  # noqa: E402
 from medsrl.data.template import render_prompt  # noqa: E402
 from medsrl.models.char_tokenizer import build_char_tokenizer  # noqa: E402
 from medsrl.models.tiny import build_tiny_model  # noqa: E402
@@ -141,6 +142,22 @@ def test_sampled_batch_fields_and_seeds(engine, tok):
     assert len(engine.generate([], params)) == 0
     with pytest.raises(TypeError):
         engine.generate("1+1?", params)
+
+
+def test_nan_logits_raise_a_runaway_error(tok):
+    """vLLM itself samples token 0 with a NaN log-prob from NaN logits; the engine must not. Its
+    own engine: NaN weights leave NaN in vLLM's KV blocks, which later requests would reuse (a
+    run stops at this error, so that engine is never used again)."""
+    model = _sharp(2)
+    engine = VLLMRolloutEngine(model, tok, **ENGINE)
+    assert engine.generate(_prompts(), SamplingParams(n=2, max_new_tokens=4, seed=0)).response_ids
+    with torch.no_grad():
+        model.lm_head.weight.fill_(float("nan"))
+    engine.sync_weights(model)
+    for logprobs in (False, True):
+        with pytest.raises(RunawayError, match="sampling probabilities are not finite.*learning rate"):
+            engine.generate(_prompts(), SamplingParams(n=2, max_new_tokens=4, seed=0, logprobs=logprobs))
+    engine.close()
 
 
 def test_many_long_seeded_prompts_in_one_call(engine, tok):

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from medsrl.algo.guard import (
-    MAX_PARAM_NORM_GROWTH,
     RunawayError,
     nonfinite_tensors,
     param_norm_sq,
@@ -48,7 +47,7 @@ def test_runaway_reason(norm, start, growth, broken):
 
 
 def test_the_message_names_step_cause_and_settings():
-    msg = runaway_message(7, runaway_reason(1e33, 10.0, MAX_PARAM_NORM_GROWTH), 1e30, "16-mixed")
+    msg = runaway_message(7, runaway_reason(1e33, 10.0, 100.0), 1e30, "16-mixed")
     assert msg.startswith("step 7: runaway update: the policy's parameter norm grew from 10 to 1e+33")
     for part in ("learning rate", "optim.lr=1e+30", "fp16", "trainer.precision=16-mixed", "no checkpoint"):
         assert part in msg
@@ -132,3 +131,15 @@ def test_a_runaway_at_step_1_keeps_step_0s_good_checkpoint(tmp_path, monkeypatch
     peaks = _checkpoint_peaks(out)
     assert sorted(peaks) == ["last.ckpt", "step_000001.ckpt"], peaks
     assert all(math.isfinite(p) and p < 100 for p in peaks.values()), peaks
+
+
+@pytest.mark.slow
+def test_the_growth_bound_is_the_config_key(tmp_path):
+    """A finite blow-up (lr 10: every weight moves by about 10) passes the non-finite check; the
+    growth bound set through ``optim.max_param_norm_growth`` is what stops it."""
+    from medsrl.train import train
+    from run_helpers import compose_train
+
+    with pytest.raises(RunawayError, match=r"^step 0: runaway update: .* grew from .* more than 1\.5x"):
+        train(compose_train(tmp_path / "bounded", ["optim.lr=10", "optim.max_param_norm_growth=1.5",
+                                                  "optim.warmup_steps=0", "trainer.max_steps=1"]))

@@ -5,8 +5,8 @@ A finite gradient times an absurd learning rate is not: ``optim.lr=1e30`` gives 
 1e30, the next step's sampling fails deep inside ``torch.multinomial`` and the checkpoint in
 between saves the broken weights. So after every optimiser step the global L2 norm of the
 policy's parameters (one ``torch._foreach_norm`` pass) must be finite and at most
-``max_growth`` times its value at the first update of this fit (after a resume: the resumed
-weights). Relative, not absolute, because a sensible absolute bound depends on the model's size;
+``optim.max_param_norm_growth`` times its value at the first update of this fit (after a resume:
+the resumed weights; 0 keeps only the finiteness check). Relative, not absolute, because a sensible absolute bound depends on the model's size;
 the default of 100x is far above what a working run drifts (weight decay pulls the other way)
 and far below what a runaway gives (1e30x at lr 1e30). A norm that overflows float32 counts as
 non-finite: such weights are broken either way.
@@ -22,8 +22,6 @@ import math
 from collections.abc import Iterable, Mapping
 
 import torch
-
-MAX_PARAM_NORM_GROWTH = 100.0  # default of the growth bound; 0 switches that part off
 
 LIKELY_CAUSES = (
     "Likely causes: a learning rate far too high (optim.lr) or an overflow of the training "

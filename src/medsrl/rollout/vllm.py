@@ -21,6 +21,10 @@ takes prompts ``s..`` with ``seed + s`` (a rank's shard) gets the responses of t
 (up to floating-point differences between batch compositions). The model's own ``generation_config`` is ignored
 (``generation_config="vllm"``): our :class:`SamplingParams` are the only settings.
 
+vLLM samples from NaN logits without complaint (token 0 with a NaN log-prob, on the CPU build), so
+every request asks for the sampled token's log-prob (``logprobs=0``: one value per token) and a
+NaN or +inf among them raises :class:`~medsrl.algo.guard.RunawayError`, as the HF backend does.
+
 Several training processes (``trainer=ddp`` / ``trainer=fsdp``): every rank runs its own engine
 for its own shard of the prompts, started with vLLM's ``external_launcher`` executor, which joins
 the process group the trainer already made instead of spawning workers. Each engine is
@@ -45,6 +49,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from medsrl.algo.guard import LIKELY_CAUSES, NONFINITE_SAMPLING, RunawayError
 from medsrl.models.loading import stop_token_ids as default_stop_token_ids
 from medsrl.rollout.base import (
     FINISH_LENGTH,
@@ -247,16 +252,16 @@ class VLLMRolloutEngine:
         finally:
             self._sleep()
         responses = [list(out.outputs[0].token_ids) for out in outputs]
-        logprobs = None
-        if params.logprobs:
-            logprobs = [_sampled_logprobs(out.outputs[0]) for out in outputs]
+        logprobs = [_sampled_logprobs(out.outputs[0]) for out in outputs]
+        if any(lp != lp or lp == float("inf") for row in logprobs for lp in row):
+            raise RunawayError(f"{NONFINITE_SAMPLING}. {LIKELY_CAUSES}")
         return RolloutBatch(
             prompt_index=order,
             prompt_ids=[list(prompt_ids[i]) for i in order],
             response_ids=responses,
             response_text=list(self.tokenizer.batch_decode(responses, skip_special_tokens=True)),
             finish_reason=[self._finish_reason(out.outputs[0]) for out in outputs],
-            response_logprobs=logprobs,
+            response_logprobs=logprobs if params.logprobs else None,
         )
 
     # -- helpers -------------------------------------------------------------------------------
@@ -277,7 +282,7 @@ class VLLMRolloutEngine:
             ignore_eos=True,  # only our stop ids end a response, as in the HF backend
             seed=None if params.seed is None else (params.seed + prompt) * SEED_STRIDE + sample,
             detokenize=False,  # decoded by our tokenizer, exactly as the HF backend does
-            logprobs=0 if params.logprobs else None,  # 0: the sampled token's only
+            logprobs=0,  # the sampled token's only: returned if asked for, always checked
         )
 
     def _finish_reason(self, completion: Any) -> str:
