@@ -67,3 +67,12 @@ def test_dynamic_sampling_share_keeps_the_first_groups_in_round_then_rank_order(
     assert batch_share(counts, 0, 5) == [2, 2]
     assert batch_share(counts, 1, 5) == [1, 0]
     assert batch_share([[3, 9]], 0, 8) == [3, 5]  # one process: the first 8 in round order
+
+
+def test_fsdp_validation_with_an_idle_rank_does_not_hang(tmp_path):
+    """``debug=fast``'s pass@k check has 4 problems: one sampling chunk, all on rank 0. Under FSDP,
+    transformers' ``generate`` defaults to ``synced_gpus`` (a collective per token), so rank 0
+    waited for a rank that never generated: the run hung before step 0."""
+    out = train_in_subprocess(tmp_path / "run", tmp_path / "cache",
+                              ["debug=fast", "trainer=fsdp", *CPU_TWO_PROCESSES], timeout_s=300)
+    assert "`Trainer.fit` stopped: `max_steps=2` reached." in out

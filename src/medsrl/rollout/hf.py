@@ -218,6 +218,10 @@ class HFRolloutEngine:
                         generation_config=config,
                         logits_processor=LogitsProcessorList([recorder] if recorder else []),
                         past_key_values=_shared_prompt_cache(model, input_ids, attention_mask),
+                        # the weights are whole here (FSDP: summoned by the caller), so no rank
+                        # waits for another; transformers' FSDP default (True) would make a rank
+                        # with fewer prompts than its peers, or none, hang the others
+                        synced_gpus=False,
                     )
                 new_tokens = out[:, input_ids.shape[1] :]
                 row_logprobs = recorder.finish(new_tokens) if recorder else None
