@@ -45,7 +45,7 @@ eval: install ## Evaluate the last `make train` policy: pass@k (n=16), diversity
 study: install ## The study (docs/STUDY.md): 7 methods x 3 seeds, stages A->B, eval n=32; resumes if interrupted
 	$(BIN)/medsrl-study --doc docs/STUDY.md --img-dir docs/img/study $(ARGS)
 
-study-quick: install ## The study with one seed and fewer steps (not yet timed), into logs/study/quick/STUDY.md
+study-quick: install ## The study with one seed and fewer steps (~21 min on 2 cores), into logs/study/quick/STUDY.md
 	$(BIN)/medsrl-study --name quick --seeds 0 --steps-a 10 --steps-b 10 --eval-n 8 --eval-problems 32 $(ARGS)
 
 test: install ## Run the whole test suite; PYTEST_ARGS="..." passes options to pytest
