@@ -90,7 +90,8 @@ def train_in_subprocess(out: Path, cache: Path, overrides: list[str], timeout_s:
         f"paths.cache_dir={cache}",
         *overrides,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    # tests/ too: a run may take a test's callback (+callbacks.x={_target_: fsdp_probe.GatherProbe})
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,
@@ -166,4 +167,7 @@ def assert_matches_one_process(one: Path, two: Path, two_metrics: dict[int, dict
     )
     assert wa.keys() == wb.keys()
     for name in wa:
-        torch.testing.assert_close(wb[name], wa[name], rtol=1e-4, atol=1e-6, msg=name)
+        # float rounding only: AdamW divides each step by the gradient's own scale, so an element
+        # whose gradient is near zero amplifies a rounding difference (8e-6 on one of 2,048 seen,
+        # at lr 1e-3); a missed gradient or a wrong row would be off by about the lr
+        torch.testing.assert_close(wb[name], wa[name], rtol=1e-4, atol=2e-5, msg=name)

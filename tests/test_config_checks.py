@@ -68,10 +68,13 @@ def one_problem(values: dict) -> str:
         ({"trainer": {"max_steps": 0}}, "trainer.max_steps must be an int >= 1 or -1, got 0"),
         ({"seed": -3}, "seed must be an int in [0, 4294967295], got -3"),
         ({"grader": {"timeout_s": 0}}, "grader.timeout_s must be a positive number, got 0"),
-        ({"grader": {"num_workers": -1}}, "grader.num_workers must be an int >= 0, got -1"),
+        ({"grader": {"num_workers": -1}}, "grader.num_workers must be an int >= 0 or null, got -1"),
         ({"callbacks": {"pass_at_k": {"n": 0}}}, "callbacks.pass_at_k.n must be an int >= 1, got 0"),
         ({"callbacks": {"pass_at_k": {"every_n_steps": -1}}}, "callbacks.pass_at_k.every_n_steps must be an int >= 0"),
         ({"resume_mode": "some"}, "resume_mode must be one of 'full', 'weights', got 'some'"),
+        ({"callbacks": {"milestones": {"every_n_steps": -1}}}, "callbacks.milestones.every_n_steps must be an int >= 0"),
+        ({"model": {"dtype": "bfloat16"}}, "model.dtype=bfloat16 keeps the master weights and AdamW states in 16 bits"),
+        ({"trainer": {"precision": "bf16-true"}}, "trainer.precision=bf16-true casts the master weights to 16 bits"),
     ],
 )
 def test_each_rule_names_the_key_the_expectation_and_the_value(values, message):
@@ -88,6 +91,11 @@ def test_each_rule_names_the_key_the_expectation_and_the_value(values, message):
         {"algorithm": {"dual_clip": None, "mini_batch_prompts": None}},
         {"trainer": {"max_steps": -1}},  # Lightning: no limit
         {"grader": {"num_workers": 0}},  # in-process grading (debugging)
+        {"grader": {"num_workers": None}},  # one per core
+        {"trainer": {"precision": "bf16-mixed"}, "model": {"dtype": "float32"}},
+        # pure 16 bits when asked for by name; or nothing to lose (lr 0)
+        {"trainer": {"precision": "bf16-true"}, "model": {"dtype": "bfloat16", "allow_16bit_weights": True}},
+        {"trainer": {"precision": "bf16-true"}, "model": {"dtype": "bfloat16"}, "optim": {"lr": 0.0}},
         {"callbacks": {"pass_at_k": {"temperature": 0.0, "every_n_steps": 0}}},  # greedy; off
     ],
 )

@@ -76,3 +76,37 @@ def test_fsdp_validation_with_an_idle_rank_does_not_hang(tmp_path):
     out = train_in_subprocess(tmp_path / "run", tmp_path / "cache",
                               ["debug=fast", "trainer=fsdp", *CPU_TWO_PROCESSES], timeout_s=300)
     assert "`Trainer.fit` stopped: `max_steps=2` reached." in out
+
+
+def test_fsdp_shards_per_layer_in_bf16_mixed_and_resumes_from_sharded_checkpoints(tmp_path):
+    """Per-layer FSDP units: the update never holds more than the root unit (embeddings, final
+    norm, LM head) and two decoder layers (the one running and the one prefetched) gathered at
+    once, out of four; under bf16-mixed the shards, their gradients and AdamW states stay fp32.
+    Sharded checkpoints (one file per rank) resume."""
+    import json
+
+    run = [
+        "debug=fast", "trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2",
+        "trainer.precision=bf16-mixed", "model.tiny.num_hidden_layers=4",
+        "trainer.strategy.state_dict_type=sharded",
+        "+callbacks.gather_probe={_target_: fsdp_probe.GatherProbe}",
+    ]
+    first = tmp_path / "first"
+    train_in_subprocess(first, tmp_path / "cache", run, timeout_s=300)
+    for rank in (0, 1):
+        probe = json.loads((first / f"gather_probe_rank{rank}.json").read_text())
+        units = probe["units"]
+        layers = sorted(n for name, n in units.items() if name != "root")
+        assert len(layers) == 4 and len(units) == 5  # four layer units and the root
+        assert probe["samples"] > 0
+        # at most the root and two layers at once, never the whole policy
+        assert units["root"] + layers[-1] <= probe["max_gathered"] <= units["root"] + layers[-1] + layers[-2]
+        assert probe["max_gathered"] < sum(units.values())
+        assert probe["param_dtypes"] == probe["optim_state_dtypes"] == ["torch.float32"]
+    ckpt = first / "checkpoints" / "last.ckpt"
+    assert ckpt.is_dir() and len(list(ckpt.glob("*.distcp"))) == 2  # one shard file per rank
+    second = tmp_path / "second"
+    out = train_in_subprocess(second, tmp_path / "cache", [*run, "trainer.max_steps=3", f"ckpt_path={ckpt}"],
+                              timeout_s=300)
+    assert "Restored all states from the checkpoint" in out
+    assert read_metrics(second).keys() >= {2}  # the resumed run trained step 2 (its third)

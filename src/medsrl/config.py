@@ -102,7 +102,24 @@ class GraderConfig:
     """Math grading: hard per-answer timeout, in worker processes."""
 
     timeout_s: float = 5.0
-    num_workers: int = 1
+    num_workers: int | None = None  # None: grader_workers(), one per core of this process
+
+    def workers(self, processes_per_node: int = 1) -> int:
+        """The worker count: the configured one, else :func:`grader_workers`."""
+        return self.num_workers if self.num_workers is not None else grader_workers(processes_per_node)
+
+
+MAX_GRADER_WORKERS = 16
+
+
+def grader_workers(processes_per_node: int = 1) -> int:
+    """One grader worker per core this process may use, the node's cores split between its
+    training processes, at most ``MAX_GRADER_WORKERS``: math-verify is CPU-bound, and grading
+    runs between generation and the update, when the cores are otherwise idle."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_GRADER_WORKERS, cores // max(1, processes_per_node)))
 
 
 def build(cls, values: dict[str, Any] | Any | None, section: str):

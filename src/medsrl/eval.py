@@ -274,7 +274,7 @@ def evaluate(cfg: DictConfig) -> list[dict]:
     rows = []
     with (
         GenerationStore(out_dir / "generations.jsonl") as store,
-        MathGrader(timeout_s=cfg.grader.timeout_s, num_workers=cfg.grader.num_workers).start() as grader,
+        MathGrader(timeout_s=cfg.grader.timeout_s, num_workers=_grader_workers(cfg)).start() as grader,
     ):
         for run, path in models:
             policy, tok = load_for_eval(path, cfg.tokenizer, cfg.dtype)
@@ -320,6 +320,14 @@ def evaluate(cfg: DictConfig) -> list[dict]:
     return rows
 
 
+def _grader_workers(cfg: DictConfig) -> int:
+    """``grader.num_workers``; null: one per core (``medsrl.config.grader_workers``)."""
+    from medsrl.config import grader_workers
+
+    n = cfg.grader.num_workers
+    return grader_workers() if n is None else int(n)
+
+
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="eval")
 def main(cfg: DictConfig) -> float:
     rows = evaluate(cfg)
@@ -328,3 +336,4 @@ def main(cfg: DictConfig) -> float:
 
 if __name__ == "__main__":
     main()
+

@@ -103,12 +103,14 @@ class RLModule(L.LightningModule):
             # A frozen copy of the starting policy; excluded from checkpoints (see state_dict).
             self.ref_policy = copy.deepcopy(self.policy).eval().requires_grad_(False)
         if self.grader is None:
-            self.grader = MathGrader(timeout_s=self.grader_cfg.timeout_s, num_workers=self.grader_cfg.num_workers).start()
+            per_node = self.trainer.num_devices if self._trainer is not None else 1
+            workers = self.grader_cfg.workers(per_node)
+            self.grader = MathGrader(timeout_s=self.grader_cfg.timeout_s, num_workers=workers).start()
         if self.engine is None:
             self.engine = build_engine(self.rollout_cfg, self.policy, self.tokenizer, seed=self.seed)
 
     def configure_model(self) -> None:
-        """Under ``trainer=fsdp``: shard the policy (one FSDP unit; see ``utils/sharding.py``)."""
+        """Under ``trainer=fsdp``: shard the policy (an FSDP unit per decoder layer; see ``utils/sharding.py``)."""
         from lightning.pytorch.strategies import FSDPStrategy
 
         strategy = self.trainer.strategy
@@ -279,12 +281,24 @@ class RLModule(L.LightningModule):
 
     # --------------------------------------------------------------- export
 
-    def export_policy(self, path) -> None:
-        """Save the policy and tokenizer the Hugging Face way (every rank calls; rank 0 writes)."""
+    def export_policy(self, path, dtype: torch.dtype | None = None) -> None:
+        """Save the policy and tokenizer the Hugging Face way (every rank calls; rank 0 writes),
+        in ``dtype`` when given (the weights cast, config.json saying so), else as they are."""
         with self.full_policy() as policy:
-            if rank_and_size()[0] == 0:
+            if rank_and_size()[0] != 0:
+                return
+            if dtype is None:
                 policy.save_pretrained(path)
-                self.tokenizer.save_pretrained(path)
+            else:
+                state = {k: v.to(dtype) for k, v in policy.state_dict().items()}
+                was = policy.config.dtype
+                try:
+                    policy.save_pretrained(path, state_dict=state)
+                    policy.config.dtype = dtype  # save_pretrained writes the parameters' dtype
+                    policy.config.save_pretrained(path)
+                finally:
+                    policy.config.dtype = was
+            self.tokenizer.save_pretrained(path)
 
 
 def _scoring_reducers(host: PluginHost, algo: AlgorithmConfig) -> dict:

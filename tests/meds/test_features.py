@@ -197,10 +197,14 @@ def test_bfloat16_rounds_per_layer_logits_before_the_diff():
     assert torch.equal(diffed, r[:, 1:] - r[:, :-1])
 
 
-def test_auto_rounds_on_a_bf16_policy_only():
+def test_auto_rounds_when_the_policy_computes_in_bf16_only():
     model = build_tiny_model(0).eval()
     reader = AnswerFeatureReader(model, TOK, FeatureSpec())
     assert reader.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # fp32 masters, bf16-mixed
+        assert reader.dtype == torch.bfloat16
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert reader.dtype == torch.float32
     model = model.to(torch.bfloat16)
     assert reader.dtype == torch.bfloat16  # resolved when reading, not when built
     feats, _ = read(model, FeatureSpec())

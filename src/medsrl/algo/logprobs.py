@@ -1,22 +1,33 @@
 """Per-token log-probabilities, entropies and masked means, in fp32 and light on memory.
 
-The [B,T,V] logits are the largest tensor in an RL step, so nothing here materialises a full
-fp32 copy of them (or a full [B,T,V] log-softmax): logits are processed in chunks of about
-``CHUNK_TOKENS`` tokens along the sequence axis.
+The ``[b, R, V]`` logits are the largest tensors of an RL step (V = 151,936 for Qwen): at a
+micro-batch of 8 x 3072 tokens one bf16 copy is 7 GiB. Two ways here:
+
+* :func:`head_logprobs`, what the step uses: the LM head and the log-softmax fused, over chunks
+  of ``CHUNK_TOKENS`` tokens, from the hidden states at the response positions. Only one chunk's
+  logits ever exist; the backward recomputes them chunk by chunk instead of keeping any.
+* :func:`token_logprobs` / :func:`token_entropy` on logits already computed (tests' references,
+  tools): chunked the same way, so no full fp32 copy or ``[B, T, V]`` log-softmax is made.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-# logits [b, R, V], labels [b, R] -> a per-token quantity [b, R], read in the scoring forward
+# logits [b, R, V], labels [b, R] -> a per-token quantity [b, R], read in the scoring forward.
+# Must be per position (its value at a token depends on that token's logits and label only):
+# the fused path calls it on one chunk of tokens at a time, as [1, n, V] and [1, n].
 TokenReducer = Callable[[Tensor, Tensor], Tensor]
 
-CHUNK_TOKENS = 512  # tokens per fp32 chunk; ~300 MB at a 150k vocabulary
+# Tokens per chunk. The fused path's vocabulary-wide working set is about
+# CHUNK_TOKENS * V * 8 bytes (two fp32 [chunk, V] buffers): 1.2 GiB at 1024 x 151,936.
+CHUNK_TOKENS = 1024
 
 
 def _acc(x: Tensor) -> Tensor:
@@ -87,6 +98,181 @@ def token_entropy(logits: Tensor) -> Tensor:
         c = _acc(c)
         parts.append(c.logsumexp(-1) - (torch.softmax(c, dim=-1) * c).sum(-1))
     return torch.cat(parts, dim=-1)
+
+
+class HeadLogprobs(NamedTuple):
+    """What :func:`head_logprobs` gives per token: the label's log-prob, the entropy (when asked)
+    and each reducer's value, all shaped like the labels."""
+
+    logp: Tensor
+    entropy: Tensor | None
+    stats: dict[str, Tensor]
+
+
+def head_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    labels: Tensor,
+    *,
+    entropy: bool = False,
+    entropy_grad: bool = True,
+    reducers: dict[str, TokenReducer] | None = None,
+    chunk_tokens: int | None = None,
+) -> HeadLogprobs:
+    """``log_softmax(hidden @ weight.T + bias)[label]`` per token, without the full logits.
+
+    ``hidden`` ``[..., H]`` holds the states that predict ``labels`` ``[...]`` (the response
+    positions only), ``weight`` ``[V, H]`` and ``bias`` ``[V]`` are the LM head's. The logits are
+    made ``chunk_tokens`` (default ``CHUNK_TOKENS``) tokens at a time, as the model's head makes
+    them (``F.linear`` under the active autocast, so bf16 under bf16-mixed), and upcast to fp32
+    per chunk: the numbers of ``token_logprobs(head(hidden), labels)``.
+
+    ``entropy``: also the entropy of each token's distribution; differentiable when
+    ``entropy_grad``, else a detached metric (no backward work). ``reducers`` (no-grad only, the
+    scoring forward) are called on each chunk's logits, ``[1, n, V]``, while they exist.
+    """
+    reducers = reducers or {}
+    chunk = chunk_tokens or CHUNK_TOKENS
+    flat_h, flat_y = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1).long()
+    if flat_h.shape[0] != flat_y.shape[0]:
+        raise ValueError(f"labels {tuple(labels.shape)} must be hidden {tuple(hidden.shape)}[:-1]")
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (hidden, weight, bias)
+    )
+    if not needs_grad:
+        logp, _, ent, stats = _head_forward(flat_h, weight, bias, flat_y, entropy, reducers, chunk)
+    elif reducers:
+        raise ValueError("reducers are read in the no-grad scoring forward; run it under torch.no_grad()")
+    else:
+        out = _FusedHeadLogprob.apply(flat_h, weight, bias, flat_y, entropy, entropy_grad, chunk)
+        (logp, ent), stats = (out if entropy else (out, None)), {}
+    shape = labels.shape
+    return HeadLogprobs(
+        logp.view(shape),
+        None if ent is None else ent.view(shape),
+        {name: v.view(shape) for name, v in stats.items()},
+    )
+
+
+def _chunks(n: int, size: int) -> list[slice]:
+    """Row slices of ``size`` covering ``0..n``; one empty slice when ``n`` is 0 (so empty inputs
+    go through the same code and give empty outputs)."""
+    return [slice(s, min(s + size, n)) for s in range(0, n, size)] or [slice(0, 0)]
+
+
+def _head_forward(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor, entropy: bool,
+    reducers: dict[str, TokenReducer], chunk: int,
+) -> tuple[Tensor, Tensor, Tensor | None, dict[str, Tensor]]:
+    """Log-probs, logsumexps, entropies (or None) and reducer values of ``[N, H]`` hidden states,
+    one chunk of logits at a time. Each chunk holds its logits in the head's output dtype and
+    at most two fp32 ``[chunk, V]`` buffers (the upcast, and ``logsumexp``'s or ``exp``'s)."""
+    logps, lses, ents = [], [], []
+    stats: dict[str, list[Tensor]] = {name: [] for name in reducers}
+    for sl in _chunks(hidden.shape[0], chunk):
+        y = labels[sl]
+        logits = F.linear(hidden[sl], weight, bias)  # as the model's LM head computes them
+        for name, fn in reducers.items():
+            stats[name].append(fn(logits.unsqueeze(0), y.unsqueeze(0)).squeeze(0))
+        x = _acc(logits)
+        del logits
+        lse = x.logsumexp(-1)
+        logps.append(x.gather(-1, y.unsqueeze(-1)).squeeze(-1) - lse)
+        lses.append(lse)
+        if entropy:  # -sum p log p, with log p = x - lse made in place
+            logp_all = x.sub_(lse.unsqueeze(-1))
+            ents.append(-logp_all.exp().mul_(logp_all).sum(-1))
+        del x
+    return (
+        torch.cat(logps), torch.cat(lses), torch.cat(ents) if entropy else None,
+        {name: torch.cat(parts) for name, parts in stats.items()},
+    )
+
+
+class _FusedHeadLogprob(torch.autograd.Function):
+    """The LM head and the log-softmax (and entropy) of :func:`head_logprobs`, with recompute.
+
+    Saves the inputs (alive anyway) and ``[N]`` logsumexps / entropies. The backward makes each
+    chunk's logits again, under the autocast state of the forward, and turns them into the
+    gradient at the logits, ``g_logp * (onehot - p) + g_H * (-p * (log p + H))``, handed to the
+    head's two matmuls in the logits' dtype, as autograd would. The weight's (and bias's)
+    gradient is summed over chunks in fp32 and returned in its own dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, entropy, entropy_grad, chunk):
+        device_type = hidden.device.type
+        ctx.autocast = (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
+        logp, lse, ent, _ = _head_forward(hidden, weight, bias, labels, entropy, {}, chunk)
+        ctx.save_for_backward(hidden, weight, bias, labels, lse, ent)
+        ctx.chunk = chunk
+        ctx.set_materialize_grads(False)
+        if not entropy:
+            return logp
+        if not entropy_grad:
+            ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_logp, g_ent=None):
+        hidden, weight, bias, labels, lse, ent = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        if g_logp is None:
+            g_logp = torch.zeros_like(lse)
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight, dtype=_acc(weight).dtype) if need_w else None
+        grad_b = torch.zeros_like(bias, dtype=_acc(bias).dtype) if need_b else None
+        device_type, enabled, dtype = ctx.autocast
+        with torch.autocast(device_type, dtype=dtype, enabled=enabled):
+            for sl in _chunks(hidden.shape[0], ctx.chunk):
+                h = hidden[sl]
+                g = _logits_grad(
+                    F.linear(h, weight, bias), labels[sl], lse[sl], _acc(g_logp[sl]),
+                    None if g_ent is None else (ent[sl], _acc(g_ent[sl])),
+                )
+                if need_h:
+                    grad_h[sl] = g @ weight
+                if need_w:
+                    _add_matmul_(grad_w, g.t(), h)
+                if need_b:
+                    grad_b += g.sum(0, dtype=grad_b.dtype)
+        return (
+            grad_h, None if grad_w is None else grad_w.to(weight.dtype),
+            None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None,
+        )
+
+
+def _logits_grad(
+    logits: Tensor, labels: Tensor, lse: Tensor, g_logp: Tensor, entropy: tuple[Tensor, Tensor] | None
+) -> Tensor:
+    """The gradient at one chunk's logits, in their dtype: ``g_logp * (onehot - p)``, plus
+    ``g_H * (-p * (log p + H))`` when ``entropy = (H, g_H)``. Worked in fp32 in place on the
+    upcast logits (two fp32 ``[chunk, V]`` buffers at most)."""
+    x = _acc(logits)
+    out_dtype = logits.dtype
+    del logits
+    logp_all = x.sub_(lse.unsqueeze(-1))
+    if entropy is None:
+        d = logp_all.exp_().mul_(-g_logp.unsqueeze(-1))  # -g_logp * p
+    else:
+        ent, g_ent = entropy
+        p = logp_all.exp()
+        # -p * (g_logp + g_H * (log p + H))
+        d = logp_all.add_(ent.unsqueeze(-1)).mul_(g_ent.unsqueeze(-1)).add_(g_logp.unsqueeze(-1)).mul_(p).neg_()
+        del p
+    d.scatter_add_(-1, labels.unsqueeze(-1), g_logp.unsqueeze(-1))  # + g_logp at the label
+    return d.to(out_dtype)
+
+
+def _add_matmul_(acc: Tensor, a: Tensor, b: Tensor) -> None:
+    """``acc += a @ b``; in place (no ``[V, H]`` temporary) when the three dtypes agree, else
+    through the low-precision product autocast makes (then added to the fp32 ``acc``)."""
+    if a.dtype == b.dtype == acc.dtype:
+        acc.addmm_(a, b)
+    else:
+        acc.add_(a @ b)
 
 
 def per_token(advantages: Tensor, like: Tensor) -> Tensor:

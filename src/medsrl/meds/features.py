@@ -11,7 +11,7 @@ means the same thing in both. Per response:
 3. **Rounding** (``dtype``). The reference applies the LM head under bf16 autocast, so its
    logits are bf16 values (steps of 0.125 at ``|x|`` in 16-32, 0.25 at 32-64) and often tie
    exactly; HDBSCAN with ``min_samples=1`` treats exact ties differently from near ties. With
-   ``bfloat16`` (or ``auto`` on a bf16 policy) the fp32 logits are rounded to bf16 here.
+   ``bfloat16`` (or ``auto`` on a policy computing in bf16) the fp32 logits are rounded to bf16 here.
 4. **Differences** (``diff``). The reference takes first differences over *all* ``N`` layers
    and keeps the last ``k``, so layer ``n`` contributes ``logit(n) - logit(n-1)``: with the last
    14 of 28 layers that is ``L15-L14 .. L28-L27`` (14 values), and layer 1, which has no
@@ -104,14 +104,19 @@ def round_to_bfloat16(x: torch.Tensor) -> torch.Tensor:
 
 
 def resolve_feature_dtype(dtype: str, model: nn.Module) -> torch.dtype:
-    """``float32`` / ``bfloat16`` as given; ``auto`` follows the policy's parameters (bf16 ->
-    bf16, so a bf16 policy matches the reference, anything else -> fp32)."""
+    """``float32`` / ``bfloat16`` as given; ``auto`` follows the dtype the policy computes in:
+    bf16 parameters, or fp32 parameters under bf16 autocast (``trainer.precision=bf16-mixed``)
+    -> bf16, so a bf16-computing policy matches the reference; anything else -> fp32."""
     if dtype not in DTYPES:
         raise ValueError(f"feature dtype {dtype!r}; valid: {', '.join(DTYPES)}")
     if dtype != "auto":
         return getattr(torch, dtype)
     param = next((p for p in model.parameters() if p.is_floating_point()), None)
-    return torch.bfloat16 if param is not None and param.dtype == torch.bfloat16 else torch.float32
+    if param is None:
+        return torch.float32
+    device = param.device.type
+    autocast_bf16 = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.bfloat16
+    return torch.bfloat16 if param.dtype == torch.bfloat16 or autocast_bf16 else torch.float32
 
 
 # --------------------------------------------------------------------------- the reader

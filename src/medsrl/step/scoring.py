@@ -1,25 +1,77 @@
-"""The forward passes over packed rollouts: response logits, and the one no-grad scoring pass.
+"""The forward passes over packed rollouts: response log-probs, and the one no-grad scoring pass.
 
 The scoring pass computes the old (or reference) log-probs in micro-batches. Plug-ins take part
 in the same pass, never a second one: a per-micro-batch context wraps each forward (MEDS arms
-its hooks there) and named per-token reducers read each micro-batch's logits while they exist
-(token entropy, low-probability statistics), so no ``[B, T, V]`` tensor outlives its micro-batch.
+its hooks there) and named per-token reducers read each chunk of logits while it exists (token
+entropy, low-probability statistics). No ``[b, R, V]`` logits exist at all: the LM head runs
+fused with the log-softmax over chunks of tokens (``algo.logprobs.head_logprobs``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
+from typing import NamedTuple
 
 import torch
 
-from medsrl.algo import token_entropy, token_logprobs
-from medsrl.algo.logprobs import TokenReducer
+from medsrl.algo import token_entropy
+from medsrl.algo.logprobs import TokenReducer, head_logprobs
 from medsrl.rollout.base import PackedRollouts
 
 BUILTIN_REDUCERS: dict[str, TokenReducer] = {
     "entropy": lambda logits, labels: token_entropy(logits),
 }
+
+# what the head computes from the hidden states it is given and their labels: [b, r, H], [b, r] -> [b, r, ...]
+HeadOutput = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class ResponseLogprobs(NamedTuple):
+    """Per response token ``[b, R]``: the log-prob, the entropy (when asked) and each reducer's
+    value (in the dtype they were stacked in, fp32 for fp32 log-probs)."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor | None
+    stats: dict[str, torch.Tensor]
+
+
+def response_logprobs(
+    model,
+    packed: PackedRollouts,
+    rows: slice | torch.Tensor,
+    context: AbstractContextManager | None = None,
+    *,
+    entropy: bool = False,
+    entropy_grad: bool = True,
+    reducers: dict[str, TokenReducer] | None = None,
+) -> ResponseLogprobs:
+    """Log-prob of each response token of ``rows`` (differentiable when grad is on), and the
+    entropy / reducer values asked for (``algo.logprobs.head_logprobs``).
+
+    The model's forward runs as usual, but for its duration the LM head's forward is replaced
+    by the fused chunked head applied to the hidden states of the response positions only
+    (``logits_to_keep`` slices them before the head), returning ``[b, R, C]`` stats in place of
+    the logits. So no ``[b, R, V]`` tensor is made, and under FSDP the loss still depends on the
+    wrapped model's own output (its backward hooks sit there) and the head weight is used only
+    while that forward has it gathered. The two ways and the left-padding trim are
+    :func:`response_logits`'s.
+    """
+    reducers = reducers or {}
+    names = list(reducers)
+    head = output_head(model)
+
+    def fused(hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        out = head_logprobs(hidden, head.weight, head.bias, labels, entropy=entropy,
+                            entropy_grad=entropy_grad, reducers=reducers)
+        cols = [out.logp] + ([out.entropy] if entropy else []) + [out.stats[n] for n in names]
+        return torch.stack(cols, dim=-1)
+
+    out = _response_forward(model, packed, rows, context, fused)
+    cols = out.unbind(-1)
+    k = 2 if entropy else 1
+    return ResponseLogprobs(cols[0], cols[1] if entropy else None, dict(zip(names, cols[k:], strict=True)))
 
 
 def response_logits(
@@ -28,7 +80,8 @@ def response_logits(
     rows: slice | torch.Tensor,
     context: AbstractContextManager | None = None,
 ) -> torch.Tensor:
-    """Logits of the response positions only: ``logits[:, t]`` predicts response token t.
+    """Logits ``[b, R, V]`` of the response positions only: ``logits[:, t]`` predicts response
+    token t. Full-size: for tests and tools; the step uses :func:`response_logprobs`.
 
     ``context`` wraps the one forward that runs over the response columns (plug-ins' capture
     hooks are armed there). Two ways, the same logits up to float rounding:
@@ -48,30 +101,86 @@ def response_logits(
     position ids are explicit. (MEDS's capture hooks shift their positions by the columns
     dropped; in the shared way their forward holds the response columns only.)
     """
+    head = output_head(model)
+    plain = head.forward
+    return _response_forward(model, packed, rows, context, lambda hidden, labels: plain(hidden))
+
+
+def _response_forward(
+    model,
+    packed: PackedRollouts,
+    rows: slice | torch.Tensor,
+    context: AbstractContextManager | None,
+    head_output: HeadOutput,
+) -> torch.Tensor:
+    """``head_output`` of the hidden states that predict the response tokens of ``rows``, and of
+    those tokens, ``[b, R, ...]``, by the two ways of :func:`response_logits`. The hidden states
+    are sliced by ``logits_to_keep`` (positions, never the logits) before the LM head, whose
+    forward is ``head_output`` during each model call."""
     P = packed.prompt_length
     resp_len = packed.response_mask.shape[1]
     ids, mask, pos = packed.input_ids[rows], packed.attention_mask[rows], packed.position_ids[rows]
+    labels = ids[:, P:]
     lead = int((mask.cumsum(dim=1) == 0).sum(dim=1).min()) if mask.numel() else 0
     first, group = _prompt_groups(ids[:, :P], mask[:, :P])
+    head = output_head(model)
     if len(first) == len(ids) or resp_len == 0 or not _can_share_prompts(model):
-        with context or nullcontext():
+        width = ids.shape[1] - lead
+        keep = torch.arange(width - resp_len - 1, width - 1, device=ids.device)  # column t-1 predicts t
+        with context or nullcontext(), _head_forward_as(head, lambda h: head_output(h, labels)):
             out = model(
                 input_ids=ids[:, lead:], attention_mask=mask[:, lead:], position_ids=pos[:, lead:],
-                use_cache=False, logits_to_keep=resp_len + 1,
+                use_cache=False, logits_to_keep=keep,
             )
-        return out.logits[:, :-1, :]
-    prompt = model(
-        input_ids=ids[first, lead:P], attention_mask=mask[first, lead:P], position_ids=pos[first, lead:P],
-        use_cache=True, logits_to_keep=1,
-    )
+        return out.logits
+    # the prompt's last column predicts every row's first response token: its state, per row
+    with _head_forward_as(head, lambda h: head_output(h[group], labels[:, :1])):
+        prompt = model(
+            input_ids=ids[first, lead:P], attention_mask=mask[first, lead:P], position_ids=pos[first, lead:P],
+            use_cache=True, logits_to_keep=1,
+        )
     cache = prompt.past_key_values
     cache.reorder_cache(group)  # [G, ...] -> [B, ...]: row i reads its group's prompt
-    with context or nullcontext():
+    keep = torch.arange(resp_len - 1, device=ids.device)  # the last response column predicts nothing
+    with context or nullcontext(), _head_forward_as(head, lambda h: head_output(h, labels[:, 1:])):
         out = model(
             input_ids=ids[:, P:], attention_mask=mask[:, lead:], position_ids=pos[:, P:],
-            past_key_values=cache, use_cache=True, logits_to_keep=resp_len,
+            past_key_values=cache, use_cache=True, logits_to_keep=keep,
         )
-    return torch.cat([prompt.logits[group], out.logits[:, :-1, :]], dim=1)
+    return torch.cat([prompt.logits, out.logits], dim=1)
+
+
+def output_head(model) -> torch.nn.Module:
+    """The LM head module of a causal LM, through an FSDP wrapper (``.module``). Models that
+    transform the logits after the head (soft-capping, scaling) are refused: the fused head
+    returns log-probs, not logits, so that transform would be applied to the wrong numbers."""
+    from medsrl.utils.sharding import is_sharded
+
+    inner = model.module if is_sharded(model) else model
+    config = getattr(inner, "config", None)
+    for key in ("final_logit_softcapping", "logit_scale"):
+        if getattr(config, key, None) not in (None, 1, 1.0):
+            raise ValueError(f"{type(inner).__name__}: {key}={getattr(config, key)} is applied after the "
+                             "LM head; the fused log-prob head does not support it")
+    head = inner.get_output_embeddings()
+    if head is None or not isinstance(getattr(head, "weight", None), torch.Tensor):
+        raise ValueError(f"{type(inner).__name__} has no LM head with a weight (get_output_embeddings())")
+    return head
+
+
+@contextlib.contextmanager
+def _head_forward_as(head: torch.nn.Module, forward: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    """``head``'s forward is ``forward`` for the block (the module's hooks still run around it)."""
+    had_own = "forward" in head.__dict__
+    previous = head.__dict__.get("forward")
+    head.forward = forward
+    try:
+        yield
+    finally:
+        if had_own:
+            head.forward = previous
+        else:
+            del head.forward
 
 
 def _prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,12 +227,10 @@ def scoring_pass(
             for start in range(0, B, micro_batch_size):
                 stop = min(start + micro_batch_size, B)
                 ctx = microbatch_context(start, stop) if microbatch_context else None
-                logits = response_logits(model, packed, slice(start, stop), ctx)
-                labels = packed.input_ids[start:stop, packed.prompt_length :]
-                logps.append(token_logprobs(logits, labels))
-                for name, fn in reducers.items():
-                    stats[name].append(fn(logits, labels))
-                del logits
+                out = response_logprobs(model, packed, slice(start, stop), ctx, reducers=reducers)
+                logps.append(out.logp)
+                for name in reducers:
+                    stats[name].append(out.stats[name])
     finally:
         model.train(was_training)
     return torch.cat(logps), {name: torch.cat(parts) for name, parts in stats.items()}

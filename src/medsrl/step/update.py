@@ -16,19 +16,12 @@ import math
 
 import torch
 
-from medsrl.algo import (
-    aggregate_loss,
-    compute_policy_loss,
-    kl_estimate,
-    masked_mean,
-    token_entropy,
-    token_logprobs,
-)
+from medsrl.algo import aggregate_loss, compute_policy_loss, kl_estimate, masked_mean
 from medsrl.algo.guard import param_norm_sq, runaway_reason
 from medsrl.algo.policy_loss import POLICY_LOSS_STATS
 from medsrl.step.rollouts import StepRollouts
 from medsrl.step.schedule import UpdateSchedule
-from medsrl.step.scoring import response_logits
+from medsrl.step.scoring import response_logprobs
 from medsrl.utils.distributed import all_reduce_sum
 from medsrl.utils.sharding import grad_norm, is_sharded
 
@@ -39,9 +32,9 @@ def micro_loss(module, rollouts: StepRollouts, advantages, rows, num_tokens: flo
     """The loss of ``rows`` (with grad) and its detached metrics."""
     algo = module.algo
     packed = rollouts.packed
-    logits = response_logits(module.policy, packed, rows)
-    labels = packed.input_ids[rows, packed.prompt_length :]
-    logp = token_logprobs(logits, labels)
+    # fused LM head + log-softmax: no [b, R, V] logits; entropy differentiable only when it is a loss term
+    out = response_logprobs(module.policy, packed, rows, entropy=True, entropy_grad=algo.entropy_coef > 0)
+    logp, entropy = out.logp, out.entropy
     mask = packed.response_mask[rows]
     stats = {k: rollouts.token_stats[k][rows] for k in POLICY_LOSS_STATS.get(algo.policy_loss, {})}
     # no scoring forward (``RLModule.scoring_forward_needed``): on-policy, old = current
@@ -63,7 +56,6 @@ def micro_loss(module, rollouts: StepRollouts, advantages, rows, num_tokens: flo
         "ppo_kl": float(pl.approx_kl),
         **{f"{algo.policy_loss}/{k}": float(v) for k, v in pl.extra.items()},
     }
-    entropy = token_entropy(logits.detach()) if algo.entropy_coef == 0 else token_entropy(logits)
     metrics["entropy"] = float(masked_mean(entropy.detach(), mask))
     if algo.entropy_coef > 0:
         loss = loss - algo.entropy_coef * aggregate_loss(entropy, mask, algo.loss_agg_mode, **agg)
@@ -78,7 +70,8 @@ def policy_update(module, rollouts: StepRollouts, advantages: torch.Tensor, step
     """Run the step's optimiser updates; return the averaged metrics.
 
     Only the last update goes through Lightning's optimizer wrapper, so ``global_step`` advances
-    once per RL step; the lr scheduler steps once per RL step too.
+    once per RL step; the lr scheduler steps once per RL step too. Gradients are set to None
+    after each optimiser step, so none stay allocated through the next step's generation.
     """
     algo = module.algo
     opt, sched = module.optimizers(), module.lr_schedulers()
@@ -137,6 +130,8 @@ def policy_update(module, rollouts: StepRollouts, advantages: torch.Tensor, step
                 opt.step()  # counts one global step; skips params without grads
             else:
                 module.trainer.strategy.optimizer_step(opt.optimizer, closure=_no_closure)
+            # nothing reads them after the step: freed now, not kept through the next generation
+            opt.zero_grad(set_to_none=True)
             stop_if_runaway(module, params, sharded, step, f"update {updates_done}/{total_updates}")
     sched.step()
     out = {k: sums[k] / counts[k] for k in sums}

@@ -1,19 +1,23 @@
-"""FSDP for the policy: sharded for the update, whole for generation and scoring.
+"""FSDP for the policy: sharded per decoder layer for the update, whole for generation and scoring.
 
 Lightning's ``FSDPStrategy`` would wrap the whole LightningModule and expect every forward to go
 through it. An RL step has two kinds of forward:
 
-* the update's forward/backward passes: these go through the FSDP wrapper (weights gathered per
-  forward, gradients reduce-scattered, AdamW states sharded). They are collectives, so every rank
-  runs the same number of them (``RLModule._update`` pads with zero-weight micro-batches);
+* the update's forward/backward passes: these go through the FSDP wrapper. Each decoder layer
+  (the model's ``_no_split_modules``) is its own FSDP unit and the root unit holds the rest
+  (embeddings, final norm, LM head), so a pass gathers one layer at a time (plus the one FSDP
+  prefetches) and frees it after use: the whole model is never gathered for the update.
+  Gradients are reduce-scattered per layer, AdamW states are sharded. These are collectives, so
+  every rank runs the same number of passes (``step/schedule.py`` pads with zero-weight passes);
 * generation, the no-grad scoring forward, MEDS capture, weight export: rank-local work of
   different lengths on each rank. :func:`full_weights` gathers the weights once for the block
-  (``summon_full_params``) and hands out the plain module, so nothing inside is a collective.
+  (``summon_full_params``) and hands out the plain module with the per-layer wrappers stepped
+  around, so nothing inside is a collective.
 
-So the policy is wrapped here, in ``RLModule.configure_model`` (Lightning then leaves it as it is),
-as one FSDP unit with ``use_orig_params=True``: a nested unit would re-shard itself after each
-forward inside the gathered block. Peak weight memory is one whole copy per rank (as generation
-needs anyway); gradients and optimiser states, the larger part, are sharded.
+Precision: with ``trainer.precision=bf16-mixed`` the shards (the master weights, their gradients
+and AdamW states) stay fp32; FSDP gathers them as bf16 for the update's compute and reduces the
+gradients in fp32 (:meth:`PolicyFSDPStrategy.mixed_precision_config`). Buffers (RoPE's inverse
+frequencies) stay fp32.
 """
 
 from __future__ import annotations
@@ -54,10 +58,24 @@ class PolicyFSDPStrategy(FSDPStrategy):
             )
         if kwargs.get("auto_wrap_policy") is not None:
             raise ValueError(
-                "trainer=fsdp wraps the policy as one FSDP unit (see medsrl.utils.sharding); "
-                "remove strategy.auto_wrap_policy"
+                "trainer=fsdp wraps each decoder layer of the policy itself (the model's "
+                "_no_split_modules; see medsrl.utils.sharding): remove strategy.auto_wrap_policy"
             )
         super().__init__(*args, **kwargs)
+
+    @property
+    def mixed_precision_config(self):
+        """Mixed precision over fp32 shards: bf16 (fp16) compute, fp32 gradient reduction and
+        buffers. Lightning's own for ``bf16-mixed`` also reduces gradients in bf16 and casts the
+        RoPE buffers to bf16; other precisions (``32-true``) keep Lightning's."""
+        if self.mixed_precision is not None:
+            return self.mixed_precision
+        low = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(str(self.precision_plugin.precision))
+        if low is None:
+            return super().mixed_precision_config
+        from torch.distributed.fsdp import MixedPrecision
+
+        return MixedPrecision(param_dtype=low, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
 
     def _full_on_cpu(self) -> bool:
         return self._state_dict_type == "full" and self.root_device.type == "cpu"
@@ -97,13 +115,28 @@ class PolicyFSDPStrategy(FSDPStrategy):
         return state
 
 
+def layer_classes(policy: nn.Module) -> set[type[nn.Module]]:
+    """The classes of the blocks FSDP must not split: the model's ``_no_split_modules`` (its
+    decoder layers, e.g. ``Qwen2DecoderLayer``), found among its modules."""
+    names = set(getattr(policy, "_no_split_modules", None) or [])
+    classes = {type(m) for m in policy.modules() if type(m).__name__ in names}
+    if not classes:
+        raise ValueError(
+            f"trainer=fsdp: {type(policy).__name__} names no decoder layer class in "
+            f"_no_split_modules ({sorted(names)}): cannot shard it per layer"
+        )
+    return classes
+
+
 def shard_policy(policy: nn.Module, strategy: FSDPStrategy) -> nn.Module:
-    """``policy`` as one FSDP unit with the sharding, precision and offload of ``strategy``, on
-    its root device."""
+    """``policy`` with one FSDP unit per decoder layer and a root unit for the rest, with the
+    sharding, precision and offload of ``strategy``, on its root device."""
     from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     return FullyShardedDataParallel(
         policy,
+        auto_wrap_policy=ModuleWrapPolicy(layer_classes(policy)),
         sharding_strategy=strategy.sharding_strategy,
         cpu_offload=strategy.cpu_offload,
         mixed_precision=strategy.mixed_precision_config,
@@ -124,8 +157,32 @@ def full_weights(module: nn.Module) -> Iterator[nn.Module]:
         return
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    with FullyShardedDataParallel.summon_full_params(module, writeback=False), torch.no_grad():
-        yield module.module
+    with FullyShardedDataParallel.summon_full_params(module, writeback=False), torch.no_grad(), \
+            _without_inner_units(module.module) as plain:
+        yield plain
+
+
+@contextlib.contextmanager
+def _without_inner_units(module: nn.Module) -> Iterator[nn.Module]:
+    """``module`` with each nested FSDP unit replaced by the module it wraps, for the block.
+
+    Inside ``summon_full_params`` every weight is already whole; a nested unit's own forward
+    would cast its inputs to the mixed-precision dtype against the gathered fp32 weights, and
+    free its weights after running. Stepping around it runs the plain layer on them.
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    swapped = []
+    for parent in list(module.modules()):
+        for name, child in list(parent._modules.items()):
+            if isinstance(child, FullyShardedDataParallel):
+                parent._modules[name] = child.module
+                swapped.append((parent, name, child))
+    try:
+        yield module
+    finally:
+        for parent, name, child in reversed(swapped):
+            parent._modules[name] = child
 
 
 def grad_norm(params: list[nn.Parameter], sharded: bool) -> float:

@@ -1,0 +1,47 @@
+"""Weights-only milestones of the policy, lighter than the checkpoints kept for resume.
+
+A full checkpoint holds fp32 master weights and both AdamW moments (about 12 bytes a parameter:
+~90 GB for a 7B policy), so only the last few are kept (``callbacks.model_checkpoint``). A
+milestone is the policy alone in bf16 (2 bytes a parameter), saved the Hugging Face way with its
+tokenizer, so ``medsrl-eval model_path=<run>/milestones/step_000100`` or any HF tool loads it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Callback
+
+from medsrl.models.loading import resolve_dtype
+
+log = logging.getLogger(__name__)
+
+
+class WeightMilestones(Callback):
+    """Every ``every_n_steps`` RL steps (0: never), the policy in ``dtype`` under
+    ``<dirpath>/step_<step>``; all kept. Written to a temporary folder and renamed, so a crash
+    mid-save leaves no half milestone."""
+
+    def __init__(self, every_n_steps: int = 0, dtype: str = "bfloat16", dirpath: str | None = None) -> None:
+        if every_n_steps < 0:
+            raise ValueError(f"every_n_steps must be >= 0, got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self.dtype = resolve_dtype(dtype)
+        self.dirpath = dirpath
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step  # steps done, this one included
+        if not self.every_n_steps or step == 0 or step % self.every_n_steps:
+            return
+        root = Path(self.dirpath or Path(trainer.default_root_dir) / "milestones")
+        path = root / f"step_{step:06d}"
+        tmp = root / f".step_{step:06d}.tmp"
+        if trainer.is_global_zero:
+            shutil.rmtree(tmp, ignore_errors=True)
+        pl_module.export_policy(tmp, dtype=self.dtype)  # every rank: FSDP gathers the weights
+        if trainer.is_global_zero:
+            shutil.rmtree(path, ignore_errors=True)  # a resumed run re-saves the same step
+            tmp.rename(path)
+            log.info("step %d: %s weights saved to %s", step, self.dtype, path)

@@ -1,0 +1,97 @@
+"""Live tensor bytes and the largest vocabulary-wide tensor during a block of code.
+
+Written to prove what the fused log-prob path (``algo/logprobs.py``) promises: that no
+``[..., V]`` tensor larger than one chunk of tokens ever exists, forward or backward, and how
+many bytes a micro-batch's log-probs really hold at their peak. The CPU has no
+``torch.cuda.max_memory_allocated``, so the two are read from:
+
+* the allocator's own events, through ``torch.profiler`` with ``profile_memory=True``: every
+  allocation and free, an op's internal temporaries included (``logsumexp`` keeps a
+  ``[.., V]`` one), in the calling thread and in autograd's. The peak is the largest running
+  sum, so it counts what the block allocated above what was alive when it began;
+* a ``TorchDispatchMode`` that looks at the outputs of every aten op the block runs (the
+  backward's too: the mode is thread-local state autograd carries over), and keeps the largest
+  one whose last dimension is the vocabulary size. Only shapes are kept, never the tensors.
+
+Usage (a test and ``benchmarks/logprob_memory.py``)::
+
+    with track_memory(vocab_size=V) as mem:
+        loss = f(hidden).sum()
+        loss.backward()
+    mem.peak_bytes, mem.largest_vocab_numel, mem.largest_vocab_shape
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+@dataclass
+class BlockMemory:
+    """What :func:`track_memory` saw; filled when its block exits (``peak_bytes``) or as it runs."""
+
+    vocab_size: int
+    peak_bytes: int = 0  # most bytes allocated in the block and alive at once (allocator events)
+    largest_vocab_numel: int = 0  # elements of the largest op output whose last dim is vocab_size
+    largest_vocab_shape: tuple[int, ...] = ()
+    largest_vocab_bytes: int = 0
+    vocab_outputs: int = 0  # how many op outputs had the vocabulary as last dimension
+
+
+def peak_live_bytes(deltas: Iterable[tuple[int, int]]) -> int:
+    """The largest running sum of ``(time, +bytes allocated / -bytes freed)`` events taken in time
+    order; 0 when nothing was allocated above the start (frees of older tensors go below it)."""
+    live = peak = 0
+    for _, nbytes in sorted(deltas, key=lambda e: e[0]):
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+class _VocabOutputs(TorchDispatchMode):
+    """Records the largest ``[..., vocab_size]`` output of any aten op run under it."""
+
+    def __init__(self, report: BlockMemory) -> None:
+        super().__init__()
+        self.report = report
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[-1] == self.report.vocab_size:
+                self.report.vocab_outputs += 1
+                if t.numel() > self.report.largest_vocab_numel:
+                    self.report.largest_vocab_numel = t.numel()
+                    self.report.largest_vocab_shape = tuple(t.shape)
+                    self.report.largest_vocab_bytes = t.numel() * t.element_size()
+        return out
+
+
+def _memory_deltas(prof, device_type: str) -> list[tuple[int, int]]:
+    """``(start ns, bytes)`` of the profiler's allocator events on ``device_type``."""
+    want = torch.device(device_type).type.upper()
+    out = []
+    for e in prof.profiler.kineto_results.events():
+        if e.name() == "[memory]" and str(e.device_type()).rsplit(".", 1)[-1] == want:
+            out.append((e.start_ns(), e.nbytes()))
+    return out
+
+
+@contextlib.contextmanager
+def track_memory(vocab_size: int, device_type: str = "cpu") -> Iterator[BlockMemory]:
+    """Measure the block: peak bytes on ``device_type`` (allocator events) and the largest
+    vocabulary-wide op output. Slow (a Python call per op): for tests and benchmarks only."""
+    from torch.profiler import ProfilerActivity, profile
+
+    report = BlockMemory(vocab_size)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
+    with profile(activities=activities, profile_memory=True) as prof:
+        with _VocabOutputs(report):
+            yield report
+    report.peak_bytes = peak_live_bytes(_memory_deltas(prof, device_type))
