@@ -73,6 +73,7 @@ def one_problem(values: dict) -> str:
         ({"callbacks": {"pass_at_k": {"every_n_steps": -1}}}, "callbacks.pass_at_k.every_n_steps must be an int >= 0"),
         ({"resume_mode": "some"}, "resume_mode must be one of 'full', 'weights', got 'some'"),
         ({"callbacks": {"milestones": {"every_n_steps": -1}}}, "callbacks.milestones.every_n_steps must be an int >= 0"),
+        ({"hardware": {"name": "8x H100", "gpu_memory_gib": 0}}, "hardware.gpu_memory_gib must be a positive number"),
         ({"model": {"dtype": "bfloat16"}}, "model.dtype=bfloat16 keeps the master weights and AdamW states in 16 bits"),
         ({"trainer": {"precision": "bf16-true"}}, "trainer.precision=bf16-true casts the master weights to 16 bits"),
     ],

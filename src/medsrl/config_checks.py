@@ -165,6 +165,9 @@ def train_rules() -> dict[str, Rule]:
         "optimized_metric": optional(STRING),
         "model.dtype": choice(*_dtypes()),
         "model.gradient_checkpointing": BOOL,
+        # what an experiment is sized for (medsrl-plan checks it): null, or {name, gpu_memory_gib}
+        "hardware.name": STRING,
+        "hardware.gpu_memory_gib": POSITIVE,
         # optim: lr 0 is allowed on purpose (a weights-only start that must keep the weights)
         "optim.lr": NON_NEGATIVE,
         "optim.weight_decay": NON_NEGATIVE,

@@ -42,6 +42,7 @@ class BlockMemory:
     largest_vocab_shape: tuple[int, ...] = ()
     largest_vocab_bytes: int = 0
     vocab_outputs: int = 0  # how many op outputs had the vocabulary as last dimension
+    net_bytes: int = 0  # allocated minus freed over the block: what it left alive
 
 
 def peak_live_bytes(deltas: Iterable[tuple[int, int]]) -> int:
@@ -94,4 +95,6 @@ def track_memory(vocab_size: int, device_type: str = "cpu") -> Iterator[BlockMem
     with profile(activities=activities, profile_memory=True) as prof:
         with _VocabOutputs(report):
             yield report
-    report.peak_bytes = peak_live_bytes(_memory_deltas(prof, device_type))
+    deltas = _memory_deltas(prof, device_type)
+    report.peak_bytes = peak_live_bytes(deltas)
+    report.net_bytes = sum(nbytes for _, nbytes in deltas)

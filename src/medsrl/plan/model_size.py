@@ -1,0 +1,97 @@
+"""The sizes the memory plan needs, read from the model itself built on the ``meta`` device.
+
+No formula per architecture: the model class of the config (Qwen2, Qwen3, Llama ...) is built
+without storage, and its parameters are counted where FSDP would put them: each decoder layer
+(the model's ``_no_split_modules``) is one unit, the rest (embeddings, final norm, LM head) the
+root unit. Real models come from ``model.shape`` (the checkpoint's config.json numbers, in the
+model config) or from a local ``name_or_path``'s config.json, which wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """Parameter counts and the widths the activation and KV-cache arithmetic uses."""
+
+    params: int  # all parameters (tied embeddings counted once)
+    layer_params: int  # one decoder layer (the largest, if they differ)
+    root_params: int  # outside the decoder layers: embeddings, final norm, LM head
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    q_width: int  # num_attention_heads * head_dim
+    kv_width: int  # num_key_value_heads * head_dim
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes of one token over all layers, at 1 byte an element (times the dtype's)."""
+        return 2 * self.num_layers * self.kv_width
+
+
+def model_size(model_cfg: Mapping[str, Any]) -> ModelSize:
+    """The :class:`ModelSize` of the ``model`` config group's model (built on ``meta``)."""
+    with torch.device("meta"):
+        model = _meta_model(model_cfg)
+    return size_of(model)
+
+
+def size_of(model: torch.nn.Module) -> ModelSize:
+    """Count ``model``'s parameters per FSDP unit (each decoder layer; the rest) and read its widths."""
+    config = model.config
+    layer_names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in layer_names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__}: no decoder layers found (_no_split_modules={layer_names})")
+    in_layers = {id(p) for layer in layers for p in layer.parameters()}
+    total = sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
+    root = sum(p.numel() for p in model.parameters() if id(p) not in in_layers)
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return ModelSize(
+        params=total,
+        layer_params=max(sum(p.numel() for p in layer.parameters()) for layer in layers),
+        root_params=root,
+        num_layers=len(layers),
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        vocab_size=config.vocab_size,
+        q_width=heads * head_dim,
+        kv_width=kv_heads * head_dim,
+    )
+
+
+def _meta_model(model_cfg: Mapping[str, Any]) -> torch.nn.Module:
+    from medsrl.models.loading import random_model_like
+
+    name = model_cfg.get("name_or_path")
+    local = Path(str(name)).expanduser() / "config.json" if name else None
+    if local is not None and local.is_file():
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(local.parent, trust_remote_code=bool(model_cfg.get("trust_remote_code")))
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=bool(model_cfg.get("trust_remote_code")))
+    shape = dict(model_cfg.get("shape") or {})
+    if shape:
+        if not model_cfg.get("architecture"):
+            raise ValueError("model.shape needs model.architecture (qwen2, qwen3, llama)")
+        vocab = shape.pop("vocab_size")
+        return random_model_like(model_cfg["architecture"], vocab, **shape)
+    if name is None:  # the tiny preset
+        from medsrl.models.tiny import build_tiny_model
+
+        return build_tiny_model(**dict(model_cfg.get("tiny") or {}))
+    raise ValueError(
+        f"model {name!r}: no shape to plan with; add model.shape (its config.json numbers: hidden_size, "
+        "num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, "
+        "tie_word_embeddings) or point model.name_or_path at a local copy"
+    )
