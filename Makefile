@@ -19,7 +19,7 @@ VLLM_ENV ?= VLLM_CPU_OMP_THREADS_BIND=0-$(shell echo $$(( $$(nproc) - 1 ))) VLLM
 TRL_VENV ?= .venv-trl
 TRL_STAMP := $(TRL_VENV)/.installed
 
-.PHONY: help install train eval study study-quick test test-vllm bench-trl lint tensorboard clean
+.PHONY: help install train plan eval study study-quick test test-vllm bench-trl lint tensorboard clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -36,6 +36,9 @@ $(STAMP): pyproject.toml
 
 train: install ## Train the default (tiny preset, MEDS = DAPO + reward shaping) on CPU; ARGS="..." adds Hydra overrides
 	$(BIN)/medsrl-train $(ARGS)
+
+plan: install ## Memory per GPU and phase of a run, and whether it fits: ARGS="experiment=qwen2.5-math-7b_meds"
+	$(BIN)/medsrl-plan $(ARGS)
 
 eval: install ## Evaluate the last `make train` policy: pass@k (n=16), diversity, table + PNG; ARGS="..."
 	@run=$$(ls -d logs/train/runs/*/policy 2>/dev/null | sort | tail -1); \

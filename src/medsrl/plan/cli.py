@@ -16,8 +16,15 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig
 
-from medsrl.plan.memory import DEFAULT_PROMPT_TOKENS, MemoryPlan, format_plan, plan_memory, run_shape
+from medsrl.plan.memory import (
+    DEFAULT_PROMPT_TOKENS,
+    MemoryPlan,
+    format_plan,
+    plan_memory,
+    run_shape,
+)
 from medsrl.plan.model_size import model_size
+
 
 def compose_train_config(overrides: Sequence[str]) -> DictConfig:
     """The training config ``medsrl-train <overrides>`` would run with (without Hydra's runtime keys)."""

@@ -195,8 +195,8 @@ def layer_forward_bytes(size: ModelSize, tokens: int, compute_bytes: int) -> int
     """The working set of one decoder layer's no-grad forward over ``tokens``: the fp32
     residual stream and norm upcast, q/k/v and the attention output, the MLP's gate, up and
     product (sdpa attention: no ``T x T`` scores)."""
-    H, I = size.hidden_size, size.intermediate_size
-    per_token = (H + 2 * size.q_width + 2 * size.kv_width + 3 * I) * compute_bytes + 2 * H * 4
+    H, inter = size.hidden_size, size.intermediate_size
+    per_token = (H + 2 * size.q_width + 2 * size.kv_width + 3 * inter) * compute_bytes + 2 * H * 4
     return tokens * per_token
 
 
@@ -206,8 +206,8 @@ def layer_saved_bytes(size: ModelSize, tokens: int, compute_bytes: int) -> int:
     fp32 normalised output); six ``H``-wide casts (each of q/k/v/o/gate/up casts its input
     itself: autocast's cache is off); q, k, v; gate, up, act(gate) and their product. Without
     autocast (inputs already in the compute dtype) the casts are shared: an upper bound."""
-    H, I = size.hidden_size, size.intermediate_size
-    per_token = (6 * H + size.q_width + 2 * size.kv_width + 4 * I) * compute_bytes + 4 * H * 4
+    H, inter = size.hidden_size, size.intermediate_size
+    per_token = (6 * H + size.q_width + 2 * size.kv_width + 4 * inter) * compute_bytes + 4 * H * 4
     return tokens * per_token
 
 
@@ -380,7 +380,7 @@ def format_plan(plan: MemoryPlan) -> str:
     lines = [
         f"model: {size.params / 1e9:.2f}B params ({size.num_layers} layers of {size.layer_params:,}, "
         f"root {size.root_params:,}), vocabulary {size.vocab_size:,}",
-        f"run: {run.devices} {'GPU' if run.on_gpu else 'CPU process'}(es){' FSDP per layer' if run.sharded else ' DDP' if run.ddp else ''}, "
+        f"run: {run.devices} {'GPU(s)' if run.on_gpu else 'CPU process(es)'}{' FSDP per layer' if run.sharded else ' DDP' if run.ddp else ''}, "
         f"master {run.master_bytes} B / compute {run.compute_bytes} B, {run.backend} rollouts, "
         f"{run.sequences_per_rank} responses per rank of <= {run.prompt_tokens} + {run.response_tokens} tokens, "
         f"micro-batch {run.micro_batch}, gradient checkpointing {'on' if run.gradient_checkpointing else 'off'}",
