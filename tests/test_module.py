@@ -170,3 +170,23 @@ def test_an_on_policy_step_without_the_scoring_forward_makes_the_same_update(mon
     for k, v in weights[True].items():
         assert torch.allclose(weights[False][k], v, atol=1e-6), k
     assert any(not torch.equal(v, _tiny_policy().state_dict()[k]) for k, v in weights[True].items())
+
+
+def test_gradients_are_freed_after_the_last_optimiser_step_of_a_step():
+    """They would otherwise stay allocated (4 bytes a parameter) through the next generation."""
+    seen: list[bool] = []
+
+    class AfterStep(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen.append(all(p.grad is None for p in pl_module.policy.parameters()))
+
+    tok = build_char_tokenizer()
+    module = RLModule(_tiny_policy(), tok, algorithm={**SMALL_ALGO, "kl_coef": 0.0, "mini_batch_prompts": 1},
+                      rollout={"n": 2, "max_new_tokens": 4}, optim={"lr": 1e-2, "warmup_steps": 0})
+    before = {k: v.clone() for k, v in module.policy.state_dict().items()}
+    trainer = L.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        limit_val_batches=0, callbacks=[AfterStep()])
+    trainer.fit(module, datamodule=_datamodule())
+    assert seen == [True, True]
+    assert any(not torch.equal(v, before[k]) for k, v in module.policy.state_dict().items())  # it did train

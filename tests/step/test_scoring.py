@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from medsrl.algo import token_entropy, token_logprobs
 from medsrl.meds.features import AnswerFeatureReader, FeatureSpec
 from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.tiny import build_tiny_model
 from medsrl.rollout.base import pack_rollouts
-from medsrl.step.scoring import response_logits, scoring_pass
+from medsrl.step.scoring import output_head, response_logits, response_logprobs, scoring_pass
 
 TOK = build_char_tokenizer()
 # one long prompt (an R3 reflection prompt quotes a whole response) among short ones
@@ -159,3 +161,68 @@ def test_gradient_checkpointing_runs_the_full_forward():
     model, (packed, _) = _model().train(), _groups()
     (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     assert _backbone_calls(model, lambda: response_logits(model, packed, slice(0, 7))) == [None]
+
+
+# --- the fused head: log-probs of the response positions without [b, R, V] logits ----------------
+
+
+
+@pytest.mark.parametrize("rows", [slice(0, 7), slice(1, 5), slice(4, 7), torch.tensor([0, 1, 2, 6])],
+                         ids=["all-shared", "part-shared", "unshared", "index"])
+def test_response_logprobs_equal_the_logits_path_in_values_and_gradients(rows):
+    """Both ways (shared prompt and whole rows): the fused head's log-probs and entropies, and the
+    model's gradients through them, are those of the full logits."""
+    model, (packed, _) = _model().train(), _groups()
+    labels = packed.input_ids[rows, packed.prompt_length :]
+    mask = packed.response_mask[rows]
+    weights = mask * torch.linspace(0.5, 1.5, mask.shape[1])
+
+    def run(fn):
+        model.zero_grad(set_to_none=True)
+        logp, ent = fn()
+        ((logp + 0.1 * ent) * weights).sum().backward()
+        return logp.detach(), ent.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    def logits_path():
+        logits = response_logits(model, packed, rows)
+        return token_logprobs(logits, labels), token_entropy(logits)
+
+    def fused_path():
+        out = response_logprobs(model, packed, rows, entropy=True)
+        return out.logp, out.entropy
+
+    (logp, ent, grads), (want_logp, want_ent, want_grads) = run(fused_path), run(logits_path)
+    m = mask.bool()
+    torch.testing.assert_close(logp[m], want_logp[m], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent[m], want_ent[m], atol=1e-5, rtol=1e-5)
+    for name, g in want_grads.items():
+        torch.testing.assert_close(grads[name], g, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_response_logprobs_reducers_equal_those_of_the_logits():
+    model, (packed, _) = _model(), _groups()
+    reducers = {"entropy": lambda logits, y: token_entropy(logits)}
+    with torch.no_grad():
+        out = response_logprobs(model, packed, slice(0, 7), reducers=reducers)
+        logits = response_logits(model, packed, slice(0, 7))
+    m = packed.response_mask.bool()
+    torch.testing.assert_close(out.stats["entropy"][m], token_entropy(logits)[m], atol=1e-5, rtol=1e-5)
+    labels = packed.input_ids[:, packed.prompt_length :]
+    torch.testing.assert_close(out.logp[m], token_logprobs(logits, labels)[m], atol=1e-5, rtol=1e-5)
+
+
+def test_response_logprobs_leave_the_head_as_it_was():
+    model, (packed, _) = _model(), _groups()
+    head = output_head(model)
+    with torch.no_grad():
+        response_logprobs(model, packed, slice(0, 7))
+    assert "forward" not in head.__dict__  # the class's forward again
+    out = model(input_ids=packed.input_ids[:1])
+    assert out.logits.shape[-1] == model.config.vocab_size
+
+
+def test_output_head_refuses_a_model_that_transforms_its_logits():
+    model = _model()
+    model.config.final_logit_softcapping = 30.0
+    with pytest.raises(ValueError, match="final_logit_softcapping"):
+        output_head(model)

@@ -155,6 +155,21 @@ def head_logprobs(
     )
 
 
+def _autocast_head(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """The head's weight and bias as autocast casts them, made once for all the chunks.
+
+    Lightning's autocast runs with its weight-cast cache off, so each chunk's ``F.linear`` (and
+    each of the backward's two matmuls) would cast the fp32 ``[V, H]`` weight again: as much
+    memory traffic as the chunk's matmul itself. The same numbers, one cast per pass; nothing
+    of it is kept between the forward and the backward."""
+    device_type = hidden.device.type
+    if not torch.is_autocast_enabled(device_type):
+        return weight, bias
+    dtype = torch.get_autocast_dtype(device_type)
+    cast = lambda t: t if t is None or t.dtype == dtype or not t.is_floating_point() else t.to(dtype)  # noqa: E731
+    return cast(weight), cast(bias)
+
+
 def _chunks(n: int, size: int) -> list[slice]:
     """Row slices of ``size`` covering ``0..n``; one empty slice when ``n`` is 0 (so empty inputs
     go through the same code and give empty outputs)."""
@@ -168,6 +183,7 @@ def _head_forward(
     """Log-probs, logsumexps, entropies (or None) and reducer values of ``[N, H]`` hidden states,
     one chunk of logits at a time. Each chunk holds its logits in the head's output dtype and
     at most two fp32 ``[chunk, V]`` buffers (the upcast, and ``logsumexp``'s or ``exp``'s)."""
+    weight, bias = _autocast_head(hidden, weight, bias)
     logps, lses, ents = [], [], []
     stats: dict[str, list[Tensor]] = {name: [] for name in reducers}
     for sl in _chunks(hidden.shape[0], chunk):
@@ -226,14 +242,15 @@ class _FusedHeadLogprob(torch.autograd.Function):
         grad_b = torch.zeros_like(bias, dtype=_acc(bias).dtype) if need_b else None
         device_type, enabled, dtype = ctx.autocast
         with torch.autocast(device_type, dtype=dtype, enabled=enabled):
+            w, b = _autocast_head(hidden, weight, bias)
             for sl in _chunks(hidden.shape[0], ctx.chunk):
                 h = hidden[sl]
                 g = _logits_grad(
-                    F.linear(h, weight, bias), labels[sl], lse[sl], _acc(g_logp[sl]),
+                    F.linear(h, w, b), labels[sl], lse[sl], _acc(g_logp[sl]),
                     None if g_ent is None else (ent[sl], _acc(g_ent[sl])),
                 )
                 if need_h:
-                    grad_h[sl] = g @ weight
+                    grad_h[sl] = g @ w
                 if need_w:
                     _add_matmul_(grad_w, g.t(), h)
                 if need_b:

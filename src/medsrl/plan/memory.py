@@ -3,7 +3,7 @@
 What ``medsrl-plan`` prints. Every figure is computed, never measured: from the parameter
 counts of the model (``plan/model_size.py``) and the run's batch, precision and sharding. The
 parts that can be measured on a CPU (weights, gradients, AdamW states, the fused log-prob
-head's buffers) are checked against real allocations in ``tests/plan/test_memory.py``; the rest
+head's buffers) are checked against real allocations in ``tests/plan/test_memory_plan.py``; the rest
 (activations, KV cache, the engine) are estimates whose formulas are written next to them.
 
 Phases, as ``module.py`` runs them:
@@ -202,7 +202,7 @@ def layer_forward_bytes(size: ModelSize, tokens: int, compute_bytes: int) -> int
 
 def layer_saved_bytes(size: ModelSize, tokens: int, compute_bytes: int) -> int:
     """What one decoder layer saves for its backward over ``tokens`` under autocast, as measured
-    on CPU (``tests/plan/test_memory.py``): four fp32 ``H`` tensors (each norm's input and its
+    on CPU (``tests/plan/test_memory_plan.py``): four fp32 ``H`` tensors (each norm's input and its
     fp32 normalised output); six ``H``-wide casts (each of q/k/v/o/gate/up casts its input
     itself: autocast's cache is off); q, k, v; gate, up, act(gate) and their product. Without
     autocast (inputs already in the compute dtype) the casts are shared: an upper bound."""
@@ -263,7 +263,7 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
     if run.backend == "hf":
         rows = run.generate_rows
         # K and V come out fp32 under autocast over fp32 weights (the rotary cos/sin follow the
-        # fp32 residual stream): measured on CPU, tests/plan/test_memory.py
+        # fp32 residual stream): measured on CPU, tests/plan/test_memory_plan.py
         kv = 4 if run.autocast else c
         generation.items += [
             Item("KV cache", kv_cache_bytes(size, rows, T, kv) * (size.num_layers + 1) // size.num_layers,

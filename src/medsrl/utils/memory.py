@@ -11,7 +11,8 @@ many bytes a micro-batch's log-probs really hold at their peak. The CPU has no
   sum, so it counts what the block allocated above what was alive when it began;
 * a ``TorchDispatchMode`` that looks at the outputs of every aten op the block runs (the
   backward's too: the mode is thread-local state autograd carries over), and keeps the largest
-  one whose last dimension is the vocabulary size. Only shapes are kept, never the tensors.
+  one whose last dimension is the vocabulary size and that is new memory (not a view or an
+  in-place result of an input). Only shapes are kept, never the tensors.
 
 Usage (a test and ``benchmarks/logprob_memory.py``)::
 
@@ -64,13 +65,17 @@ class _VocabOutputs(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
         for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[-1] == self.report.vocab_size:
-                self.report.vocab_outputs += 1
-                if t.numel() > self.report.largest_vocab_numel:
-                    self.report.largest_vocab_numel = t.numel()
-                    self.report.largest_vocab_shape = tuple(t.shape)
-                    self.report.largest_vocab_bytes = t.numel() * t.element_size()
+            if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[-1] != self.report.vocab_size:
+                continue
+            if t.untyped_storage().data_ptr() in inputs:  # a view of an input (W.t()): no new memory
+                continue
+            self.report.vocab_outputs += 1
+            if t.numel() > self.report.largest_vocab_numel:
+                self.report.largest_vocab_numel = t.numel()
+                self.report.largest_vocab_shape = tuple(t.shape)
+                self.report.largest_vocab_bytes = t.numel() * t.element_size()
         return out
 
 
