@@ -16,8 +16,8 @@ import lightning as L
 import torch
 
 
-def gathered_units(policy) -> list[tuple[str, int, bool]]:
-    """``(unit name, parameters, gathered now)`` for every FSDP unit of ``policy``."""
+def gathered_units(policy) -> list[tuple[str, int, torch.dtype | None]]:
+    """``(unit name, parameters, dtype of its gathered buffer or None)`` for every FSDP unit of ``policy``."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     units = []
@@ -28,7 +28,7 @@ def gathered_units(policy) -> list[tuple[str, int, bool]]:
         flat = handle.flat_param
         full = getattr(flat, "_full_param_padded", None)
         gathered = full is not None and full.untyped_storage().size() > 0
-        units.append((name or "root", int(flat._unpadded_unsharded_size.numel()), gathered))
+        units.append((name or "root", int(flat._unpadded_unsharded_size.numel()), full.dtype if gathered else None))
     return units
 
 
@@ -37,15 +37,17 @@ class GatherProbe(L.Callback):
         self.max_gathered = 0
         self.max_units: list[str] = []
         self.samples = 0
+        self.gathered_dtypes: set[str] = set()
         self._hooks = None
         self._policy = None
 
     def _sample(self) -> None:
         units = gathered_units(self._policy)
-        now = sum(n for _, n, g in units if g)
+        now = sum(n for _, n, g in units if g is not None)
+        self.gathered_dtypes |= {str(g) for _, _, g in units if g is not None}
         self.samples += 1
         if now > self.max_gathered:
-            self.max_gathered, self.max_units = now, [u for u, _, g in units if g]
+            self.max_gathered, self.max_units = now, [u for u, _, g in units if g is not None]
 
     def _pack(self, t):
         self._sample()
@@ -69,6 +71,7 @@ class GatherProbe(L.Callback):
             "max_gathered": self.max_gathered,
             "max_units": self.max_units,
             "samples": self.samples,
+            "gathered_dtypes": sorted(self.gathered_dtypes),
             "units": {name: n for name, n, _ in units},
             "param_dtypes": sorted({str(p.dtype) for p in pl_module.policy.parameters()}),
             "optim_state_dtypes": sorted({str(v.dtype) for st in trainer.optimizers[0].state.values()

@@ -103,6 +103,7 @@ def test_fsdp_shards_per_layer_in_bf16_mixed_and_resumes_from_sharded_checkpoint
         assert units["root"] + layers[-1] <= probe["max_gathered"] <= units["root"] + layers[-1] + layers[-2]
         assert probe["max_gathered"] < sum(units.values())
         assert probe["param_dtypes"] == probe["optim_state_dtypes"] == ["torch.float32"]
+        assert probe["gathered_dtypes"] == ["torch.bfloat16"]  # computed in bf16 over the fp32 shards
     ckpt = first / "checkpoints" / "last.ckpt"
     assert ckpt.is_dir() and len(list(ckpt.glob("*.distcp"))) == 2  # one shard file per rank
     second = tmp_path / "second"
