@@ -1,0 +1,32 @@
+"""Truncated importance sampling (TIS) against the rollout engine's own sampling distribution.
+
+vLLM in bf16 samples from a distribution a little off the trainer's (other kernels, other
+rounding, a KV cache), so rollouts are slightly off-policy even on the first update. The
+policy-gradient term of each token is weighted by ``min(pi_old / pi_engine, cap)`` (detached),
+as verl's ``tis_imp_ratio_cap`` and TRL's ``vllm_importance_sampling_cap`` do; the cap keeps a
+token the engine found unlikely from dominating the batch. The KL and entropy terms are not
+weighted: they are not estimates over the engine's samples.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def truncated_is_weights(old_logp: Tensor, engine_logp: Tensor, cap: float) -> Tensor:
+    """Per-token ``min(exp(old_logp - engine_logp), cap)``, detached, in fp32 or wider."""
+    if cap <= 0:
+        raise ValueError(f"truncated importance sampling: cap must be > 0, got {cap}")
+    ratio = (old_logp.detach().double() - engine_logp.detach().double()).exp()
+    return ratio.clamp(max=cap).to(torch.promote_types(old_logp.dtype, torch.float32))
+
+
+def truncated_is_stats(weights: Tensor, mask: Tensor, cap: float) -> dict[str, float]:
+    """Token means over ``mask``: the weight, and the share of tokens held at the cap."""
+    m = mask.bool()
+    if not m.any():
+        return {}
+    w = weights[m].double()
+    return {"weight_mean": float(w.mean()), "capped_frac": float((w >= cap).double().mean())}
+
