@@ -9,6 +9,12 @@ TORCH_VERSION := 2.13.0
 TORCH_INDEX ?=
 ARGS ?=
 PYTEST_ARGS ?=
+# PyTorch picks its CPU kernels per machine (AVX2, AVX-512) and they round differently, so a run
+# is reproducible per kernel set. On x86-64 the AVX2 set, the one the recorded figures were made
+# with (README, tests/golden/); ATEN_CPU_CAPABILITY=default lets torch choose.
+ifeq ($(shell uname -m),x86_64)
+export ATEN_CPU_CAPABILITY ?= avx2
+endif
 # `make test-vllm`: the CPU build of vLLM in its own env (in .venv it would downgrade transformers,
 # numpy and numba). The engine runs in process, its OpenMP threads bound to every core.
 VLLM_VENV ?= .venv-vllm
@@ -19,7 +25,7 @@ VLLM_ENV ?= VLLM_CPU_OMP_THREADS_BIND=0-$(shell echo $$(( $$(nproc) - 1 ))) VLLM
 TRL_VENV ?= .venv-trl
 TRL_STAMP := $(TRL_VENV)/.installed
 
-.PHONY: help install train plan eval study study-quick test test-vllm bench-trl lint tensorboard clean
+.PHONY: help install install-gpu train gpu-smoke plan eval study study-quick test test-vllm bench-trl lint tensorboard clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -36,6 +42,13 @@ $(STAMP): pyproject.toml
 
 train: install ## Train the default (tiny preset, MEDS = DAPO + reward shaping) on CPU; ARGS="..." adds Hydra overrides
 	$(BIN)/medsrl-train $(ARGS)
+
+install-gpu: install ## On a CUDA machine: .venv plus vLLM (pinned in the `vllm` extra), the GPU experiments' rollout engine
+	$(BIN)/pip install --quiet -e ".[vllm]"
+	@$(BIN)/python -c "import torch, vllm; print('[medsrl] vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+
+gpu-smoke: install ## One CUDA GPU, no network: MEDS steps of the 1.5B experiment with random weights -> gpu_smoke.json (docs/GPU.md); ARGS="..."
+	$(BIN)/python benchmarks/gpu_smoke.py --out gpu_smoke.json $(ARGS)
 
 plan: install ## Memory per GPU and phase of a run, and whether it fits: ARGS="experiment=qwen2.5-math-7b_meds"
 	$(BIN)/medsrl-plan $(ARGS)

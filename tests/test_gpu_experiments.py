@@ -30,6 +30,7 @@ pytestmark = pytest.mark.slow
 # small and fast, but the experiment's own precision, optimiser, algorithm and plug-ins
 SMALL = [
     "trainer=gpu", "trainer.accelerator=cpu", "trainer.devices=1",
+    "rollout.backend=hf",  # the experiments' vLLM is a GPU build (make test-vllm covers the engine)
     "data.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=8", "rollout.max_batch_size=16",
     "algorithm.mini_batch_prompts=2", "algorithm.micro_batch_size=4",
     "algorithm.plugins.overlong.buffer_length=4", "optim.warmup_steps=0",

@@ -123,6 +123,23 @@ def test_engine_logprobs_are_carried_and_compared_with_the_trainers(dynamic_samp
     assert gaps[0.5]["train/engine/kl_k3"] > 1e-4
 
 
+def test_truncated_is_runs_in_a_step_and_needs_plain_sampling_with_engine_logprobs():
+    """With the HF engine (the trainer's own module) the engine/trainer ratio is 1 up to KV-cache
+    numerics: the weights' mean is 1 and none is capped. Settings under which the weight would
+    not measure the engine are refused, naming them."""
+    tok = build_char_tokenizer()
+    algo = {**SMALL_ALGO, "kl_coef": 0.0, "engine_is_cap": 2.0}
+    module = RLModule(_tiny_policy(), tok, algorithm=algo, optim={"lr": 1e-2, "warmup_steps": 0},
+                      rollout={"n": 4, "max_new_tokens": 6, "logprobs": True})
+    metrics = {k: float(v) for k, v in _fit(module, _datamodule(2)).callback_metrics.items()}
+    assert metrics["train/engine_is/weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["train/engine_is/capped_frac"] == 0.0
+    with pytest.raises(ValueError, match="rollout.logprobs=true"):
+        RLModule(_tiny_policy(), tok, algorithm=algo, rollout={"logprobs": False})
+    with pytest.raises(ValueError, match="temperature=0.6"):
+        RLModule(_tiny_policy(), tok, algorithm=algo, rollout={"logprobs": True, "temperature": 0.6})
+
+
 def _tiny_policy():
     return build_tiny_model(seed=0, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                             num_key_value_heads=1, intermediate_size=32)

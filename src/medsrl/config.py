@@ -32,7 +32,15 @@ class AlgorithmConfig:
     entropy_coef: float = 0.0
     ppo_epochs: int = 1
     mini_batch_prompts: int | None = None  # prompts per optimiser update; None = the whole step
-    micro_batch_size: int = 32  # sequences per forward/backward
+    micro_batch_size: int = 32  # sequences per forward/backward (at most)
+    # padded tokens per forward/backward (rows x their longest prompt + response); None: cut by
+    # micro_batch_size alone, in row order. Set: rows sorted by length, cut by this budget
+    # (step/micro_batches.py), each micro-batch as wide as its own longest row
+    max_tokens_per_microbatch: int | None = None
+    # truncated importance sampling of the rollout engine's sampling mismatch: the policy-gradient
+    # term of each token weighted by min(pi_old / pi_engine, cap) (algo/engine_correction.py).
+    # None: off. Needs rollout.logprobs (the engine's own log-probs)
+    engine_is_cap: float | None = None
 
     def __post_init__(self) -> None:
         from medsrl.algo import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
@@ -47,6 +55,10 @@ class AlgorithmConfig:
             raise ValueError(f"algorithm.dual_clip must be > 1 (or null), got {self.dual_clip}")
         if self.micro_batch_size < 1 or self.ppo_epochs < 1:
             raise ValueError("algorithm.micro_batch_size and algorithm.ppo_epochs must be >= 1")
+        if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch < 1:
+            raise ValueError(f"algorithm.max_tokens_per_microbatch must be >= 1 or null, got {self.max_tokens_per_microbatch}")
+        if self.engine_is_cap is not None and self.engine_is_cap <= 0:
+            raise ValueError(f"algorithm.engine_is_cap must be > 0 or null, got {self.engine_is_cap}")
         self.advantage_options = dict(self.advantage_options or {})
         self.policy_loss_options = dict(self.policy_loss_options or {})
 
@@ -65,7 +77,8 @@ class VLLMConfig:
     enforce_eager: bool = False  # True: no CUDA graphs / torch.compile (faster start)
     enable_sleep_mode: bool = False  # free weights + KV cache between rollouts (GPU builds)
     dtype: str = "auto"  # auto: the policy's dtype
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    max_model_len: int | None = None  # None: rollout.max_prompt_tokens + max_new_tokens
+    per_request_seeds: bool = False  # True: a seed per response (reproducible per shard; slower)
 
 
 @dataclass
@@ -78,6 +91,7 @@ class RolloutConfig:
     top_p: float = 1.0
     max_new_tokens: int = 256
     max_batch_size: int = 64  # sequences per generate call
+    max_prompt_tokens: int = 2048  # the longest prompt the vLLM engine is sized for (max_model_len)
     logprobs: bool = False  # engine sampling log-probs, logged against the trainer's (train/engine/*)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
 

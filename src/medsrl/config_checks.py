@@ -165,6 +165,7 @@ def train_rules() -> dict[str, Rule]:
         "optimized_metric": optional(STRING),
         "model.dtype": choice(*_dtypes()),
         "model.gradient_checkpointing": BOOL,
+        "model.random_init": BOOL,
         # what an experiment is sized for (medsrl-plan checks it): null, or {name, gpu_memory_gib}
         "hardware.name": STRING,
         "hardware.gpu_memory_gib": POSITIVE,
@@ -184,6 +185,7 @@ def train_rules() -> dict[str, Rule]:
         "rollout.top_p": TOP_P,
         "rollout.max_new_tokens": POSITIVE_INT,
         "rollout.max_batch_size": POSITIVE_INT,
+        "rollout.max_prompt_tokens": POSITIVE_INT,
         "rollout.logprobs": BOOL,
         "rollout.vllm.gpu_memory_utilization": TOP_P,
         "rollout.vllm.kv_cache_memory_bytes": optional(POSITIVE_INT),
@@ -192,6 +194,7 @@ def train_rules() -> dict[str, Rule]:
         "rollout.vllm.enable_sleep_mode": BOOL,
         "rollout.vllm.dtype": STRING,
         "rollout.vllm.max_model_len": optional(POSITIVE_INT),
+        "rollout.vllm.per_request_seeds": BOOL,
         # algorithm
         "algorithm.name": STRING,
         "algorithm.advantage": choice(*sorted(ADVANTAGE_ESTIMATORS)),
@@ -206,6 +209,8 @@ def train_rules() -> dict[str, Rule]:
         "algorithm.ppo_epochs": POSITIVE_INT,
         "algorithm.mini_batch_prompts": optional(POSITIVE_INT),
         "algorithm.micro_batch_size": POSITIVE_INT,
+        "algorithm.max_tokens_per_microbatch": optional(POSITIVE_INT),
+        "algorithm.engine_is_cap": optional(POSITIVE),
         # data
         "data.prompts_per_step": POSITIVE_INT,
         "data.val_size": optional(POSITIVE_INT),

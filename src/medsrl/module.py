@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import lightning as L
@@ -36,7 +36,7 @@ from medsrl.rollout.base import SamplingParams
 from medsrl.rollout.factory import BACKENDS, build_engine
 from medsrl.step.metrics import PhaseTimer, mean_over_ranks, rollout_metrics, zero_spread_group_frac
 from medsrl.step.rollouts import Group, StepRollouts, split_groups
-from medsrl.step.scoring import scoring_forward_needed, scoring_pass
+from medsrl.step.scoring import padding_metrics, scoring_forward_needed, scoring_pass
 from medsrl.step.update import policy_update
 from medsrl.utils.distributed import (
     all_gather_objects,
@@ -78,6 +78,7 @@ class RLModule(L.LightningModule):
         self.seed = seed
         if self.rollout_cfg.backend not in BACKENDS:
             raise ValueError(f"rollout.backend={self.rollout_cfg.backend!r}; valid: {', '.join(BACKENDS)}")
+        _check_engine_correction(self.algo, self.rollout_cfg)
         self.save_hyperparameters({
             "algorithm": to_dict(self.algo), "plugins": [p.name for p in self.plugins],
             "rollout": to_dict(self.rollout_cfg), "optim": to_dict(self.optim_cfg),
@@ -125,6 +126,12 @@ class RLModule(L.LightningModule):
         block, on every rank together; otherwise the policy itself)."""
         with full_weights(self.policy) as policy:
             yield policy
+
+    def policy_for_generation(self):
+        """:meth:`full_policy` when the engine generates with the policy module (HF), else
+        nothing: vLLM holds its own copy of the weights, and gathering them under FSDP would
+        only take memory from its KV cache."""
+        return self.full_policy() if self.engine.uses_policy_weights else nullcontext()
 
     def on_train_start(self) -> None:
         # A resumed fit restores the weights after setup built the engine: serve those, not the base.
@@ -183,24 +190,27 @@ class RLModule(L.LightningModule):
         ctx.metrics["zero_spread_group_frac"] = zero_spread_group_frac(groups)
         with timer("groups"):
             groups = self.host.transform_groups(groups, ctx)
+        self.engine.release()  # sampling is over: the engine's memory goes to scoring and the update
         if min(all_gather_objects(len(groups))) == 0:
             # Nothing to learn from (on some rank): advance the step without touching the weights.
             return self._skip_update(step, ctx)
 
         rollouts = StepRollouts.from_groups(groups, step, ctx.stage, self.tokenizer.pad_token_id, self.device)
-        mb = self.algo.micro_batch_size
+        packed = rollouts.packed
+        budget = dict(micro_batch_size=self.algo.micro_batch_size, max_tokens=self.algo.max_tokens_per_microbatch)
+        ctx.metrics.update(padding_metrics(packed, **budget))
         with timer("logprob"), self.full_policy() as policy:
             if self.scoring_forward_needed:
                 ctx.scoring_policy = policy
                 self.host.before_scoring(rollouts, ctx)
                 rollouts.old_logp, rollouts.token_stats = scoring_pass(
-                    policy, rollouts.packed, mb, reducers=self.reducers,
+                    policy, packed, **budget, reducers=self.reducers,
                     microbatch_context=self.host.microbatch_context(rollouts),
                 )
                 self.host.after_scoring(rollouts, ctx)
                 ctx.scoring_policy = None
             if self.ref_policy is not None:
-                rollouts.ref_logp, _ = scoring_pass(self.ref_policy, rollouts.packed, mb)
+                rollouts.ref_logp, _ = scoring_pass(self.ref_policy, packed, **budget)
         if rollouts.engine_logp is not None:
             gap = sampling_mismatch(rollouts.engine_logp, rollouts.old_logp, rollouts.packed.response_mask)
             ctx.metrics.update({f"engine/{k}": v for k, v in gap.items()})
@@ -215,8 +225,9 @@ class RLModule(L.LightningModule):
             advantages = self.host.shape_advantages(rollouts, advantages, ctx)
         with timer("update"):
             ctx.metrics.update(policy_update(self, rollouts, advantages, step))
-        with timer("sync"), self.full_policy() as policy:
-            self.engine.sync_weights(policy)
+        if not self.engine.uses_policy_weights:  # HF generates with the policy: nothing to copy
+            with timer("sync"), self.full_policy() as policy:
+                self.engine.sync_weights(policy)
         self.last_rollouts = rollouts
         ctx.metrics.update(rollout_metrics(rollouts, self.grader.stats))
         ctx.metrics.update(timer.as_metrics())
@@ -241,7 +252,10 @@ class RLModule(L.LightningModule):
         params = SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p,
                                 max_new_tokens=cfg.max_new_tokens, seed=seed, logprobs=cfg.logprobs)
         shard = list(prompts)[start:stop]
-        with timer("generate"), self.full_policy():
+        if self.engine.weights_released:  # a validation pass released them since the last sync
+            with timer("sync"), self.full_policy() as policy:
+                self.engine.sync_weights(policy)
+        with timer("generate"), self.policy_for_generation():
             try:
                 rollout = self.engine.generate([p.text for p in shard], params)
             except RunawayError as e:  # inf/nan sampling probabilities: say at which step
@@ -299,6 +313,21 @@ class RLModule(L.LightningModule):
                 finally:
                     policy.config.dtype = was
             self.tokenizer.save_pretrained(path)
+
+
+def _check_engine_correction(algo: AlgorithmConfig, rollout: RolloutConfig) -> None:
+    """Truncated IS divides the trainer's probability (temperature 1, the whole vocabulary) by the
+    engine's sampling one: it needs the engine's log-probs, and measures the engine's numerics
+    only when sampling is plain."""
+    if algo.engine_is_cap is None:
+        return
+    if not rollout.logprobs:
+        raise ValueError("algorithm.engine_is_cap needs the engine's log-probs: set rollout.logprobs=true")
+    if rollout.temperature != 1.0 or rollout.top_p != 1.0:
+        raise ValueError(
+            f"algorithm.engine_is_cap with rollout.temperature={rollout.temperature}, top_p={rollout.top_p}: "
+            "the weight would correct for the temperature / top-p, not the engine; use 1.0 and 1.0 or "
+            "algorithm.engine_is_cap=null")
 
 
 def _scoring_reducers(host: PluginHost, algo: AlgorithmConfig) -> dict:

@@ -65,7 +65,7 @@ def read(model, spec, micro=(0, 2, 5)):
     reader.begin(responses, packed.prompt_length)
     with torch.no_grad():
         for start, stop in zip(micro[:-1], micro[1:], strict=True):
-            with reader.microbatch(start, stop):
+            with reader.microbatch(range(start, stop)):
                 forward(model, packed, slice(start, stop))
     return reader.finish()
 
@@ -162,7 +162,7 @@ def test_defaults_are_bit_identical_to_layer_logit_capture():
     cap = LayerLogitCapture(model, 14)
     with torch.no_grad():
         for start, stop in ((0, 2), (2, 5)):
-            with cap.capture(targets.for_rows(start, stop)):
+            with cap.capture(targets.for_rows(range(start, stop))):
                 forward(model, packed, slice(start, stop))
     want = cap.pop_features().float().cpu()
     assert rows.tolist() == [0, 2, 3] == targets.sample_index.tolist()
@@ -221,7 +221,7 @@ def test_num_features_and_empty_batches():
     reader = AnswerFeatureReader(model, TOK, FeatureSpec(diff=True))
     reader.begin([enc("no box"), enc("none")], prompt_length=3)
     assert reader.answer_rows.tolist() == []
-    with reader.microbatch(0, 2):
+    with reader.microbatch(range(0, 2)):
         assert hook_count(model) == 0  # no answer: no hooks, the forward costs nothing extra
     feats, rows = reader.finish()
     assert feats.shape == (0, 3) and feats.dtype == torch.float32
@@ -237,7 +237,7 @@ def test_micro_batch_contract():
     reader.begin(responses, packed.prompt_length)
     with torch.no_grad():
         for start, stop in ((3, 5), (0, 3)):
-            with reader.microbatch(start, stop):
+            with reader.microbatch(range(start, stop)):
                 assert hook_count(model) == 4
                 forward(model, packed, slice(start, stop))
     feats, got = reader.finish()
@@ -246,15 +246,15 @@ def test_micro_batch_contract():
     assert hook_count(model) == 0
     # begin() forgets an earlier, unfinished batch.
     reader.begin(responses, packed.prompt_length)
-    with torch.no_grad(), reader.microbatch(0, 5):
+    with torch.no_grad(), reader.microbatch(range(0, 5)):
         forward(model, packed)
     reader.begin(responses, packed.prompt_length)
-    with torch.no_grad(), reader.microbatch(0, 5):
+    with torch.no_grad(), reader.microbatch(range(0, 5)):
         forward(model, packed)
     assert reader.finish()[1].tolist() == [0, 2, 3]
     # A row with an answer that no micro-batch read is an error, not a silently missing feature.
     reader.begin(responses, packed.prompt_length)
-    with torch.no_grad(), reader.microbatch(0, 3):
+    with torch.no_grad(), reader.microbatch(range(0, 3)):
         forward(model, packed, slice(0, 3))
     with pytest.raises(RuntimeError, match="rows read"):
         reader.finish()

@@ -131,7 +131,7 @@ def test_micro_batches_equal_one_batch():
     with torch.no_grad():
         for start in range(0, 9, mb):
             stop = min(start + mb, 9)
-            with cap.capture(targets.for_rows(start, stop)):
+            with cap.capture(targets.for_rows(range(start, stop))):
                 run_forward(model, packed, slice(start, stop))
     parts = cap.pop_features()
     torch.testing.assert_close(parts, whole, atol=1e-5, rtol=1e-5)
@@ -272,8 +272,12 @@ def test_answer_targets():
     assert t.rows.tolist() == [0, 2] and t.sample_index.tolist() == [0, 2]
     assert t.positions.tolist() == [10, 12]
     assert t.next_token_ids.tolist() == [6, 4]
-    sub = t.for_rows(1, 3)
-    assert sub.rows.tolist() == [1] and sub.sample_index.tolist() == [2]
+    sub = t.for_rows(range(1, 3))
+    assert sub.rows.tolist() == [1] and sub.sample_index.tolist() == [2] and sub.seq_len == t.seq_len
+    # a token-budget micro-batch: any rows, in any order; row rows[j] is its row j
+    sub = t.for_rows(torch.tensor([2, 1, 0]), seq_len=13)
+    assert sub.rows.tolist() == [2, 0] and sub.sample_index.tolist() == [0, 2] and sub.seq_len == 13
+    assert len(t.for_rows([1])) == 0
     assert answer_targets([2], [[1, 2, 3]], 4).rows.numel() == 0  # "{" last: dropped
     with pytest.raises(ValueError):
         answer_targets([0], [[1], [2]], 3)

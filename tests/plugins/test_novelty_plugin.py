@@ -27,7 +27,7 @@ def test_hidden_mean_vectors_match_a_full_forward():
     rollouts = SimpleNamespace(packed=packed, response_ids=[enc(r) for r in responses])
     plugin.before_scoring(rollouts, None)
     scoring_pass(model, packed, micro_batch_size=1,
-                 microbatch_context=lambda a, b: plugin.scoring_microbatch(rollouts, a, b))
+                 microbatch_context=lambda rows: plugin.scoring_microbatch(rollouts, rows))
     plugin.after_scoring(rollouts, None)
     with torch.no_grad():
         out = model(input_ids=packed.input_ids, attention_mask=packed.attention_mask,

@@ -126,22 +126,35 @@ def test_greedy_matches_hf_backend(engine, tok):
     assert got.response_ids[0] == got.response_ids[1]  # greedy copies of one prompt agree
 
 
-def test_sampled_batch_fields_and_seeds(engine, tok):
+@pytest.mark.parametrize("per_request_seeds", [False, True], ids=["engine-seed", "request-seeds"])
+def test_sampled_batch_fields_and_seeds(engine, tok, per_request_seeds):
+    """One engine seed per call (the default: requests carry none, vLLM samples them in one
+    vectorised draw) or a seed per response; either way a call is reproducible and another
+    seed samples otherwise. Only per-request seeds let a shard of the prompts draw what the
+    whole call drew for them."""
     engine.sync_weights(_sharp(1))
-    prompts = _prompts()
-    params = SamplingParams(n=3, max_new_tokens=6, seed=7)
-    a = engine.generate(prompts, params)
-    _check_fields(a, tok, prompts, n=3, max_new=6)
-    assert engine.generate(prompts, params).response_ids == a.response_ids
-    other = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=6, seed=100))
-    assert other.response_ids != a.response_ids
-    assert len({tuple(r) for r in a.response_ids}) > 3  # samples differ within and across groups
-    # a shard of the prompts with the seed offset by its first index draws the same responses
-    shard = engine.generate(prompts[1:], SamplingParams(n=3, max_new_tokens=6, seed=8))
-    assert shard.response_ids == a.response_ids[3:]
-    assert len(engine.generate([], params)) == 0
-    with pytest.raises(TypeError):
-        engine.generate("1+1?", params)
+    engine.per_request_seeds = per_request_seeds
+    try:
+        prompts = _prompts()
+        params = SamplingParams(n=3, max_new_tokens=6, seed=7)
+        assert (engine._sampling_params(params, 1, 2).seed is None) != per_request_seeds
+        a = engine.generate(prompts, params)
+        _check_fields(a, tok, prompts, n=3, max_new=6)
+        torch.manual_seed(12345)  # the trainer's own draws in between change nothing
+        torch.rand(3)
+        assert engine.generate(prompts, params).response_ids == a.response_ids
+        other = engine.generate(prompts, SamplingParams(n=3, max_new_tokens=6, seed=100))
+        assert other.response_ids != a.response_ids
+        assert len({tuple(r) for r in a.response_ids}) > 3  # samples differ within and across groups
+        if per_request_seeds:
+            # a shard of the prompts with the seed offset by its first index draws the same responses
+            shard = engine.generate(prompts[1:], SamplingParams(n=3, max_new_tokens=6, seed=8))
+            assert shard.response_ids == a.response_ids[3:]
+        assert len(engine.generate([], params)) == 0
+        with pytest.raises(TypeError):
+            engine.generate("1+1?", params)
+    finally:
+        engine.per_request_seeds = False
 
 
 def test_nan_logits_raise_a_runaway_error(tok):
@@ -240,6 +253,39 @@ def test_sleep_mode_is_ignored_with_a_log_line_on_cpu(tok, caplog):
     assert any("enable_sleep_mode ignored" in r.getMessage() for r in caplog.records)
     prompts = _prompts()[:1]
     assert engine.generate(prompts, GREEDY).response_ids == _hf(model, tok, prompts).response_ids
+    engine.release()  # no sleep mode: nothing released, generation goes on
+    assert not engine.weights_released
+    assert engine.generate(prompts, GREEDY).response_ids == _hf(model, tok, prompts).response_ids
+
+
+def test_the_sleep_mode_sequence_around_a_step(engine, tok, monkeypatch):
+    """What the engine asks of vLLM's sleep API over a step: release -> sleep level 2 (weights
+    dropped, not copied to the host); generate refuses until sync_weights wakes the weights
+    alone and loads them; generate then wakes the KV cache. The CPU build has no sleep mode, so
+    vLLM's sleep / wake_up are recorded here instead of run (the weights and KV cache stay in
+    place, which is what lets the generation below still check the loaded weights)."""
+    calls = []
+    monkeypatch.setattr(engine.llm, "sleep", lambda level: calls.append(("sleep", level)))
+    monkeypatch.setattr(engine.llm, "wake_up", lambda tags: calls.append(("wake_up", tuple(tags))))
+    monkeypatch.setattr(engine, "sleep_mode", True)
+    model = _sharp(6)
+    engine.sync_weights(model)
+    engine.release()
+    engine.release()  # already asleep: once
+    assert calls == [("sleep", 2)] and engine.weights_released
+    with pytest.raises(RuntimeError, match="released.*sync_weights"):
+        engine.generate(_prompts(), GREEDY)
+    engine.sync_weights(model)
+    assert calls[1:] == [("wake_up", ("weights",))] and not engine.weights_released
+    got = engine.generate(_prompts(), GREEDY)
+    assert calls[2:] == [("wake_up", ("kv_cache",))]
+    assert got.response_ids == _hf(model, tok, _prompts()).response_ids
+
+
+def test_a_prompt_longer_than_the_engine_is_sized_for_is_refused_by_name(engine, tok):
+    long = _prompts()[0] + " pad" * 100
+    with pytest.raises(ValueError, match="prompt 1 has .* max_model_len 256 .*rollout.max_prompt_tokens"):
+        engine.generate([_prompts()[0], long], GREEDY)
 
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9), (0.0, 1.0)])
@@ -316,7 +362,8 @@ def test_training_with_vllm_resumes_like_an_uninterrupted_run(tmp_path):
 
 
 def _engine_overrides() -> list[str]:
-    return [o for o in TRAIN_VLLM if o.startswith(("rollout", "model"))]
+    # a seed per response: each rank's shard then samples what one process samples for it
+    return [o for o in TRAIN_VLLM if o.startswith(("rollout", "model"))] + ["rollout.vllm.per_request_seeds=true"]
 
 
 @pytest.fixture(scope="module")

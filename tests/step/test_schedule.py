@@ -6,13 +6,15 @@ import torch
 
 from medsrl.step.schedule import UpdateSchedule
 
+LENGTHS = torch.arange(1, 9), torch.tensor([3, 9, 1, 4, 7, 2, 8, 5])  # prompt, response per packed row
 
-def _plans(counts, per_update, mb=2, sharded=False, gathered=None):
+
+def _plans(counts, per_update, mb=2, sharded=False, gathered=None, max_tokens=None):
     """One schedule per rank; collectives faked: sums and gathers over both ranks' values."""
     plans = []
     for rank in range(len(counts)):
         plans.append(UpdateSchedule(
-            counts, rank, per_update=per_update, micro_batch_size=mb, sharded=sharded,
+            counts, rank, per_update=per_update, micro_batch_size=mb, sharded=sharded, max_tokens=max_tokens,
             reduce_sum=lambda v: v * len(counts),  # every rank reports the same value here
             gather=lambda v: gathered if gathered is not None else [v] * len(counts),
         ))
@@ -41,15 +43,26 @@ def test_rows_of_a_mini_batch_and_its_global_totals():
 
 def test_ddp_passes_are_this_ranks_own_with_weight_one():
     (plan,) = _plans([1], per_update=None, mb=2)
-    passes = plan.micro_batches(torch.tensor([5, 6, 7]))
+    passes = plan.micro_batches(torch.tensor([5, 6, 7]), *LENGTHS)
     assert [(p.tolist(), w) for p, w in passes] == [([5, 6], 1.0), ([7], 1.0)]
-    assert plan.micro_batches(torch.tensor([], dtype=torch.long)) == []
+    assert plan.micro_batches(torch.tensor([], dtype=torch.long), *LENGTHS) == []
+
+
+def test_a_token_budget_cuts_sorted_rows_and_fsdp_still_pads_to_the_busiest_rank():
+    # rows 1..6: prompt+response 2+9, 3+1, 4+4, 5+7, 6+2, 7+8; longest first, budget 30 padded
+    # tokens: 6 and 4 (2 x (7+8)), then 1 and 3 (2 x (4+9); 5 would make 3 x (6+9)), then 5 and 2
+    (plan,) = _plans([1], per_update=None, mb=4, max_tokens=30)
+    passes = plan.micro_batches(torch.arange(1, 7), *LENGTHS)
+    assert [(p.tolist(), w) for p, w in passes] == [([4, 6], 1.0), ([1, 3], 1.0), ([2, 5], 1.0)]
+    sharded = _plans([1, 1], per_update=None, mb=4, sharded=True, gathered=[1, 3], max_tokens=30)[0]
+    passes = sharded.micro_batches(torch.tensor([2, 3]), *LENGTHS)
+    assert [(p.tolist(), w) for p, w in passes] == [([2, 3], 2.0), ([0], 0.0), ([0], 0.0)]
 
 
 def test_fsdp_pads_to_the_busiest_rank_with_zero_weight_passes_and_weights_by_world_size():
     # this rank has 1 micro-batch of work, the other rank 3: run 3, two of them weight 0
     plan = _plans([1, 1], per_update=None, mb=2, sharded=True, gathered=[1, 3])[0]
-    passes = plan.micro_batches(torch.tensor([4, 5]))
+    passes = plan.micro_batches(torch.tensor([4, 5]), *LENGTHS)
     assert [(p.tolist(), w) for p, w in passes] == [([4, 5], 2.0), ([0], 0.0), ([0], 0.0)]
 
 

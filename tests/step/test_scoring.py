@@ -40,7 +40,12 @@ def test_trimmed_micro_batches_give_the_full_width_logits():
         for rows in (slice(2, 4), slice(0, 1), slice(0, 4)):
             got, want = response_logits(model, packed, rows), _full_width(model, packed, rows)
             assert got.shape == want.shape
-            assert torch.allclose(got, want, atol=1e-5), rows
+            mask = packed.response_mask[rows].bool()
+            assert torch.allclose(got[mask], want[mask], atol=1e-5), rows
+            # the right padding all the rows share is not run: zeros there
+            end = packed.columns_end(rows) - packed.prompt_length
+            assert end < packed.response_length or rows == slice(0, 4)
+            assert not got[:, end:].any(), rows
 
 
 def test_meds_features_are_read_at_the_same_tokens_from_trimmed_forwards():
@@ -48,16 +53,17 @@ def test_meds_features_are_read_at_the_same_tokens_from_trimmed_forwards():
     responses = [TOK.encode(r, add_special_tokens=False) for r in RESPONSES]
     spec = FeatureSpec(layers="all")
 
-    def features(forward):
+    def features(forward, trimmed):
         reader = AnswerFeatureReader(model, TOK, spec)
         reader.begin(responses, packed.prompt_length)
         with torch.no_grad():
             for start, stop in ((0, 1), (1, 2), (2, 4)):  # rows 2:4 run 60 columns narrower
-                with reader.microbatch(start, stop):
+                end = packed.columns_end(slice(start, stop)) if trimmed else None
+                with reader.microbatch(range(start, stop), end):
                     forward(model, packed, slice(start, stop))
         return reader.finish()
 
-    (trimmed, rows), (full, full_rows) = features(response_logits), features(_full_width)
+    (trimmed, rows), (full, full_rows) = features(response_logits, True), features(_full_width, False)
     assert torch.equal(rows, full_rows) and rows.tolist() == [0, 1, 2, 3]
     assert torch.allclose(trimmed, full, atol=1e-5)
     # and the scoring pass's log-probs match a full-width forward's
@@ -129,18 +135,19 @@ def test_meds_features_are_read_from_the_response_forward_of_shared_prompts():
     model, (packed, responses) = _model(), _groups()
     reader = AnswerFeatureReader(model, TOK, FeatureSpec(layers="all"))
 
-    def features(forward):
+    def features(forward, trimmed):
         reader.begin(responses, packed.prompt_length)
         with torch.no_grad():
             for start, stop in ((0, 4), (4, 7)):
-                forward(model, packed, slice(start, stop), reader.microbatch(start, stop))
+                end = packed.columns_end(slice(start, stop)) if trimmed else None
+                forward(model, packed, slice(start, stop), reader.microbatch(range(start, stop), end))
         return reader.finish()
 
     def full(model, packed, rows, context):
         with context:
             return _full_width(model, packed, rows)
 
-    (shared, rows), (want, want_rows) = features(response_logits), features(full)
+    (shared, rows), (want, want_rows) = features(response_logits, True), features(full, False)
     assert torch.equal(rows, want_rows) and rows.tolist() == [0, 2, 3, 5, 6]
     assert torch.allclose(shared, want, atol=1e-5)
 
@@ -157,10 +164,19 @@ def test_the_scoring_pass_is_the_full_forwards_with_shared_prompts():
     assert torch.allclose(stats["entropy"][mask], logits.logsumexp(-1)[mask], atol=1e-5)
 
 
-def test_gradient_checkpointing_runs_the_full_forward():
-    model, (packed, _) = _model().train(), _groups()
-    (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+def test_checkpointing_runs_the_full_forward_in_training_and_the_scoring_pass_still_shares_prompts():
+    from medsrl.models.policy import enable_activation_checkpointing
+
+    model, (packed, _) = _model(), _groups()
+    want, _ = scoring_pass(model, packed, 7)
+    enable_activation_checkpointing(model)
+    model.train()
     assert _backbone_calls(model, lambda: response_logits(model, packed, slice(0, 7))) == [None]
+    # the scoring pass runs in eval mode: nothing is checkpointed, the prompts run once
+    calls = _backbone_calls(model, lambda: scoring_pass(model, packed, 7))
+    assert calls == [None, 7] and model.training
+    got, _ = scoring_pass(model, packed, 7)
+    assert torch.equal(got, want)
 
 
 # --- the fused head: log-probs of the response positions without [b, R, V] logits ----------------
@@ -226,3 +242,39 @@ def test_output_head_refuses_a_model_that_transforms_its_logits():
     model.config.final_logit_softcapping = 30.0
     with pytest.raises(ValueError, match="final_logit_softcapping"):
         output_head(model)
+
+
+def test_a_token_budget_scoring_pass_gives_the_row_order_ones_log_probs_stats_and_features():
+    """Rows sorted by length and cut by a token budget (micro-batches of rows in no fixed order,
+    each run only to its own longest response): the log-probs, the reducers' values and the MEDS
+    features read through ``microbatch_context`` are those of row-order micro-batches."""
+    from medsrl.step.scoring import scoring_micro_batches
+
+    model, (packed, responses) = _model(), _groups()
+    reader = AnswerFeatureReader(model, TOK, FeatureSpec(layers="all"))
+    reducers = {"entropy": lambda logits, labels: token_entropy(logits)}
+
+    def run(mb, max_tokens):
+        reader.begin(responses, packed.prompt_length)
+        seen = []
+
+        def context(rows):
+            seen.append(rows.tolist())
+            return reader.microbatch(rows, packed.columns_end(rows))
+
+        logp, stats = scoring_pass(model, packed, mb, max_tokens=max_tokens, reducers=reducers,
+                                   microbatch_context=context)
+        return logp, stats["entropy"], *reader.finish(), seen
+
+    logp, ent, feats, rows, seen = run(2, None)
+    b_logp, b_ent, b_feats, b_rows, b_seen = run(7, 60)
+    assert seen == [[0, 1], [2, 3], [4, 5], [6]]
+    assert b_seen == [b.tolist() for b in scoring_micro_batches(packed, 7, 60)] and len(b_seen) > 1
+    assert any(b != list(range(b[0], b[0] + len(b))) for b in b_seen)  # a cut that is not a slice
+    m = packed.response_mask.bool()
+    torch.testing.assert_close(b_logp[m], logp[m], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(b_ent[m], ent[m], atol=1e-5, rtol=1e-5)
+    for b in b_seen:  # each ran to its own longest response: zeros past it
+        assert not b_logp[b, packed.columns_end(torch.tensor(b)) - packed.prompt_length:].any()
+    assert torch.equal(b_rows, rows)
+    torch.testing.assert_close(b_feats, feats, atol=1e-5, rtol=1e-5)

@@ -52,3 +52,34 @@ def test_token_level_advantages_equal_broadcast_sequence_ones():
     seq = torch.tensor([0.5, -0.5])
     tok = seq[:, None].expand(2, r.packed.response_length).clone()
     assert _loss(module, r, tok).item() == pytest.approx(_loss(module, r, seq).item(), rel=1e-6)
+
+
+def test_truncated_is_weights_the_policy_gradient_term_like_loss_weights():
+    """algorithm.engine_is_cap: each sampled token's term times min(pi_old / pi_engine, cap),
+    the same loss as those numbers given as plug-in loss weights; a row a plug-in added (R3's
+    replay) keeps weight 1; no engine log-probs is an error that names the setting."""
+    module, r = _setup()
+    adv = torch.tensor([1.0, -1.0])
+    ratio = torch.tensor([[1.0, 3.0, 0.5], [0.25, 1.5, 1.0]])  # pi_old / pi_engine per token
+    r.engine_logp = r.old_logp - ratio.log()
+    weights = ratio.clamp(max=2.0)
+    r.loss_weights = weights
+    want = _loss(module, r, adv)
+    r.loss_weights = None
+    module.algo = AlgorithmConfig(micro_batch_size=4, engine_is_cap=2.0)
+    rows = torch.arange(len(r))
+    loss, metrics = micro_loss(module, r, adv, rows, float(r.packed.response_mask.sum()), float(len(r)))
+    assert loss.item() == pytest.approx(want.item(), rel=1e-6)
+    mask = r.packed.response_mask.bool()  # rows of 3 and 2 tokens
+    assert metrics["engine_is/weight_mean"] == pytest.approx(float(weights[mask].mean()), rel=1e-6)
+    assert metrics["engine_is/capped_frac"] == pytest.approx(1 / int(mask.sum()))
+    r.source = ["sampled", "r3"]
+    r.loss_weights = torch.stack([weights[0], torch.ones(3)])
+    module.algo = AlgorithmConfig(micro_batch_size=4)
+    want = _loss(module, r, adv)
+    r.loss_weights = None
+    module.algo = AlgorithmConfig(micro_batch_size=4, engine_is_cap=2.0)
+    assert _loss(module, r, adv).item() == pytest.approx(want.item(), rel=1e-6)
+    r.engine_logp = None
+    with pytest.raises(ValueError, match="rollout.logprobs"):
+        _loss(module, r, adv)

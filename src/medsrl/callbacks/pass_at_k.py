@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from contextlib import nullcontext
 
 from lightning.pytorch.callbacks import Callback
 
@@ -99,10 +100,17 @@ class PassAtKValidation(Callback):
         first, last = shard_bounds(-(-len(problems) // chunk), *rank_and_size())
         start, stop = min(first * chunk, len(problems)), min(last * chunk, len(problems))
         share = dataclasses.replace(settings, seed=settings.seed + start)
-        with pl_module.full_policy() as policy:  # FSDP: the whole weights for sampling
+        engine = pl_module.engine
+        if engine.weights_released:
+            with pl_module.full_policy() as policy:
+                engine.sync_weights(policy)
+        # the whole weights (FSDP) when the policy module runs: HF generation, MEDS features
+        needs_policy = engine.uses_policy_weights or settings.features is not None
+        with pl_module.full_policy() if needs_policy else nullcontext(pl_module.policy) as policy:
             mine = sample_problems(
-                policy, pl_module.tokenizer, pl_module.engine, pl_module.grader, problems[start:stop], share
+                policy, pl_module.tokenizer, engine, pl_module.grader, problems[start:stop], share
             )
+        engine.release()
         records = [rec for part in all_gather_objects(mine) for rec in part]
         by_source = defaultdict(list)
         for p, rec in zip(prompts, records, strict=True):

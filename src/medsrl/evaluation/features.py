@@ -41,7 +41,7 @@ def response_features(
             stop = min(start + micro_batch_size, len(rollout))
             if not bool(((answer_rows >= start) & (answer_rows < stop)).any()):
                 continue  # no answer in these rows: skip their forward altogether
-            with reader.microbatch(start, stop):
+            with reader.microbatch(range(start, stop)):
                 policy(
                     input_ids=packed.input_ids[start:stop],
                     attention_mask=packed.attention_mask[start:stop],

@@ -125,13 +125,13 @@ def resolve_feature_dtype(dtype: str, model: nn.Module) -> torch.dtype:
 class AnswerFeatureReader:
     """Reads MEDS features from a forward the caller runs (no forward of its own).
 
-    Per batch: :meth:`begin` with the responses, then one forward per packed micro-batch of rows
-    ``start:stop`` inside :meth:`microbatch`, then :meth:`finish`::
+    Per batch: :meth:`begin` with the responses, then one forward per packed micro-batch of
+    ``rows`` inside :meth:`microbatch`, then :meth:`finish`::
 
         reader.begin(response_ids, packed.prompt_length)
-        for start, stop in micro_batches:
-            with reader.microbatch(start, stop):
-                model(input_ids=packed.input_ids[start:stop], ...)
+        for rows in micro_batches:
+            with reader.microbatch(rows):
+                model(input_ids=packed.input_ids[rows], ...)
         feats, rows = reader.finish()      # [M, D] float32 on CPU, [M] response rows
     """
 
@@ -174,10 +174,13 @@ class AnswerFeatureReader:
         self._capture.clear()
         self._read_rows = []
 
-    def microbatch(self, start: int, stop: int) -> contextlib.AbstractContextManager:
-        """Hooks around the one forward of packed rows ``start:stop`` (a no-op context when none
-        of those rows has an answer, so that forward costs nothing extra)."""
-        part = self._require_targets("microbatch").for_rows(start, stop)
+    def microbatch(self, rows: Sequence[int] | torch.Tensor, columns_end: int | None = None
+                   ) -> contextlib.AbstractContextManager:
+        """Hooks around the one forward of the packed ``rows`` (a no-op context when none of
+        them has an answer, so that forward costs nothing extra). ``columns_end``: where that
+        forward's columns end, when it does not run the batch's right padding
+        (``PackedRollouts.columns_end``)."""
+        part = self._require_targets("microbatch").for_rows(rows, columns_end)
         if not len(part):
             return contextlib.nullcontext()
         return self._read(part)
@@ -202,7 +205,7 @@ class AnswerFeatureReader:
         if not torch.equal(torch.sort(rows).values, targets.sample_index):
             raise RuntimeError(
                 f"MEDS features: rows read {rows.tolist()} != rows with an answer "
-                f"{targets.sample_index.tolist()}; run one microbatch(start, stop) per forward "
+                f"{targets.sample_index.tolist()}; run one microbatch(rows) per forward "
                 "over all packed rows"
             )
         if len(rows) > 1 and not bool((rows[1:] > rows[:-1]).all()):

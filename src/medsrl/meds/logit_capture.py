@@ -37,7 +37,7 @@ slices)::
     with torch.no_grad():
         for start in range(0, B, mb):
             stop = min(start + mb, B)
-            with cap.capture(targets.for_rows(start, stop)):                     # local rows
+            with cap.capture(targets.for_rows(range(start, stop))):              # local rows
                 logits = model(input_ids=packed.input_ids[start:stop], ...)      # the one forward
     feats = cap.pop_features()        # [M, L] fp32, in targets order (= targets.sample_index)
 
@@ -185,9 +185,11 @@ class CaptureTargets:
     """Where to read features: ``rows[i]`` / ``positions[i]`` of the packed batch, scoring
     ``next_token_ids[i]``; ``sample_index[i]`` is the response it belongs to (global row).
 
-    ``seq_len`` is the packed batch's width. A forward over fewer columns is taken to have
-    dropped leading (left-padding) columns, as ``step.scoring.response_logits`` does per
-    micro-batch, and the positions move left by the difference.
+    ``seq_len`` is the width the forward would have with every leading column: the packed
+    batch's, or a micro-batch's ``columns_end`` when its right padding is not run. A forward
+    over fewer columns is taken to have dropped leading (left-padding) columns, as
+    ``step.scoring.response_logits`` does per micro-batch, and the positions move left by the
+    difference.
     """
 
     rows: torch.Tensor
@@ -199,15 +201,19 @@ class CaptureTargets:
     def __len__(self) -> int:
         return int(self.rows.numel())
 
-    def for_rows(self, start: int, stop: int) -> CaptureTargets:
-        """The targets of rows ``start..stop-1``, with rows made local to that micro-batch."""
-        keep = (self.rows >= start) & (self.rows < stop)
+    def for_rows(self, rows: Sequence[int] | torch.Tensor, seq_len: int | None = None) -> CaptureTargets:
+        """The targets in packed ``rows`` (a micro-batch, any order), with rows made local to it:
+        row ``rows[j]`` is its row ``j``. ``seq_len``: that forward's full width, when not the
+        batch's (its right padding is not run)."""
+        rows = torch.as_tensor(rows, dtype=torch.long).flatten().to(self.rows.device)
+        match = self.rows.unsqueeze(1) == rows.unsqueeze(0)  # [targets, micro-batch rows]
+        keep = match.any(dim=1)
         return CaptureTargets(
-            rows=self.rows[keep] - start,
+            rows=match.long().argmax(dim=1)[keep],
             positions=self.positions[keep],
             next_token_ids=self.next_token_ids[keep],
             sample_index=self.sample_index[keep],
-            seq_len=self.seq_len,
+            seq_len=self.seq_len if seq_len is None else seq_len,
         )
 
 

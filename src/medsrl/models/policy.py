@@ -32,14 +32,46 @@ def build_policy(model_cfg: dict[str, Any], cache_dir: str | Path):
     else:
         tok_name = cfg.get("tokenizer") or name
     tokenizer = load_tokenizer(tok_name)
-    policy = load_policy(
-        name,
-        tiny=dict(cfg.get("tiny") or {}),
-        dtype=dtype,
-        attn_implementation=attn,
-        trust_remote_code=bool(cfg.get("trust_remote_code", False)),
-    )
+    if cfg.get("random_init"):
+        policy = random_policy(cfg, dtype, attn)
+    else:
+        policy = load_policy(
+            name,
+            tiny=dict(cfg.get("tiny") or {}),
+            dtype=dtype,
+            attn_implementation=attn,
+            trust_remote_code=bool(cfg.get("trust_remote_code", False)),
+        )
     if cfg.get("gradient_checkpointing"):
-        policy.gradient_checkpointing_enable()
-        policy.config.use_cache = False
+        enable_activation_checkpointing(policy)
     return policy, tokenizer
+
+
+def random_policy(cfg: dict[str, Any], dtype, attn: str | None):
+    """``model.random_init=true``: the model's architecture (``model.architecture``) at the shape
+    of ``model.shape`` with random weights: no checkpoint needed, for smoke runs and memory or
+    speed checks (``benchmarks/gpu_smoke.py``). Override ``model.shape.num_hidden_layers`` etc.
+    to shrink it. The tokenizer still comes from ``model.tokenizer`` (or ``name_or_path``)."""
+    from medsrl.models.loading import random_model_like, resolve_dtype
+
+    if not cfg.get("architecture") or not cfg.get("shape"):
+        raise ValueError("model.random_init=true needs model.architecture and model.shape (see configs/model/)")
+    shape = dict(cfg["shape"])
+    vocab = int(shape.pop("vocab_size"))
+    if attn:
+        shape["attn_implementation"] = attn
+    log.info("model.random_init: a random %s of shape %s", cfg["architecture"], shape)
+    return random_model_like(str(cfg["architecture"]), vocab, **shape).to(resolve_dtype(dtype))
+
+
+def enable_activation_checkpointing(policy) -> None:
+    """Recompute each decoder layer's activations in the backward of a training-mode forward,
+    the non-reentrant way (keyword inputs, inputs without grad and FSDP units all work; the
+    reentrant default of older transformers needs none of them). Eval-mode forwards (generation,
+    the scoring pass) are untouched and keep their KV cache."""
+    kwargs = {"use_reentrant": False}
+    enable = getattr(policy, "activation_checkpointing_enable", None)  # transformers >= 5.2x
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

@@ -63,6 +63,14 @@ class RunShape:
     hardware: str | None = None
     on_gpu: bool = True  # trainer.accelerator is not cpu: the CUDA runtime's own memory counts
     chunk_tokens: int = CHUNK_TOKENS
+    max_tokens: int | None = None  # algorithm.max_tokens_per_microbatch: padded tokens per forward
+
+    @property
+    def micro_batch_tokens(self) -> int:
+        """Padded tokens of the largest forward/backward: ``micro_batch`` rows of the longest
+        prompt + response, or the token budget when smaller (a longer row still runs alone)."""
+        full = self.micro_batch * self.tokens_per_row
+        return full if self.max_tokens is None else max(self.tokens_per_row, min(full, self.max_tokens))
 
     @property
     def shards(self) -> int:
@@ -169,6 +177,7 @@ def run_shape(cfg: Mapping[str, Any], prompt_tokens: int = DEFAULT_PROMPT_TOKENS
         response_tokens=int(rollout.get("max_new_tokens")),
         generate_rows=min(rows, seqs),
         micro_batch=int(algo.get("micro_batch_size")),
+        max_tokens=None if algo.get("max_tokens_per_microbatch") is None else int(algo.get("max_tokens_per_microbatch")),
         reference_model=float(algo.get("kl_coef") or 0.0) > 0,
         vllm_fraction=vllm.get("gpu_memory_utilization"),
         vllm_kv_bytes=vllm.get("kv_cache_memory_bytes"),
@@ -231,7 +240,10 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
     V, H = size.vocab_size, size.hidden_size
     share = f"/ {shards} ranks" if shards > 1 else ""
     T = run.tokens_per_row
-    mb_tokens = run.micro_batch * T
+    mb_tokens = run.micro_batch_tokens
+    mb_how = (f"{run.micro_batch} x {T}" if mb_tokens == run.micro_batch * T
+              else f"a budget of {mb_tokens}")
+    mb_knob = "algorithm.micro_batch_size" if run.max_tokens is None else "algorithm.max_tokens_per_microbatch"
 
     resident = [
         Item("weights", m * P // shards, f"{P:,} params x {m} B {share}".strip(),
@@ -252,13 +264,13 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
         "data.prompts_per_step",
     )
     gathered = Item("policy gathered whole", m * P, f"summon_full_params: {P:,} x {m} B",
-                    "none yet: generation and scoring gather the policy (issue 25)") if run.sharded else None
+                    "none yet: HF generation, scoring and the vLLM sync gather the policy") if run.sharded else None
     cast = Item("bf16 cast of a weight", V * H * c, f"the largest matrix ({V} x {H}) cast per op") if run.autocast else None
 
     generation = Phase("generation", [*resident])
     if engine is not None:
         generation.items.append(engine)
-    if gathered is not None:
+    if gathered is not None and run.backend == "hf":  # vLLM generates from its own copy
         generation.items.append(gathered)
     if run.backend == "hf":
         rows = run.generate_rows
@@ -273,7 +285,7 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
                  f"one layer over {rows} x {run.prompt_tokens} prompt tokens", "rollout.max_batch_size"),
             Item("sampling logits", rows * V * 4 * 3, f"{rows} x {V} fp32: logits, probabilities, a copy"),
         ]
-    if cast is not None:
+    if cast is not None and run.backend == "hf":  # the policy runs the generation
         generation.items.append(cast)
 
     scoring = Phase("scoring", [*resident, rollouts])
@@ -283,7 +295,7 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
         scoring.items.append(gathered)
     scoring.items += [
         Item("activations (no grad)", layer_forward_bytes(size, mb_tokens, c),
-             f"one layer over {run.micro_batch} x {T} tokens", "algorithm.micro_batch_size"),
+             f"one layer over {mb_how} tokens", mb_knob),
         Item("log-prob head chunk", head_chunk_bytes(size, run.chunk_tokens, c, backward=False),
              f"{run.chunk_tokens} tokens x {V} x ({c} + 8) B"),
     ]
@@ -320,11 +332,11 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
         acts = checkpoints + 2 * layer_saved_bytes(size, mb_tokens, c)
         how = (f"{size.num_layers} layer inputs x {mb_tokens} tokens x {H} x {resid} B, and one layer "
                "recomputed with its gradients (2x its saved tensors)")
-        knob = "algorithm.micro_batch_size"
+        knob = mb_knob
     else:
         acts = (size.num_layers + 1) * layer_saved_bytes(size, mb_tokens, c)
         how = f"{size.num_layers} layers' saved tensors over {mb_tokens} tokens, and one layer's gradients"
-        knob = "model.gradient_checkpointing=true, algorithm.micro_batch_size"
+        knob = f"model.gradient_checkpointing=true, {mb_knob}"
     update.items += [
         Item("activations", acts, how, knob),
         Item("log-prob head chunk", head_chunk_bytes(size, run.chunk_tokens, c, backward=True),
@@ -338,7 +350,13 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
         step.items.append(buckets)
     step.items.append(Item("AdamW temporaries", m * P // shards, f"foreach: one fp32 list the size of the {'shards' if shards > 1 else 'params'}"))
 
-    plan = MemoryPlan(run, size, [generation, scoring, update, step])
+    phases = [generation, scoring, update, step]
+    if engine is not None:  # the weights copied into the engine (its KV cache asleep when it sleeps)
+        held = engine if not run.vllm_sleep else Item(
+            "vLLM weights (woken)", size.params * run.vllm_weight_bytes,
+            f"{P:,} x {run.vllm_weight_bytes} B; the KV cache stays asleep until generation")
+        phases.append(Phase("weight sync", [*resident, rollouts, held, *([gathered] if gathered else [])]))
+    plan = MemoryPlan(run, size, phases)
     if engine is not None:
         plan.notes.append(_engine_note(size, run))
     if run.backend == "hf":
@@ -383,7 +401,7 @@ def format_plan(plan: MemoryPlan) -> str:
         f"run: {run.devices} {'GPU(s)' if run.on_gpu else 'CPU process(es)'}{' FSDP per layer' if run.sharded else ' DDP' if run.ddp else ''}, "
         f"master {run.master_bytes} B / compute {run.compute_bytes} B, {run.backend} rollouts, "
         f"{run.sequences_per_rank} responses per rank of <= {run.prompt_tokens} + {run.response_tokens} tokens, "
-        f"micro-batch {run.micro_batch}, gradient checkpointing {'on' if run.gradient_checkpointing else 'off'}",
+        f"micro-batch {run.micro_batch}{'' if run.max_tokens is None else f' rows / {run.max_tokens} tokens'}, gradient checkpointing {'on' if run.gradient_checkpointing else 'off'}",
         "every figure is computed (arithmetic below), per device",
         "",
     ]

@@ -115,8 +115,9 @@ class Plugin(Callback):
     def before_scoring(self, rollouts: StepRollouts, ctx: StepContext) -> None:
         """Before the no-grad forward (e.g. locate what to capture)."""
 
-    def scoring_microbatch(self, rollouts: StepRollouts, start: int, stop: int) -> AbstractContextManager:
-        """A context around the forward of packed rows ``start:stop`` (e.g. capture hooks)."""
+    def scoring_microbatch(self, rollouts: StepRollouts, rows: torch.Tensor) -> AbstractContextManager:
+        """A context around the forward of the packed ``rows`` (ascending; e.g. capture hooks).
+        That forward runs the columns up to ``rollouts.packed.columns_end(rows)`` only."""
         return nullcontext()
 
     def after_scoring(self, rollouts: StepRollouts, ctx: StepContext) -> None:

@@ -81,15 +81,15 @@ class PluginHost:
         for p in self.plugins:
             p.before_scoring(rollouts, ctx)
 
-    def microbatch_context(self, rollouts) -> Callable[[int, int], AbstractContextManager]:
-        """Every plug-in's context for the forward of rows ``start:stop``, entered only when the
+    def microbatch_context(self, rollouts) -> Callable[[torch.Tensor], AbstractContextManager]:
+        """Every plug-in's context for the forward of the packed ``rows``, entered only when the
         forward runs (the shared-prompt forward runs the prompts before it, outside)."""
 
         @contextmanager
-        def enter(start: int, stop: int) -> Iterator[None]:
+        def enter(rows: torch.Tensor) -> Iterator[None]:
             with ExitStack() as stack:
                 for p in self.plugins:
-                    stack.enter_context(p.scoring_microbatch(rollouts, start, stop))
+                    stack.enter_context(p.scoring_microbatch(rollouts, rows))
                 yield
 
         return enter

@@ -127,8 +127,8 @@ class Meds(Plugin):
         self.enter_stage(rollouts.stage)
         self.reader.begin(rollouts.response_ids, rollouts.packed.prompt_length)
 
-    def scoring_microbatch(self, rollouts: StepRollouts, start: int, stop: int):
-        return self.reader.microbatch(start, stop)
+    def scoring_microbatch(self, rollouts: StepRollouts, rows):
+        return self.reader.microbatch(rows, rollouts.packed.columns_end(rows))
 
     def after_scoring(self, rollouts: StepRollouts, ctx: StepContext) -> None:
         self.use_features(rollouts, *self.reader.finish(), ctx)
@@ -147,7 +147,8 @@ class Meds(Plugin):
         extra = StepRollouts.from_groups(groups, ctx.step, ctx.stage, m.tokenizer.pad_token_id, m.device)
         self.reader.begin(extra.response_ids, extra.packed.prompt_length)
         scoring_pass(ctx.scoring_policy, extra.packed, m.algo.micro_batch_size,
-                     microbatch_context=self.reader.microbatch)
+                     max_tokens=m.algo.max_tokens_per_microbatch,
+                     microbatch_context=lambda rows: self.reader.microbatch(rows, extra.packed.columns_end(rows)))
         feats, rows = self.reader.finish()
         correct = (extra.acc > 0.5).tolist()
         keys = [(extra.keys[i], bool(correct[i])) for i in rows.tolist()]

@@ -38,6 +38,7 @@ class NoveltyBonus(Plugin):
         self._rows: torch.Tensor = torch.zeros(0, dtype=torch.long)
         self._vecs: torch.Tensor = torch.zeros(0, 0)
         self._parts: list[torch.Tensor] = []
+        self._part_rows: list[torch.Tensor] = []
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.vectors == "meds_features" and self.reader is None:
@@ -47,22 +48,26 @@ class NoveltyBonus(Plugin):
 
     # the scoring forward ------------------------------------------------------------------
     def before_scoring(self, rollouts: StepRollouts, ctx: StepContext) -> None:
-        self._parts = []
+        self._parts, self._part_rows = [], []
         if self.reader is not None:
             self.reader.begin(rollouts.response_ids, rollouts.packed.prompt_length)
 
-    def scoring_microbatch(self, rollouts: StepRollouts, start: int, stop: int):
+    def scoring_microbatch(self, rollouts: StepRollouts, rows: torch.Tensor):
+        packed = rollouts.packed
+        end = packed.columns_end(rows)
         if self.reader is not None:
-            return self.reader.microbatch(start, stop)
-        return self._hidden_mean(rollouts.packed.response_mask[start:stop])
+            return self.reader.microbatch(rows, end)
+        return self._hidden_mean(rows, packed.response_mask[rows, : end - packed.prompt_length])
 
     @contextlib.contextmanager
-    def _hidden_mean(self, mask: torch.Tensor):
+    def _hidden_mean(self, rows: torch.Tensor, mask: torch.Tensor):
         def hook(module, args, output):
             hidden = output[0] if isinstance(output, (tuple, list)) else output
-            resp = hidden[:, -mask.shape[1]:].detach().float()  # the response columns come last
+            # the response columns come last (the forward runs none of the right padding past them)
+            resp = hidden[:, hidden.shape[1] - mask.shape[1]:].detach().float()
             w = mask.to(resp.device).unsqueeze(-1)
             self._parts.append(((resp * w).sum(1) / w.sum(1).clamp(min=1)).cpu())
+            self._part_rows.append(rows.cpu())
 
         handle = self._norm.register_forward_hook(hook)
         try:
@@ -75,7 +80,7 @@ class NoveltyBonus(Plugin):
             self._vecs, self._rows = self.reader.finish()
         else:
             self._vecs = torch.cat(self._parts) if self._parts else torch.zeros(0, 0)
-            self._rows = torch.arange(len(self._vecs))
+            self._rows = torch.cat(self._part_rows) if self._part_rows else torch.zeros(0, dtype=torch.long)
 
     # the reward ----------------------------------------------------------------------------
     def shape_rewards(self, rollouts: StepRollouts, ctx: StepContext) -> None:

@@ -150,10 +150,24 @@ class RolloutBatch:
 class RolloutEngine(Protocol):
     """A generation backend (Hugging Face ``generate`` or vLLM; see ``medsrl.rollout.factory``)."""
 
+    # True: generation runs the policy module itself (under FSDP its weights are gathered around
+    # it); False: the engine holds its own copy (vLLM)
+    uses_policy_weights: bool
+
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch: ...
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Push the current policy weights to the engine (no-op when it shares the module)."""
+        ...
+
+    def release(self) -> None:
+        """Free what generation holds before the trainer's phases (vLLM: sleep; HF: nothing)."""
+        ...
+
+    @property
+    def weights_released(self) -> bool:
+        """Whether ``release`` dropped the engine's weights, so that ``sync_weights`` must come
+        before the next ``generate``."""
         ...
 
 
@@ -195,6 +209,22 @@ class PackedRollouts:
     def response_ids(self) -> torch.Tensor:
         """``[B, R]`` response ids (right padding included; use ``response_mask``)."""
         return self.input_ids[:, self.prompt_length :]
+
+    @property
+    def prompt_lengths(self) -> torch.Tensor:
+        """``[B]`` real prompt tokens per row (long)."""
+        return self.attention_mask[:, : self.prompt_length].sum(dim=1)
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        """``[B]`` real response tokens per row (long)."""
+        return self.attention_mask[:, self.prompt_length :].sum(dim=1)
+
+    def columns_end(self, rows: slice | torch.Tensor) -> int:
+        """One past the last column any of ``rows`` attends to: the prompt width plus their
+        longest response. The columns after it are right padding for all of them."""
+        lengths = self.response_lengths[rows]
+        return self.prompt_length + (int(lengths.max()) if lengths.numel() else 0)
 
     def to(self, device: torch.device | str) -> PackedRollouts:
         return PackedRollouts(

@@ -14,6 +14,17 @@ from medsrl.rollout.hf import HFRolloutEngine
 BACKENDS = ("hf", "vllm")
 
 
+def engine_max_model_len(cfg: RolloutConfig, policy: torch.nn.Module) -> int | None:
+    """``rollout.vllm.max_model_len``, else the prompt and response budgets (capped at the
+    model's positions): the engine's buffers are then sized for the sequences it will see, not
+    for the model's 32k or 40k."""
+    if cfg.vllm.max_model_len is not None:
+        return cfg.vllm.max_model_len
+    budget = cfg.max_prompt_tokens + cfg.max_new_tokens
+    positions = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
+    return budget if positions is None else min(budget, int(positions))
+
+
 def build_engine(
     cfg: RolloutConfig, policy: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, seed: int = 0
 ) -> RolloutEngine:
@@ -26,5 +37,7 @@ def build_engine(
     if cfg.backend == "vllm":
         from medsrl.rollout.vllm import VLLMRolloutEngine
 
-        return VLLMRolloutEngine(policy, tokenizer, seed=seed, **asdict(cfg.vllm))
+        options = asdict(cfg.vllm)
+        options["max_model_len"] = engine_max_model_len(cfg, policy)
+        return VLLMRolloutEngine(policy, tokenizer, seed=seed, **options)
     raise ValueError(f"rollout.backend={cfg.backend!r}; valid: {', '.join(BACKENDS)}")

@@ -129,6 +129,12 @@ class HFRolloutEngine:
 
     # -- RolloutEngine -------------------------------------------------------------------------
 
+    uses_policy_weights = True  # generates with the training module
+    weights_released = False  # nothing of its own to release
+
+    def release(self) -> None:
+        """No-op: the engine holds nothing between calls."""
+
     def sync_weights(self, model: torch.nn.Module) -> None:
         """No-op: the engine generates with the training module itself.
 

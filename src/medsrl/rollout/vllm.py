@@ -14,12 +14,28 @@ loading, so a plain ``load_weights`` fails there), else the model's ``load_weigh
 builds). The prefix cache is reset after every sync: cached KV blocks belong to the old weights.
 
 Sampling mirrors :class:`~medsrl.rollout.hf.HFRolloutEngine`: prompts are tokenized (and responses
-decoded) by our tokenizer, every response is its own request (vLLM refuses ``n > 1`` when greedy),
-response ``j`` of prompt ``i`` seeded with ``(params.seed + i) * 2**20 + j``. So a call is
-reproducible, no two responses share a random stream, and, as with the HF backend, a caller that
-takes prompts ``s..`` with ``seed + s`` (a rank's shard) gets the responses of the whole call
-(up to floating-point differences between batch compositions). The model's own ``generation_config`` is ignored
-(``generation_config="vllm"``): our :class:`SamplingParams` are the only settings.
+decoded) by our tokenizer, every response is its own request (vLLM refuses ``n > 1`` when greedy;
+the prefix cache runs a shared prompt once). Seeding, two ways:
+
+* one seed per call (the default): the engine's random generator is seeded with ``params.seed``
+  before the call and the requests carry none, so vLLM samples the whole batch in one vectorised
+  draw. A call is reproducible on one machine and one engine configuration.
+* ``per_request_seeds=True``: response ``j`` of prompt ``i`` is seeded with
+  ``(params.seed + i) * 2**20 + j``: no two responses share a random stream, and, as with the HF
+  backend, a caller that takes prompts ``s..`` with ``seed + s`` (a rank's shard) gets the
+  responses of the whole call (up to floating-point differences between batch compositions).
+  vLLM serves seeded requests one at a time in Python at every decode step: slower.
+
+The model's own ``generation_config`` is ignored (``generation_config="vllm"``): our
+:class:`SamplingParams` are the only settings.
+
+Sleep mode (``enable_sleep_mode``, CUDA builds): :meth:`release` puts the engine to sleep at level
+2 once the step's sampling is done, freeing its weights and KV cache for the trainer's scoring
+and update (level 1 would copy the weights to host memory and back, although the next
+:meth:`sync_weights` replaces them anyway). Every wake first returns PyTorch's cached blocks to
+the driver (``torch.cuda.empty_cache()``), without which the wake fails against the memory the
+update left cached. ``sync_weights`` wakes the weights only; ``generate`` wakes the KV cache, and
+refuses to sample from weights that were released and not synced since.
 
 vLLM samples from NaN logits without complaint (token 0 with a NaN log-prob, on the CPU build), so
 every request asks for the sampled token's log-prob (``logprobs=0``: one value per token) and a
@@ -96,6 +112,13 @@ def _load_into_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> s
     return "load_weights"
 
 
+def _seed_worker(worker: Any, seed: int) -> int:
+    """Runs inside the vLLM worker: seed the generator its sampler draws unseeded requests from
+    (the process's default generators: the engine is in process, so the trainer's too)."""
+    torch.manual_seed(seed)
+    return seed
+
+
 def _sampled_logprobs(completion: Any) -> list[float]:
     """The log-prob vLLM returned for each token it sampled (``logprobs=0``)."""
     if completion.logprobs is None:
@@ -158,6 +181,7 @@ class VLLMRolloutEngine:
         enable_sleep_mode: bool = False,
         dtype: str = "auto",
         max_model_len: int | None = None,
+        per_request_seeds: bool = False,
         seed: int = 0,
     ) -> None:
         os.environ.setdefault(IN_PROCESS_ENV, "0")
@@ -189,6 +213,8 @@ class VLLMRolloutEngine:
                 "rollout.vllm.enable_sleep_mode ignored: not supported on %s", current_platform
             )
         self._asleep: set[str] = set()
+        self.per_request_seeds = bool(per_request_seeds)
+        self.max_model_len = max_model_len
         self._dir = tempfile.TemporaryDirectory(prefix="medsrl-vllm-")
         model.config.save_pretrained(self._dir.name)  # config + tokenizer only: no weights on disk
         tokenizer.save_pretrained(self._dir.name)
@@ -215,9 +241,17 @@ class VLLMRolloutEngine:
         self.load_api = ""  # which worker API the last sync used
         self.sync_weights(model)
 
+    # generation reads the engine's own copy of the weights: the policy need not be gathered
+    uses_policy_weights = False
+
     @property
     def closed(self) -> bool:
         return self.llm is None
+
+    @property
+    def weights_released(self) -> bool:
+        """Whether :meth:`release` dropped the weights and no :meth:`sync_weights` has come since."""
+        return "weights" in self._asleep
 
     def close(self) -> None:
         """Shut the engine down now (idempotent); it cannot generate afterwards."""
@@ -229,7 +263,8 @@ class VLLMRolloutEngine:
     # -- RolloutEngine -------------------------------------------------------------------------
 
     def sync_weights(self, model: torch.nn.Module) -> None:
-        """Copy ``model``'s current weights into the engine in place, then drop the prefix cache."""
+        """Copy ``model``'s current weights into the engine in place, then drop the prefix cache
+        (the KV cache stays asleep: only ``generate`` needs it)."""
         self._check_open()
         self._wake(["weights"])
         weights = [(name, t.detach()) for name, t in model.state_dict().items()]
@@ -244,13 +279,16 @@ class VLLMRolloutEngine:
         if not prompt_ids:
             return RolloutBatch.empty(params.logprobs)
         self._check_open()
+        if self.weights_released:
+            raise RuntimeError("VLLMRolloutEngine.generate: the weights were released (sleep level 2) "
+                               "and not synced since; call sync_weights(policy) first")
+        self._check_lengths(prompt_ids, params)
         requests = [{"prompt_token_ids": prompt_ids[i]} for i in order]
         sampling = [self._sampling_params(params, i, k % params.n) for k, i in enumerate(order)]
         self._wake(list(SLEEP_TAGS))
-        try:
-            outputs = self.llm.generate(requests, sampling, use_tqdm=False)
-        finally:
-            self._sleep()
+        if params.seed is not None and not self.per_request_seeds:
+            self.llm.collective_rpc(_seed_worker, args=(int(params.seed),))
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         responses = [list(out.outputs[0].token_ids) for out in outputs]
         logprobs = [_sampled_logprobs(out.outputs[0]) for out in outputs]
         if any(lp != lp or lp == float("inf") for row in logprobs for lp in row):
@@ -280,7 +318,8 @@ class VLLMRolloutEngine:
             max_tokens=params.max_new_tokens,
             stop_token_ids=list(self.stop_token_ids),
             ignore_eos=True,  # only our stop ids end a response, as in the HF backend
-            seed=None if params.seed is None else (params.seed + prompt) * SEED_STRIDE + sample,
+            seed=None if params.seed is None or not self.per_request_seeds
+            else (params.seed + prompt) * SEED_STRIDE + sample,
             detokenize=False,  # decoded by our tokenizer, exactly as the HF backend does
             logprobs=0,  # the sampled token's only: returned if asked for, always checked
         )
@@ -291,15 +330,33 @@ class VLLMRolloutEngine:
         ids = completion.token_ids
         return FINISH_STOP if ids and ids[-1] in self.stop_token_ids else FINISH_LENGTH
 
+    def _check_lengths(self, prompt_ids: list[list[int]], params: SamplingParams) -> None:
+        """A prompt too long for ``max_model_len`` is refused here, naming it and the setting."""
+        if self.max_model_len is None:
+            return
+        room = self.max_model_len - params.max_new_tokens
+        for i, ids in enumerate(prompt_ids):
+            if len(ids) > room:
+                raise ValueError(
+                    f"prompt {i} has {len(ids)} tokens; the engine's max_model_len {self.max_model_len} leaves "
+                    f"{room} beside {params.max_new_tokens} new tokens: raise rollout.max_prompt_tokens "
+                    "(or rollout.vllm.max_model_len)")
+
+    def release(self) -> None:
+        """Free the engine's GPU memory until it is next needed: sleep level 2 (weights and KV
+        cache dropped; the next :meth:`sync_weights` brings the weights). A no-op without sleep
+        mode, or when already asleep."""
+        self._check_open()
+        if self.sleep_mode and not self._asleep:
+            self.llm.sleep(level=2)
+            self._asleep.update(SLEEP_TAGS)
+
     def _wake(self, tags: list[str]) -> None:
         todo = [t for t in tags if t in self._asleep]
         if todo:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # the trainer's cached blocks back to the driver first
             self.llm.wake_up(tags=todo)
             self._asleep.difference_update(todo)
             if "kv_cache" in todo:
                 self.llm.reset_prefix_cache()
-
-    def _sleep(self) -> None:
-        if self.sleep_mode and not self._asleep:
-            self.llm.sleep(level=1)  # weights offloaded to host memory, KV cache dropped
-            self._asleep.update(SLEEP_TAGS)

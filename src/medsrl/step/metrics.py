@@ -12,23 +12,44 @@ from medsrl.utils.distributed import all_reduce_sum
 
 
 class PhaseTimer:
-    """Wall time per phase of a step, summed when a phase runs more than once."""
+    """Wall time per phase of a step, summed when a phase runs more than once; on CUDA also the
+    memory of each phase: PyTorch's allocator peak inside it and the whole device's use at its
+    end, as the driver sees it (a colocated vLLM engine's memory included), both the largest
+    over its runs. Phases may nest: an outer phase's peak includes its inner ones'."""
 
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
         self.times: dict[str, float] = {}
+        self.peak_bytes: dict[str, int] = {}
+        self.device_bytes: dict[str, int] = {}
+        self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self._running: list[int] = []  # per open phase: the allocator peak before an inner phase reset it
 
     @contextmanager
     def __call__(self, name: str):
         start = time.perf_counter()
+        if self._cuda:
+            if self._running:
+                self._running[-1] = max(self._running[-1], torch.cuda.max_memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
+            self._running.append(0)
         try:
             yield
         finally:
             self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - start
+            if self._cuda:
+                peak = max(self._running.pop(), torch.cuda.max_memory_allocated())
+                free, total = torch.cuda.mem_get_info()
+                self.peak_bytes[name] = max(self.peak_bytes.get(name, 0), peak)
+                self.device_bytes[name] = max(self.device_bytes.get(name, 0), total - free)
+                if self._running:
+                    self._running[-1] = max(self._running[-1], peak)
 
     def as_metrics(self) -> dict[str, float]:
         out = {f"time/{k}": v for k, v in self.times.items()}
         out["time/step"] = time.perf_counter() - self.t0
+        out.update({f"memory/{k}_peak_gib": v / 2**30 for k, v in self.peak_bytes.items()})
+        out.update({f"memory/{k}_device_gib": v / 2**30 for k, v in self.device_bytes.items()})
         return out
 
 
@@ -63,6 +84,7 @@ def rollout_metrics(r: StepRollouts, grader_stats: dict) -> dict[str, float]:
         "truncation_rate": float(truncated.mean()),
         "no_box_rate": float(no_box.mean()),
         "num_responses": float(len(r)),
+        "num_tokens": float(r.packed.prompt_lengths.sum() + lengths.sum()),  # real prompt + response tokens
         "num_groups": float(len(r.prompts)),
         "grader/timeouts_step": float(sum(g.timed_out for g in r.grades)),
         "grader/errors_step": float(sum(g.error is not None for g in r.grades)),

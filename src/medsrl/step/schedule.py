@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from medsrl.step.micro_batches import plan_micro_batches
 from medsrl.utils.distributed import (
     all_gather_objects,
     all_reduce_grads,
@@ -34,6 +35,7 @@ class UpdateSchedule:
         *,
         per_update: int | None,
         micro_batch_size: int,
+        max_tokens: int | None = None,
         sharded: bool = False,
         reduce_sum: Callable[[float], float] = all_reduce_sum,
         gather: Callable[[Any], list[Any]] = all_gather_objects,
@@ -42,7 +44,7 @@ class UpdateSchedule:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         self.world = len(group_counts)
         self.sharded = sharded
-        self.micro_batch_size = micro_batch_size
+        self.micro_batch_size, self.max_tokens = micro_batch_size, max_tokens
         self._reduce_sum, self._gather = reduce_sum, gather
         offset, mine, total = sum(group_counts[:rank]), group_counts[rank], sum(group_counts)
         step = per_update or max(total, 1)
@@ -53,11 +55,12 @@ class UpdateSchedule:
 
     @classmethod
     def for_this_rank(
-        cls, num_groups: int, *, per_update, micro_batch_size, sharded
+        cls, num_groups: int, *, per_update, micro_batch_size, max_tokens=None, sharded
     ) -> UpdateSchedule:
         """The schedule of this process, from every rank's group count (one all-gather)."""
         counts = all_gather_objects(num_groups)
-        return cls(counts, rank_and_size()[0], per_update=per_update, micro_batch_size=micro_batch_size, sharded=sharded)
+        return cls(counts, rank_and_size()[0], per_update=per_update, micro_batch_size=micro_batch_size,
+                   max_tokens=max_tokens, sharded=sharded)
 
     def rows(self, group_ids: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
         """This rank's rows of the mini-batch made of ``groups``."""
@@ -70,22 +73,22 @@ class UpdateSchedule:
             self._reduce_sum(float(response_mask.shape[0])),
         )
 
-    def micro_batches(self, rows: torch.Tensor) -> list[tuple[torch.Tensor, float]]:
-        """``(rows, loss weight)`` per forward/backward pass of a mini-batch.
+    def micro_batches(
+        self, rows: torch.Tensor, prompt_lengths: torch.Tensor, response_lengths: torch.Tensor
+    ) -> list[tuple[torch.Tensor, float]]:
+        """``(rows, loss weight)`` per forward/backward pass of a mini-batch: at most
+        ``micro_batch_size`` rows, and ``max_tokens`` padded tokens when set
+        (``step.micro_batches.plan_micro_batches``; lengths per packed row).
 
         Under FSDP every rank runs as many passes as the busiest one; the extra passes take row 0
         with weight 0. The weight of a real pass is the world size under FSDP, else 1.
         """
-        mb = self.micro_batch_size
-        num = -(-len(rows) // mb)
-        if self.sharded:
-            num = max(self._gather(num))
+        parts = plan_micro_batches(rows, prompt_lengths, response_lengths,
+                                   max_rows=self.micro_batch_size, max_tokens=self.max_tokens)
+        num = max(self._gather(len(parts))) if self.sharded else len(parts)
         weight = float(self.world) if self.sharded else 1.0
-        out = []
-        for i in range(num):
-            part = rows[i * mb : (i + 1) * mb]
-            out.append((part, weight) if len(part) else (torch.zeros(1, dtype=torch.long), 0.0))
-        return out
+        idle = (torch.zeros(1, dtype=torch.long), 0.0)
+        return [(part, weight) for part in parts] + [idle] * (num - len(parts))
 
     def any_rank(self, flag: bool) -> bool:
         """True when ``flag`` is set on some rank (a non-finite loss drops the update everywhere)."""

@@ -19,6 +19,7 @@ import torch
 from medsrl.algo import token_entropy
 from medsrl.algo.logprobs import TokenReducer, head_logprobs
 from medsrl.rollout.base import PackedRollouts
+from medsrl.step.micro_batches import padding_fraction, plan_micro_batches
 
 BUILTIN_REDUCERS: dict[str, TokenReducer] = {
     "entropy": lambda logits, labels: token_entropy(logits),
@@ -95,11 +96,15 @@ def response_logits(
     * full: one forward over prompt and response, when no row shares a prompt, under FSDP's
       wrapper (one forward per unit and backward) or with gradient checkpointing (no cache).
 
-    Either way the rows run without the left-padding columns they all share: a batch is padded
-    to its longest prompt, and one long prompt (an R3 reflection prompt quotes a whole response)
-    would otherwise widen every micro-batch. Exact: those columns are masked out, and the
-    position ids are explicit. (MEDS's capture hooks shift their positions by the columns
-    dropped; in the shared way their forward holds the response columns only.)
+    Either way the rows run without the padding columns they all share: on the left, a batch is
+    padded to its longest prompt, and one long prompt (an R3 reflection prompt quotes a whole
+    response) would otherwise widen every micro-batch; on the right, to its longest response,
+    and the rows here run only to their own longest (``PackedRollouts.columns_end``); the
+    columns past it come back as zeros. Exact: the left columns are masked out and the position
+    ids explicit; the right ones come after every real token, which causal attention never lets
+    an earlier column see. (MEDS's capture hooks shift their positions by the columns dropped
+    on the left, given ``columns_end``; in the shared way their forward holds the response
+    columns only.)
     """
     head = output_head(model)
     plain = head.forward
@@ -118,8 +123,9 @@ def _response_forward(
     are sliced by ``logits_to_keep`` (positions, never the logits) before the LM head, whose
     forward is ``head_output`` during each model call."""
     P = packed.prompt_length
-    resp_len = packed.response_mask.shape[1]
-    ids, mask, pos = packed.input_ids[rows], packed.attention_mask[rows], packed.position_ids[rows]
+    end = packed.columns_end(rows)  # the right padding all these rows share is not run
+    resp_len, dropped = end - P, packed.response_length - (end - P)
+    ids, mask, pos = packed.input_ids[rows, :end], packed.attention_mask[rows, :end], packed.position_ids[rows, :end]
     labels = ids[:, P:]
     lead = int((mask.cumsum(dim=1) == 0).sum(dim=1).min()) if mask.numel() else 0
     first, group = _prompt_groups(ids[:, :P], mask[:, :P])
@@ -132,7 +138,7 @@ def _response_forward(
                 input_ids=ids[:, lead:], attention_mask=mask[:, lead:], position_ids=pos[:, lead:],
                 use_cache=False, logits_to_keep=keep,
             )
-        return out.logits
+        return _pad_columns(out.logits, dropped)
     # the prompt's last column predicts every row's first response token: its state, per row
     with _head_forward_as(head, lambda h: head_output(h[group], labels[:, :1])):
         prompt = model(
@@ -147,7 +153,14 @@ def _response_forward(
             input_ids=ids[:, P:], attention_mask=mask[:, lead:], position_ids=pos[:, P:],
             past_key_values=cache, use_cache=True, logits_to_keep=keep,
         )
-    return torch.cat([prompt.logits, out.logits], dim=1)
+    return _pad_columns(torch.cat([prompt.logits, out.logits], dim=1), dropped)
+
+
+def _pad_columns(out: torch.Tensor, count: int) -> torch.Tensor:
+    """``out`` ``[b, r, ...]`` with ``count`` zero columns appended (the trimmed right padding)."""
+    if count == 0:
+        return out
+    return torch.nn.functional.pad(out, (0, 0) * (out.dim() - 2) + (0, count))
 
 
 def output_head(model) -> torch.nn.Module:
@@ -193,14 +206,15 @@ def _prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple
 
 
 def _can_share_prompts(model) -> bool:
-    """Not under FSDP's wrapper (one forward per unit before backward) nor with gradient
-    checkpointing (HF drops the cache then)."""
+    """Not under FSDP's wrapper (one forward per unit before backward) nor in a training-mode
+    forward with activation checkpointing (HF drops the cache then). The no-grad scoring pass
+    runs in eval mode, so it shares prompts whatever the update does."""
     from medsrl.utils.sharding import is_sharded
 
     checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.2x
     if checkpointing is None:
         checkpointing = getattr(model, "is_gradient_checkpointing", False)
-    return not is_sharded(model) and not checkpointing
+    return not is_sharded(model) and not (checkpointing and model.training)
 
 
 def scoring_pass(
@@ -208,32 +222,63 @@ def scoring_pass(
     packed: PackedRollouts,
     micro_batch_size: int,
     *,
+    max_tokens: int | None = None,
     reducers: dict[str, TokenReducer] | None = None,
-    microbatch_context: Callable[[int, int], AbstractContextManager] | None = None,
+    microbatch_context: Callable[[torch.Tensor], AbstractContextManager] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """No-grad log-probs ``[B, R]`` of the response tokens, plus each reducer's ``[B, R]``.
 
-    ``microbatch_context(start, stop)`` wraps the forward of rows ``start:stop``. Values at
-    padding positions are whatever the reducer gives there: mask them with the response mask.
+    Micro-batches of at most ``micro_batch_size`` rows, and with ``max_tokens`` at most that
+    many padded tokens, cut after sorting by length (``step.micro_batches``).
+    ``microbatch_context(rows)`` wraps the forward of the packed ``rows`` (ascending).
+    Values at padding positions are zero or whatever the reducer gives there: mask them with
+    the response mask.
     """
     reducers = reducers or {}
     B = packed.input_ids.shape[0]
-    logps: list[torch.Tensor] = []
-    stats: dict[str, list[torch.Tensor]] = {name: [] for name in reducers}
+    batches = scoring_micro_batches(packed, micro_batch_size, max_tokens)
+    logp: torch.Tensor | None = None
+    stats: dict[str, torch.Tensor] = {}
+    covered = torch.zeros(B, dtype=torch.long, device=packed.input_ids.device)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            for start in range(0, B, micro_batch_size):
-                stop = min(start + micro_batch_size, B)
-                ctx = microbatch_context(start, stop) if microbatch_context else None
-                out = response_logprobs(model, packed, slice(start, stop), ctx, reducers=reducers)
-                logps.append(out.logp)
+            for rows in batches:
+                ctx = microbatch_context(rows) if microbatch_context else None
+                out = response_logprobs(model, packed, rows, ctx, reducers=reducers)
+                if logp is None:
+                    logp = out.logp.new_zeros((B, out.logp.shape[1]))
+                    stats = {name: v.new_zeros((B, v.shape[1])) for name, v in out.stats.items()}
+                logp[rows] = out.logp
                 for name in reducers:
-                    stats[name].append(out.stats[name])
+                    stats[name][rows] = out.stats[name]
+                covered[rows] += 1
     finally:
         model.train(was_training)
-    return torch.cat(logps), {name: torch.cat(parts) for name, parts in stats.items()}
+    if logp is None or not bool((covered == 1).all()):
+        raise RuntimeError(f"scoring_pass: micro-batches cover rows {covered.tolist()} times, not once each")
+    return logp, stats
+
+
+def scoring_micro_batches(packed: PackedRollouts, micro_batch_size: int, max_tokens: int | None) -> list[torch.Tensor]:
+    """The rows of each forward of :func:`scoring_pass` over ``packed``."""
+    rows = torch.arange(packed.input_ids.shape[0], device=packed.input_ids.device)
+    return plan_micro_batches(rows, packed.prompt_lengths, packed.response_lengths,
+                              max_rows=micro_batch_size, max_tokens=max_tokens)
+
+
+def padding_metrics(packed: PackedRollouts, micro_batch_size: int, max_tokens: int | None) -> dict[str, float]:
+    """The share of padding in the step's packed batch (every row as wide as the longest prompt
+    plus the longest response) and in the scoring forward's micro-batches."""
+    rows = torch.arange(packed.input_ids.shape[0], device=packed.input_ids.device)
+    lengths = packed.prompt_lengths, packed.response_lengths
+    planned = scoring_micro_batches(packed, micro_batch_size, max_tokens)
+    packed_slots = rows.numel() * (packed.prompt_length + packed.response_length)
+    return {
+        "padding/packed_frac": 1.0 - float(sum(t.sum() for t in lengths)) / packed_slots if packed_slots else 0.0,
+        "padding/scoring_frac": padding_fraction(planned, *lengths),
+    }
 
 
 def scoring_forward_needed(algo, plugins, reducers: dict, engine_logprobs: bool) -> bool:

@@ -17,9 +17,11 @@ import math
 import torch
 
 from medsrl.algo import aggregate_loss, compute_policy_loss, kl_estimate, masked_mean
+from medsrl.algo.engine_correction import truncated_is_stats, truncated_is_weights
 from medsrl.algo.guard import param_norm_sq, runaway_reason
 from medsrl.algo.policy_loss import POLICY_LOSS_STATS
-from medsrl.step.rollouts import StepRollouts
+from medsrl.step.micro_batches import padding_fraction
+from medsrl.step.rollouts import SAMPLED, StepRollouts
 from medsrl.step.schedule import UpdateSchedule
 from medsrl.step.scoring import response_logprobs
 from medsrl.utils.distributed import all_reduce_sum
@@ -45,6 +47,11 @@ def micro_loss(module, rollouts: StepRollouts, advantages, rows, num_tokens: flo
         **algo.policy_loss_options, **stats,
     )
     loss_mat = pl.loss_mat if rollouts.loss_weights is None else pl.loss_mat * rollouts.loss_weights[rows]
+    is_stats = {}
+    if algo.engine_is_cap is not None:  # the engine sampled from a slightly different policy
+        weights = engine_is_weights(rollouts, rows, old_logp, algo.engine_is_cap)
+        loss_mat = loss_mat * weights
+        is_stats = truncated_is_stats(weights, mask, algo.engine_is_cap)
     agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm_length=module.rollout_cfg.max_new_tokens)
     loss = aggregate_loss(loss_mat, mask, algo.loss_agg_mode, **agg)
     metrics = {
@@ -55,6 +62,7 @@ def micro_loss(module, rollouts: StepRollouts, advantages, rows, num_tokens: flo
         "dual_clipfrac": float(pl.dual_clipfrac),
         "ppo_kl": float(pl.approx_kl),
         **{f"{algo.policy_loss}/{k}": float(v) for k, v in pl.extra.items()},
+        **{f"engine_is/{k}": v for k, v in is_stats.items()},
     }
     metrics["entropy"] = float(masked_mean(entropy.detach(), mask))
     if algo.entropy_coef > 0:
@@ -64,6 +72,22 @@ def micro_loss(module, rollouts: StepRollouts, advantages, rows, num_tokens: flo
         metrics["kl"] = float(masked_mean(kl.detach(), mask))
         loss = loss + algo.kl_coef * aggregate_loss(kl, mask, algo.loss_agg_mode, **agg)
     return loss, metrics
+
+
+def engine_is_weights(rollouts: StepRollouts, rows: torch.Tensor, old_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated IS weights ``[b, R]`` of the sampled rows against the engine's log-probs; 1 on
+    rows a plug-in added (R3's replayed rows carry their own importance weights)."""
+    if rollouts.engine_logp is None:
+        raise ValueError("algorithm.engine_is_cap needs the engine's log-probs: set rollout.logprobs=true")
+    weights = truncated_is_weights(old_logp, rollouts.engine_logp[rows], cap)
+    sampled = torch.tensor([rollouts.source[i] == SAMPLED for i in rows.tolist()], device=weights.device)
+    return torch.where(sampled[:, None], weights, torch.ones_like(weights))
+
+
+# metrics that are a micro-batch's share of its update's loss: summed over the micro-batches of
+# an update; every other metric is a token mean, weighted by the micro-batch's response tokens.
+# Either way the logged value does not depend on how an update is cut into micro-batches.
+SUMMED_METRICS = ("pg_loss",)
 
 
 def policy_update(module, rollouts: StepRollouts, advantages: torch.Tensor, step: int) -> dict[str, float]:
@@ -81,8 +105,10 @@ def policy_update(module, rollouts: StepRollouts, advantages: torch.Tensor, step
     sharded = is_sharded(module.policy)
     plan = UpdateSchedule.for_this_rank(
         len(rollouts.prompts), per_update=algo.mini_batch_prompts,
-        micro_batch_size=algo.micro_batch_size, sharded=sharded,
+        micro_batch_size=algo.micro_batch_size, max_tokens=algo.max_tokens_per_microbatch, sharded=sharded,
     )
+    prompt_lengths, response_lengths = packed.prompt_lengths, packed.response_lengths
+    passes: list[torch.Tensor] = []  # the rows of every real forward/backward, for the padding share
     total_updates = algo.ppo_epochs * len(plan.mini_batches)
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
@@ -97,7 +123,8 @@ def policy_update(module, rollouts: StepRollouts, advantages: torch.Tensor, step
             num_tokens, num_seqs = plan.totals(packed.response_mask[rows])
             opt.zero_grad(set_to_none=True)
             bad = False
-            for mrows, weight in plan.micro_batches(rows):
+            shares: dict[str, float] = {}
+            for mrows, weight in plan.micro_batches(rows, prompt_lengths, response_lengths):
                 mrows = mrows.to(module.device)
                 loss, m = micro_loss(module, rollouts, advantages, mrows, num_tokens, num_seqs)
                 if weight and not torch.isfinite(loss):
@@ -106,9 +133,17 @@ def policy_update(module, rollouts: StepRollouts, advantages: torch.Tensor, step
                         break
                 module.manual_backward(loss * weight)
                 if weight:
+                    tokens = float(response_lengths[mrows].sum())
+                    passes.append(mrows)
                     for k, v in m.items():
-                        sums[k] = sums.get(k, 0.0) + v * len(mrows)
-                        counts[k] = counts.get(k, 0) + len(mrows)
+                        if k in SUMMED_METRICS:
+                            shares[k] = shares.get(k, 0.0) + v
+                        else:
+                            sums[k] = sums.get(k, 0.0) + v * tokens
+                            counts[k] = counts.get(k, 0) + tokens
+            for k, v in shares.items():  # an update's loss, weighted by its rows
+                sums[k] = sums.get(k, 0.0) + v * len(rows)
+                counts[k] = counts.get(k, 0) + len(rows)
             bad = plan.any_rank(bad)
             if not bad:
                 plan.sum_grads(params)
@@ -134,7 +169,8 @@ def policy_update(module, rollouts: StepRollouts, advantages: torch.Tensor, step
             opt.zero_grad(set_to_none=True)
             stop_if_runaway(module, params, sharded, step, f"update {updates_done}/{total_updates}")
     sched.step()
-    out = {k: sums[k] / counts[k] for k in sums}
+    out = {k: sums[k] / counts[k] for k in sums if counts[k]}
+    out["padding/update_frac"] = padding_fraction(passes, prompt_lengths, response_lengths)
     out["nonfinite_updates"] = float(nonfinite)
     out["lr"] = float(sched.get_last_lr()[0])
     return out
