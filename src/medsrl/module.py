@@ -15,6 +15,7 @@ the updates in step, and plug-in state is replicated through one all-gather per 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -22,7 +23,12 @@ from typing import Any
 import lightning as L
 import torch
 
-from medsrl.algo import AdvantageInputs, compute_advantages, sampling_mismatch
+from medsrl.algo import (
+    AdvantageInputs,
+    advantage_change_fraction,
+    compute_advantages,
+    sampling_mismatch,
+)
 from medsrl.algo.guard import (
     NONFINITE_SAMPLING,
     RunawayError,
@@ -223,6 +229,11 @@ class RLModule(L.LightningModule):
             )
             advantages = compute_advantages(self.algo.advantage, inputs, **self.algo.advantage_options)
             advantages = self.host.shape_advantages(rollouts, advantages, ctx)
+            # the share of the gradient signal that shaping rewrote (reward and advantage shaping)
+            base = compute_advantages(self.algo.advantage, dataclasses.replace(
+                inputs, scores=rollouts.reward, terms=rollouts.unshaped_terms()), **self.algo.advantage_options)
+            ctx.metrics["shaping/adv_change_frac"] = advantage_change_fraction(
+                advantages, base, rollouts.packed.response_mask)
         with timer("update"):
             ctx.metrics.update(policy_update(self, rollouts, advantages, step))
         if not self.engine.uses_policy_weights:  # HF generates with the policy: nothing to copy

@@ -285,3 +285,28 @@ def test_register_and_duplicate(restore_estimators):
     with pytest.raises(ValueError, match="grpo"):
         register_advantage("grpo")(twice)
     assert ADVANTAGE_ESTIMATORS["grpo"] is original
+
+
+def test_advantage_change_fraction_by_hand():
+    """One group of 4 (rewards 1, 0, 0, 0), GRPO: base advantages (x - 0.25) / std, std of
+    (1, 0, 0, 0) with ddof 1 = 0.5: 1.5, -0.5, -0.5, -0.5. A MEDS-like penalty of 0.5 on the last
+    wrong response (scores 1, 0, 0, -0.5): mean 0.125, std 0.6292 (ddof 1): 1.3908, -0.1987,
+    -0.1987, -0.9934. Responses of 2, 1, 1 and 2 tokens: the mean |change| per token is
+    (2 x 0.1092 + 0.3013 + 0.3013 + 2 x 0.4934) / 6 = 0.3013, the mean |base| (2 x 1.5 + 0.5 +
+    0.5 + 2 x 0.5) / 6 = 0.8333: 0.3616."""
+    from medsrl.algo import advantage_change_fraction
+
+    groups = torch.zeros(4, dtype=torch.long)
+    base = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), groups)
+    shaped = group_advantages(torch.tensor([1.0, 0.0, 0.0, -0.5]), groups)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 0.0], [1.0, 1.0]])
+    assert base.tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)
+    assert shaped.tolist() == pytest.approx([1.3908, -0.1987, -0.1987, -0.9934], abs=1e-4)
+    assert advantage_change_fraction(shaped, base, mask) == pytest.approx(0.3616, abs=1e-3)
+    assert advantage_change_fraction(base, base, mask) == 0.0
+    # token-level shaped advantages (an entropy bonus) against sequence-level base ones
+    bonus = shaped[:, None] + torch.tensor([[0.1, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    assert advantage_change_fraction(bonus, base, mask) == pytest.approx((0.3013 * 6 - 0.1) / 6 / 0.8333, abs=1e-3)
+    zero = torch.zeros(4)
+    assert advantage_change_fraction(zero, zero, mask) == 0.0
+    assert math.isnan(advantage_change_fraction(shaped, zero, mask))

@@ -24,10 +24,11 @@ MICRO = [  # a micro model with a few warm-start steps, tiny batches: the plumbi
 
 
 def _argv(tmp_path, name="mini"):
+    # the Hydra overrides right after --seeds: they must not be read as seeds
     return [
         "--name", name, "--root", str(tmp_path / "study"), "--methods", "grpo", "meds", "--seeds", "0",
-        "--steps-a", "1", "--steps-b", "1", "--eval-n", "2", "--eval-problems", "2",
         *MICRO, f"paths.cache_dir={tmp_path / 'cache'}",
+        "--steps-a", "1", "--steps-b", "1", "--eval-n", "2", "--eval-problems", "2",
     ]
 
 
@@ -78,3 +79,28 @@ def test_train_commands_are_hydra_multiruns(tmp_path):
     (b,) = runner.train_command(tmp_path, s, "B", [("meds", 1)])
     assert "trainer.max_steps=40" in b and "resume_mode=full" in b
     assert f"ckpt_path={tmp_path}/train/meds/seed${{seed}}/A/checkpoints/last.ckpt" in b
+
+
+def test_overrides_are_not_swallowed_by_a_list_option():
+    options, overrides = runner.split_overrides(
+        ["--seeds", "3", "4", "5", "study.pool_l1=32", "--methods", "dapo", "meds@alpha=1.0,beta=2.0", "--name=v2"])
+    assert overrides == ["study.pool_l1=32"]
+    assert options == ["--seeds", "3", "4", "5", "--methods", "dapo", "meds@alpha=1.0,beta=2.0", "--name=v2"]
+
+
+def test_a_method_variant_is_its_experiment_with_overrides_in_a_directory_of_its_own(tmp_path):
+    spec = "meds@alpha=1.0,beta=2.0"
+    assert runner.method_overrides(spec) == ["algorithm.plugins.meds.alpha=1.0", "algorithm.plugins.meds.beta=2.0"]
+    assert runner.method_overrides("meds@optim.lr=1e-4") == ["optim.lr=1e-4"]
+    assert runner.method_dir(spec) == "meds_alpha1.0_beta2.0" and runner.method_label(spec) == "MEDS (alpha 1.0, cap 2.0)"
+    s = StudySettings(methods=["dapo", spec], seeds=[0])
+    s.check()
+    (a,) = runner.train_command(tmp_path, s, "A", [(spec, 0)])
+    assert "experiment=study_meds" in a and "algorithm.plugins.meds.alpha=1.0" in a
+    assert f"hydra.sweep.dir={tmp_path}/train/meds_alpha1.0_beta2.0" in a
+    assert run_dir(tmp_path, spec, 0, "A") == tmp_path / "train" / "meds_alpha1.0_beta2.0" / "seed0" / "A"
+    ev = runner.eval_command(tmp_path, s, [(spec, 0)])
+    assert "+study_run=meds_alpha1.0_beta2.0/seed0" in ev
+    for bad in (["nope@alpha=1"], ["meds@alpha"], ["meds@alpha=1", "meds@alpha=1"]):
+        with pytest.raises(ValueError):
+            StudySettings(methods=bad).check()

@@ -7,6 +7,7 @@ estimators and policy losses are also reachable by name through their registries
 from medsrl.algo.advantages import (
     ADVANTAGE_ESTIMATORS,
     AdvantageInputs,
+    advantage_change_fraction,
     compute_advantages,
     entropy_bonus_advantage,
     gdpo_advantages,
@@ -43,6 +44,7 @@ __all__ = [
     "PolicyLossOutput",
     "aggregate_loss",
     "clipped_surrogate",
+    "advantage_change_fraction",
     "compute_advantages",
     "compute_policy_loss",
     "entropy_bonus_advantage",

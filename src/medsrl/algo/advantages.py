@@ -213,3 +213,23 @@ def entropy_bonus_advantage(
     adv = per_token(advantages, entropy)
     bonus = torch.minimum(coef * entropy.detach(), adv.abs() * cap_ratio)
     return adv + bonus
+
+
+def advantage_change_fraction(shaped: Tensor, base: Tensor, response_mask: Tensor) -> float:
+    """How much of the policy-gradient signal shaping rewrote: mean |shaped - base| over mean
+    |base|, per response token (``[B]`` advantages count once per token of their response).
+
+    ``base``: the advantages of the unshaped reward, no advantage shaping; ``shaped``: the ones
+    the update uses. 0 when shaping changed nothing; 1 when the change is as large as the signal
+    itself. NaN when there was no signal to change and shaping made some.
+    """
+    mask = response_mask.to(torch.float64)
+    shaped, base = per_token(shaped, response_mask).double(), per_token(base, response_mask).double()
+    tokens = mask.sum()
+    if tokens == 0:
+        return 0.0
+    change = float(((shaped - base).abs() * mask).sum() / tokens)
+    signal = float((base.abs() * mask).sum() / tokens)
+    if signal == 0.0:
+        return 0.0 if change == 0.0 else float("nan")
+    return change / signal

@@ -21,6 +21,7 @@ import torch
 from medsrl.algo import keep_mask_by_group_spread
 from medsrl.meds.clustered_memory import ClusteredMemory
 from medsrl.meds.clustering import cluster_sizes, predict_labels, single_cluster_sizes
+from medsrl.meds.diagnostics import cluster_answer_purity, penalty_on_top_answer
 from medsrl.meds.features import AnswerFeatureReader, FeatureSpec
 from medsrl.meds.penalty import TARGETS, advantage_order_changed, apply_penalty, meds_penalty
 from medsrl.plugins.base import Plugin, StepContext
@@ -87,6 +88,7 @@ class Meds(Plugin):
         self._feats = torch.zeros(0, 0)
         self._rows = torch.zeros(0, dtype=torch.long)
         self._dropped: tuple[list[tuple[str, bool]], np.ndarray] = ([], np.zeros((0, 0), np.float32))
+        self._read_sizes: list[int] = []  # sizes of the stores read this step (mechanism figures)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -184,10 +186,28 @@ class Meds(Plugin):
             "penalised_frac": float((pen > 0).float().mean()),
             "order_changed_group_frac": advantage_order_changed(raw, rollouts.scores, rollouts.group_ids),
             "cluster_size_mean": float(sizes.mean()) if len(sizes) else 0.0,
+            **self._mechanism(rollouts, labels, pen),
         })
         every = self.panels_every_n_steps
         if every and rollouts.step % every == 0:
             self._panels(rollouts, sizes, labels, ctx)
+
+    def _mechanism(self, rollouts: StepRollouts, labels: np.ndarray, pen: torch.Tensor) -> dict[str, float]:
+        """Where the penalty landed (meds/diagnostics.py) and how full the memory was when read:
+        ``entries_per_read`` is the mean size of the stores read this step, an empty one (a
+        prompt's first visit) counting 0."""
+        groups = rollouts.group_ids.tolist()
+        answers = [g.extracted for g in rollouts.grades]
+        wrong = (rollouts.acc <= 0.5).tolist()
+        rows = self._rows.tolist()
+        out = {"entries_per_read": float(np.mean(self._read_sizes)) if self._read_sizes else 0.0}
+        purity = cluster_answer_purity([groups[i] for i in rows], labels.tolist(), [answers[i] for i in rows])
+        on_top, top_share = penalty_on_top_answer(groups, wrong, answers, pen.tolist())
+        for name, value in (("cluster_answer_purity", purity), ("penalty_on_top_answer", on_top),
+                            ("top_answer_wrong_share", top_share)):
+            if value is not None:
+                out[name] = float(value)
+        return out
 
     def cluster_sizes_for(self, rollouts: StepRollouts) -> tuple[np.ndarray, np.ndarray]:
         """Predicted cluster size and label per featured response, from the memory so far."""
@@ -200,10 +220,12 @@ class Meds(Plugin):
         by_store: dict[tuple[str, bool], list[int]] = {}
         for j, i in enumerate(rows):
             by_store.setdefault((keys[i], bool(correct[i])), []).append(j)
+        self._read_sizes = []
         for (key, ok), js in by_store.items():
             if not _targeted(self.target, ok):
                 continue
             entry = self.store.labels_for(key, ok)
+            self._read_sizes.append(0 if entry is None else len(entry))
             if entry is None:
                 continue  # first visit: size 0, the step only fills memory
             if self.mode == "single":

@@ -109,6 +109,7 @@ class StepRollouts:
     token_stats: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [B, R], old policy
     loss_weights: torch.Tensor | None = None  # [B, R] per-token loss weights (None: all 1)
     features: dict[str, Any] = field(default_factory=dict)  # plug-ins' per-row data
+    shaping: list[str] = field(default_factory=list)  # the terms shape_scores added (not rewards)
 
     @classmethod
     def from_groups(cls, groups: list[Group], step: int, stage: str | None, pad_token_id: int, device) -> StepRollouts:
@@ -155,6 +156,12 @@ class StepRollouts:
         delta = shaped - self.scores
         self.scores = shaped
         self.terms[name] = self.terms[name] + delta if name in self.terms else delta
+        if name not in self.shaping:
+            self.shaping.append(name)
+
+    def unshaped_terms(self) -> dict[str, torch.Tensor]:
+        """The reward terms without the shaping ones: they sum to ``reward``."""
+        return {k: v for k, v in self.terms.items() if k not in self.shaping}
 
 
 def _padded(rows: list[list[float]] | None, width: int, device) -> torch.Tensor | None:

@@ -46,6 +46,56 @@ METHODS: dict[str, str] = {  # experiment=study_<name> -> label in the tables
     "novelty": "Novelty (MEDS features)",
 }
 WARM_START = "warm_start"
+_SHORT_NAMES = {"beta": "cap"}  # how a variant's keys read in labels (MEDS's beta is its cap)
+
+
+# ----------------------------------------------------------------------------- methods and variants
+# A method is ``<name>`` (experiment=study_<name>) or a variant ``<name>@key=value,key=value``: the
+# same experiment with overrides, a key without a dot meaning ``algorithm.plugins.<name>.<key>``
+# (``meds@alpha=1.0,beta=2.0``). A variant gets a directory and a label of its own.
+
+
+def method_base(spec: str) -> str:
+    return spec.split("@", 1)[0]
+
+
+def method_overrides(spec: str) -> list[str]:
+    """The Hydra overrides a method spec adds to its experiment."""
+    if "@" not in spec:
+        return []
+    base, rest = spec.split("@", 1)
+    out = []
+    for part in rest.split(","):
+        key, sep, value = part.partition("=")
+        if not sep or not key or not value:
+            raise ValueError(f"study method {spec!r}: expected <method>@key=value[,key=value], got {part!r}")
+        out.append(f"{key if '.' in key else f'algorithm.plugins.{base}.{key}'}={value}")
+    return out
+
+
+def method_dir(spec: str) -> str:
+    """A file-system and Hydra-safe name: ``meds@alpha=1.0,beta=2.0`` -> ``meds_alpha1.0_beta2.0``."""
+    if "@" not in spec:
+        return spec
+    base, rest = spec.split("@", 1)
+    parts = []
+    for part in rest.split(","):
+        key, _, value = part.partition("=")
+        parts.append(key.rsplit(".", 1)[-1] + value)
+    return "_".join([base, *parts])
+
+
+def method_label(spec: str) -> str:
+    """``MEDS`` or ``MEDS (alpha 1.0, cap 2.0)``."""
+    base = METHODS[method_base(spec)]
+    if "@" not in spec:
+        return base
+    pairs = []
+    for part in spec.split("@", 1)[1].split(","):
+        key, _, value = part.partition("=")
+        key = key.rsplit(".", 1)[-1]
+        pairs.append(f"{_SHORT_NAMES.get(key, key)} {value}")
+    return f"{base} ({', '.join(pairs)})"
 
 
 @dataclass
@@ -62,9 +112,14 @@ class StudySettings:
     overrides: list[str] = field(default_factory=list)  # extra Hydra overrides for every run
 
     def check(self) -> None:
-        unknown = [m for m in self.methods if m not in METHODS]
+        unknown = [m for m in self.methods if method_base(m) not in METHODS]
         if unknown:
-            raise ValueError(f"unknown study method(s) {unknown}; known: {list(METHODS)}")
+            raise ValueError(f"unknown study method(s) {unknown}; known: {list(METHODS)} (a variant: meds@alpha=1.0)")
+        for m in self.methods:
+            method_overrides(m)  # a malformed variant fails here, before any run
+        dirs = [method_dir(m) for m in self.methods]
+        if len(set(dirs)) != len(dirs):
+            raise ValueError(f"study methods {self.methods} name the same run twice")
         if not self.seeds:
             raise ValueError("a study needs at least one seed")
         if min(self.steps_a, self.steps_b) < 1:
@@ -83,11 +138,11 @@ def _write_json(path: Path, obj) -> None:
 
 
 def run_dir(root: Path, method: str, seed: int, stage: str) -> Path:
-    return root / "train" / method / f"seed{seed}" / stage
+    return root / "train" / method_dir(method) / f"seed{seed}" / stage
 
 
 def eval_dir(root: Path, method: str, seed: int) -> Path:
-    return root / "eval" / method / f"seed{seed}"
+    return root / "eval" / method_dir(method) / f"seed{seed}"
 
 
 def is_finished_run(path: Path) -> bool:
@@ -124,20 +179,22 @@ def train_command(root: Path, s: StudySettings, stage: str, jobs: list[tuple[str
     commands = []
     for method in dict.fromkeys(m for m, _ in jobs):
         seeds = ",".join(str(k) for m, k in jobs if m == method)
+        where = root / "train" / method_dir(method)
         cmd = [
             *_python(), "medsrl.train", "-m",
-            f"experiment=study_{method}",
+            f"experiment=study_{method_base(method)}",
             f"seed={seeds}",
             *_study_overrides(s),
+            *method_overrides(method),
             "skip_if_done=true",
             "logger=tensorboard",
-            f"hydra.sweep.dir={root / 'train' / method}",
+            f"hydra.sweep.dir={where}",
             f"hydra.sweep.subdir=seed${{seed}}/{stage}",
         ]
         if stage == "B":
             cmd += [
                 f"trainer.max_steps={s.steps_a + s.steps_b}",
-                f"ckpt_path={root / 'train' / method}/seed${{seed}}/A/checkpoints/last.ckpt",
+                f"ckpt_path={where}/seed${{seed}}/A/checkpoints/last.ckpt",
                 "resume_mode=full",
             ]
         commands.append(cmd)
@@ -149,7 +206,7 @@ def eval_command(root: Path, s: StudySettings, jobs: list[tuple[str, int]]) -> l
     (``study_run=<method>/seed<k>``, each writing to ``eval/<method>/seed<k>``)."""
     return [
         *_python(), "medsrl.eval", "-m",
-        "+study_run=" + ",".join(f"{m}/seed{k}" for m, k in jobs),
+        "+study_run=" + ",".join(f"{method_dir(m)}/seed{k}" for m, k in jobs),
         f"model_path={root / 'train'}/${{study_run}}/B/policy",
         *eval_overrides(s, split="test"),
         f"hydra.sweep.dir={root / 'eval'}",
@@ -202,7 +259,7 @@ def warm_start_dir(s: StudySettings) -> Path:
 
     os.environ.setdefault("MEDSRL_ROOT", str(ROOT))
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=[f"experiment=study_{s.methods[0]}", *_study_overrides(s)])
+        cfg = compose("train", overrides=[f"experiment=study_{method_base(s.methods[0])}", *_study_overrides(s)])
     model = OmegaConf.to_container(cfg.model, resolve=True)
     ws = WarmStartConfig(**model["warm_start"])
     return ensure_warm_start(cfg.paths.cache_dir, dict(model.get("tiny") or {}), ws)
@@ -265,7 +322,7 @@ def open_study(root: Path, s: StudySettings) -> dict:
         }
     meta.update(
         name=s.name,
-        methods=[{"name": m, "label": METHODS[m]} for m in s.methods],
+        methods=[{"name": method_dir(m), "label": method_label(m)} for m in s.methods],
         seeds=s.seeds,
         steps_a=s.steps_a,
         steps_b=s.steps_b,
@@ -328,12 +385,27 @@ def run_study(root: Path, s: StudySettings, *, doc: Path | None, img_dir: Path |
         print(f"[medsrl-study] report: {doc}", flush=True)
 
 
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(the options, the Hydra overrides)``: a ``key=value`` word anywhere (not an option's
+    ``--x=y``, not a method variant ``name@k=v``) is an override, so ``--seeds 3 4 5 key=value``
+    does not hand ``key=value`` to ``--seeds``."""
+    options, overrides = [], []
+    for word in argv:
+        head = word.split("=", 1)[0]
+        if "=" in word and not word.startswith("-") and "@" not in head:
+            overrides.append(word)
+        else:
+            options.append(word)
+    return options, overrides
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="medsrl-study", description=__doc__.split("\n\n")[0])
     d = StudySettings()
     p.add_argument("--name", default=d.name, help="the study root is <root>/<name>")
     p.add_argument("--root", type=Path, default=ROOT / "logs" / "study")
-    p.add_argument("--methods", nargs="+", default=d.methods, choices=list(METHODS))
+    p.add_argument("--methods", nargs="+", default=d.methods,
+                   help=f"of {', '.join(METHODS)}; a variant: meds@alpha=1.0,beta=2.0")
     p.add_argument("--seeds", nargs="+", type=int, default=d.seeds)
     p.add_argument("--steps-a", type=int, default=d.steps_a)
     p.add_argument("--steps-b", type=int, default=d.steps_b)
@@ -341,9 +413,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-problems", type=int, default=d.eval_problems, help="test problems per level")
     p.add_argument("--doc", type=Path, default=None, help="the Markdown to update (default <study root>/STUDY.md)")
     p.add_argument("--img-dir", type=Path, default=None)
-    p.add_argument("overrides", nargs="*", help="Hydra overrides for every training run")
-    a = p.parse_args(argv)
-    s = StudySettings(a.name, a.methods, a.seeds, a.steps_a, a.steps_b, a.eval_n, a.eval_problems, a.overrides)
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for every training run (key=value)")
+    args, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
+    a = p.parse_args(args)
+    s = StudySettings(a.name, a.methods, a.seeds, a.steps_a, a.steps_b, a.eval_n, a.eval_problems,
+                      [*overrides, *a.overrides])
     root = (a.root / a.name).resolve()
     doc = a.doc or root / "STUDY.md"
     if not doc.exists():

@@ -1,0 +1,63 @@
+"""Whether MEDS's penalty lands on the repeated mistake: two figures per step, from the answers.
+
+MEDS clusters the features of wrong responses (the first answer token's logit per layer), not
+their answers. Two different wrong answers that start alike can share a cluster, and one
+repeated answer can be split. These read the step's extracted final answers against what MEDS
+did:
+
+- :func:`cluster_answer_purity`: the step's wrong responses that MEDS assigned to one memory
+  cluster of their prompt, and how many of them give that cluster's most common answer
+  (1: every cluster is one answer);
+- :func:`penalty_on_top_answer`: per group, its most frequent wrong answer (the repeated
+  mistake); the share of the step's penalty that lands on responses giving it, beside their
+  share of the wrong responses. A penalty aimed at the repeated mistake has the first above the
+  second.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+
+
+def cluster_answer_purity(
+    group_ids: Sequence[int], labels: Sequence[int], answers: Sequence[str | None]
+) -> float | None:
+    """Over responses with a cluster label (>= 0; noise and unlabelled are -1), grouped by
+    (group, label): the share of them that give their cluster's most common answer (no answer
+    counts as its own). ``None`` when no response has a label."""
+    clusters: dict[tuple[int, int], list[str | None]] = defaultdict(list)
+    for g, label, answer in zip(group_ids, labels, answers, strict=True):
+        if label >= 0:
+            clusters[(g, label)].append(answer)
+    total = sum(len(a) for a in clusters.values())
+    if not total:
+        return None
+    return sum(Counter(a).most_common(1)[0][1] for a in clusters.values()) / total
+
+
+def penalty_on_top_answer(
+    group_ids: Sequence[int], wrong: Sequence[bool], answers: Sequence[str | None], penalty: Sequence[float]
+) -> tuple[float | None, float | None]:
+    """``(share of the penalty on each group's most frequent wrong answer, share of the wrong
+    responses that give it)``. A group's top answer is its most frequent extracted wrong answer
+    (ties: the first seen); responses with no answer never count as it. ``None`` for the first
+    when no penalty was given, for both when there is no wrong response."""
+    by_group: dict[int, Counter] = defaultdict(Counter)
+    for g, w, a in zip(group_ids, wrong, answers, strict=True):
+        if w and a is not None:
+            by_group[g][a] += 1
+    top = {g: c.most_common(1)[0][0] for g, c in by_group.items()}
+    n_wrong = on_top = 0
+    pen_total = pen_top = 0.0
+    for g, w, a, p in zip(group_ids, wrong, answers, penalty, strict=True):
+        if not w:
+            continue
+        n_wrong += 1
+        hit = a is not None and top.get(g) == a
+        on_top += hit
+        pen_total += float(p)
+        pen_top += float(p) if hit else 0.0
+    if not n_wrong:
+        return None, None
+    return (pen_top / pen_total if pen_total > 0 else None), on_top / n_wrong
