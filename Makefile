@@ -25,7 +25,7 @@ VLLM_ENV ?= VLLM_CPU_OMP_THREADS_BIND=0-$(shell echo $$(( $$(nproc) - 1 ))) VLLM
 TRL_VENV ?= .venv-trl
 TRL_STAMP := $(TRL_VENV)/.installed
 
-.PHONY: help install install-gpu train gpu-smoke plan eval study study-quick test test-vllm bench-trl lint tensorboard clean
+.PHONY: help install install-gpu train gpu-smoke plan eval study study-quick study-v2 test test-vllm bench-trl lint tensorboard clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -63,6 +63,10 @@ study: install ## The study (docs/STUDY.md): 7 methods x 3 seeds, stages A->B, e
 
 study-quick: install ## The study with one seed and fewer steps (~21 min on 2 cores), into logs/study/quick/STUDY.md
 	$(BIN)/medsrl-study --name quick --seeds 0 --steps-a 10 --steps-b 10 --eval-n 8 --eval-problems 32 $(ARGS)
+
+study-v2: install ## Protocol v2 (docs/STUDY.md): prompts revisited, DAPO vs MEDS at 3 strengths, 3 seeds, the mechanism; resumes
+	$(BIN)/medsrl-study --name v2 --methods dapo meds meds@alpha=0.3,beta=0.6 meds@alpha=1.0,beta=2.0 \
+		--pool-l1 32 --pool-l2 24 --eval-train --doc docs/STUDY_V2.md --img-dir docs/img/study_v2 $(ARGS)
 
 test: install ## Run the whole test suite; PYTEST_ARGS="..." passes options to pytest
 	$(BIN)/pytest -q $(PYTEST_ARGS)

@@ -207,3 +207,24 @@ def test_gradients_are_freed_after_the_last_optimiser_step_of_a_step():
     trainer.fit(module, datamodule=_datamodule())
     assert seen == [True, True]
     assert any(not torch.equal(v, before[k]) for k, v in module.policy.state_dict().items())  # it did train
+
+
+def test_prompt_visits_are_counted_logged_and_kept_in_the_checkpoint():
+    from collections import Counter
+
+    from medsrl.module import visits_mean
+
+    assert visits_mean(Counter({"a": 3, "b": 1, "c": 5}), {"a", "b"}) == 2.0
+    assert visits_mean(Counter(), set()) == 0.0
+    tok = build_char_tokenizer()
+    module = RLModule(_tiny_policy(), tok, algorithm={**SMALL_ALGO, "kl_coef": 0.0},
+                      rollout={"n": 2, "max_new_tokens": 4})
+    dm = _datamodule(2)  # 2 prompts a step from a pool of 16
+    metrics = {k: float(v) for k, v in _fit(module, dm, steps=3).callback_metrics.items()}
+    assert sum(module.prompt_visits.values()) == 6 and metrics["train/data/prompts_seen"] == len(module.prompt_visits)
+    assert metrics["train/data/visits_mean"] >= 1.0
+    ckpt: dict = {}
+    module.on_save_checkpoint(ckpt)
+    other = RLModule(_tiny_policy(), tok, algorithm={**SMALL_ALGO, "kl_coef": 0.0})
+    other.on_load_checkpoint(ckpt)
+    assert other.prompt_visits == module.prompt_visits

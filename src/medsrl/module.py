@@ -14,6 +14,7 @@ the updates in step, and plug-in state is replicated through one all-gather per 
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import logging
@@ -97,6 +98,10 @@ class RLModule(L.LightningModule):
         # the runaway guard (algo/guard.py): the weights' norm at this fit's first update, and the
         # growth allowed from it (optim.max_param_norm_growth)
         self.param_norm_at_start: float | None = None
+        # how many times each prompt key was sampled (every rank counts the whole step's prompts):
+        # per-prompt methods (MEDS's memory) act only on prompts that come back
+        self.prompt_visits: collections.Counter[str] = collections.Counter()
+        self._step_keys: set[str] = set()
         self.max_param_norm_growth = float(self.optim_cfg.max_param_norm_growth)
 
     # ------------------------------------------------------------------ setup
@@ -171,6 +176,10 @@ class RLModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.host.upgrade_checkpoint(checkpoint)  # before Lightning restores the plug-ins
+        self.prompt_visits = collections.Counter(checkpoint.get("prompt_visits", {}))
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["prompt_visits"] = dict(self.prompt_visits)
 
     def configure_optimizers(self):
         o = self.optim_cfg
@@ -187,6 +196,7 @@ class RLModule(L.LightningModule):
         if batch.get("step", step) != step:
             log.warning("data step %s != trainer step %s", batch.get("step"), step)
         timer = PhaseTimer()
+        self._step_keys: set[str] = set()
         ctx = StepContext(self.trainer, self, step, batch.get("stage"), timer,
                           sample=lambda prompts, round_: self._sample(prompts, step, round_, timer),
                           num_prompts=len(batch["prompts"]))
@@ -241,6 +251,8 @@ class RLModule(L.LightningModule):
                 self.engine.sync_weights(policy)
         self.last_rollouts = rollouts
         ctx.metrics.update(rollout_metrics(rollouts, self.grader.stats))
+        ctx.metrics["data/visits_mean"] = visits_mean(self.prompt_visits, self._step_keys)
+        ctx.metrics["data/prompts_seen"] = float(len(self.prompt_visits))
         ctx.metrics.update(timer.as_metrics())
         self._log_step(ctx.metrics, ctx.stage)
 
@@ -257,6 +269,8 @@ class RLModule(L.LightningModule):
         an uninterrupted single process would.
         """
         cfg = self.rollout_cfg
+        self.prompt_visits.update(p.key for p in prompts)
+        self._step_keys.update(p.key for p in prompts)
         rank, size = rank_and_size()
         start, stop = shard_bounds(len(prompts), rank, size)
         seed = (self.seed * 1_000_003 + step * 101 + round_) % (2**31) + start
@@ -324,6 +338,11 @@ class RLModule(L.LightningModule):
                 finally:
                     policy.config.dtype = was
             self.tokenizer.save_pretrained(path)
+
+
+def visits_mean(visits: collections.Counter, keys: set[str]) -> float:
+    """The mean number of times the step's prompts were sampled so far, this step included."""
+    return float(sum(visits[k] for k in keys) / len(keys)) if keys else 0.0
 
 
 def _check_engine_correction(algo: AlgorithmConfig, rollout: RolloutConfig) -> None:

@@ -29,6 +29,7 @@ from medsrl.evaluation.diversity import DIVERSITY_KEYS, distinct_wrong_answers
 from medsrl.study import stats
 from medsrl.study.collect import Study, load_study
 from medsrl.study.error_modes import render_error_modes
+from medsrl.study.mechanism import render_dose_response, render_mechanism
 from medsrl.study.plots import SMOOTH, plot_pass_at_k_curves, plot_training_curves
 from medsrl.utils.atomic_file import atomic_write
 
@@ -346,6 +347,8 @@ def render_markdown(study: Study, agg: dict[str, Any], figures: dict[str, str]) 
     out += _main_table(agg, n_seeds)
     out += _benchmark_table(agg)
     out += render_error_modes(study.root, [(m.name, m.label) for m in study.methods], study.seeds)
+    out += render_mechanism(study)
+    out += render_dose_response(study, agg)
     out += _significance(study, agg)
     out += _figures(study, figures)
     return "\n".join(out).rstrip("\n") + "\n"

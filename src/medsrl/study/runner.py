@@ -110,6 +110,9 @@ class StudySettings:
     eval_n: int = 32
     eval_problems: int = 64  # per level, from the test split
     overrides: list[str] = field(default_factory=list)  # extra Hydra overrides for every run
+    pool_l1: int = 256  # training problems of level 1 (stages A and B) and level 2 (stage B)
+    pool_l2: int = 1024
+    eval_train: bool = False  # also evaluate every final policy on its training pools
 
     def check(self) -> None:
         unknown = [m for m in self.methods if method_base(m) not in METHODS]
@@ -141,8 +144,9 @@ def run_dir(root: Path, method: str, seed: int, stage: str) -> Path:
     return root / "train" / method_dir(method) / f"seed{seed}" / stage
 
 
-def eval_dir(root: Path, method: str, seed: int) -> Path:
-    return root / "eval" / method_dir(method) / f"seed{seed}"
+def eval_dir(root: Path, method: str, seed: int, where: str = "eval") -> Path:
+    """``where``: ``eval`` (the held-out test split) or ``eval_train`` (the training pools)."""
+    return root / where / method_dir(method) / f"seed{seed}"
 
 
 def is_finished_run(path: Path) -> bool:
@@ -158,9 +162,9 @@ def pending_runs(root: Path, s: StudySettings, stage: str) -> list[tuple[str, in
     return [(m, k) for m in s.methods for k in s.seeds if not is_finished_run(run_dir(root, m, k, stage))]
 
 
-def pending_evals(root: Path, s: StudySettings) -> list[tuple[str, int]]:
+def pending_evals(root: Path, s: StudySettings, where: str = "eval") -> list[tuple[str, int]]:
     jobs = [(WARM_START, 0)] + [(m, k) for m in s.methods for k in s.seeds]
-    return [(m, k) for m, k in jobs if not is_finished_eval(eval_dir(root, m, k))]
+    return [(m, k) for m, k in jobs if not is_finished_eval(eval_dir(root, m, k, where))]
 
 
 # ----------------------------------------------------------------------------- commands
@@ -171,7 +175,8 @@ def _python() -> list[str]:
 
 
 def _study_overrides(s: StudySettings) -> list[str]:
-    return [f"study.steps_a={s.steps_a}", f"study.steps_b={s.steps_b}", *s.overrides]
+    return [f"study.steps_a={s.steps_a}", f"study.steps_b={s.steps_b}",
+            f"study.pool_l1={s.pool_l1}", f"study.pool_l2={s.pool_l2}", *s.overrides]
 
 
 def train_command(root: Path, s: StudySettings, stage: str, jobs: list[tuple[str, int]]) -> list[list[str]]:
@@ -201,15 +206,16 @@ def train_command(root: Path, s: StudySettings, stage: str, jobs: list[tuple[str
     return commands
 
 
-def eval_command(root: Path, s: StudySettings, jobs: list[tuple[str, int]]) -> list[str]:
+def eval_command(root: Path, s: StudySettings, jobs: list[tuple[str, int]], where: str = "eval") -> list[str]:
     """One ``medsrl-eval -m`` over the pending evaluations of trained policies
-    (``study_run=<method>/seed<k>``, each writing to ``eval/<method>/seed<k>``)."""
+    (``study_run=<method>/seed<k>``, each writing to ``<where>/<method>/seed<k>``): on the test
+    split, or (``where="eval_train"``) on the training pools."""
     return [
         *_python(), "medsrl.eval", "-m",
         "+study_run=" + ",".join(f"{method_dir(m)}/seed{k}" for m, k in jobs),
         f"model_path={root / 'train'}/${{study_run}}/B/policy",
-        *eval_overrides(s, split="test"),
-        f"hydra.sweep.dir={root / 'eval'}",
+        *eval_overrides(s, split="train" if where == "eval_train" else "test"),
+        f"hydra.sweep.dir={root / where}",
         "hydra.sweep.subdir=${study_run}",
     ]
 
@@ -225,14 +231,17 @@ def warm_start_eval_command(out: Path, s: StudySettings, warm_start: Path, split
 
 
 def eval_overrides(s: StudySettings, split: str) -> list[str]:
+    """The study benchmark: ``eval_problems`` per level of ``split``; of ``train``, the whole
+    training pools (the problems the policy, and MEDS's memory, trained on)."""
     out = [
         "benchmark=study",
         f"n={s.eval_n}",
         "max_new_tokens=80",
         "batch_size=128",
     ]
-    for level in (1, 2):
-        out += [f"benchmark.study_l{level}.num={s.eval_problems}", f"benchmark.study_l{level}.split={split}"]
+    for level, pool in ((1, s.pool_l1), (2, s.pool_l2)):
+        num = pool if split == "train" else s.eval_problems
+        out += [f"benchmark.study_l{level}.num={num}", f"benchmark.study_l{level}.split={split}"]
     return out
 
 
@@ -306,7 +315,8 @@ def open_study(root: Path, s: StudySettings) -> dict:
     wanted = asdict(s)
     if path.is_file():
         meta = json.loads(path.read_text())
-        old = meta.get("settings", {})
+        # a setting added since that root was made counts as its default there
+        old = {**asdict(StudySettings()), **meta.get("settings", {})}
         if old != wanted:
             diff = sorted(k for k in wanted if old.get(k) != wanted[k])
             raise SystemExit(
@@ -378,6 +388,18 @@ def run_study(root: Path, s: StudySettings, *, doc: Path | None, img_dir: Path |
         write_error_modes(eval_dir(root, m, k))
     _record_time(root, "eval", time.perf_counter() - t0)
 
+    if s.eval_train:
+        t0 = time.perf_counter()
+        jobs = pending_evals(root, s, "eval_train")
+        if (WARM_START, 0) in jobs:
+            _run(warm_start_eval_command(eval_dir(root, WARM_START, 0, "eval_train"), s, warm_start, split="train"))
+        trained = [job for job in jobs if job[0] != WARM_START]
+        if trained:
+            _run(eval_command(root, s, trained, where="eval_train"))
+        for m, k in [(WARM_START, 0)] + [(m, k) for m in s.methods for k in s.seeds]:
+            write_error_modes(eval_dir(root, m, k, "eval_train"))
+        _record_time(root, "eval_train", time.perf_counter() - t0)
+
     if doc is not None:
         from medsrl.study.report import write_report
 
@@ -411,13 +433,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps-b", type=int, default=d.steps_b)
     p.add_argument("--eval-n", type=int, default=d.eval_n)
     p.add_argument("--eval-problems", type=int, default=d.eval_problems, help="test problems per level")
+    p.add_argument("--pool-l1", type=int, default=d.pool_l1, help="training problems of level 1")
+    p.add_argument("--pool-l2", type=int, default=d.pool_l2, help="training problems of level 2 (stage B)")
+    p.add_argument("--eval-train", action="store_true", help="also evaluate on the training pools")
     p.add_argument("--doc", type=Path, default=None, help="the Markdown to update (default <study root>/STUDY.md)")
     p.add_argument("--img-dir", type=Path, default=None)
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every training run (key=value)")
     args, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
     a = p.parse_args(args)
     s = StudySettings(a.name, a.methods, a.seeds, a.steps_a, a.steps_b, a.eval_n, a.eval_problems,
-                      [*overrides, *a.overrides])
+                      [*overrides, *a.overrides], a.pool_l1, a.pool_l2, a.eval_train)
     root = (a.root / a.name).resolve()
     doc = a.doc or root / "STUDY.md"
     if not doc.exists():
