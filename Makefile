@@ -65,7 +65,7 @@ study-quick: install ## The study with one seed and fewer steps (~21 min on 2 co
 	$(BIN)/medsrl-study --name quick --seeds 0 --steps-a 10 --steps-b 10 --eval-n 8 --eval-problems 32 $(ARGS)
 
 study-v2: install ## Protocol v2 (docs/STUDY.md): prompts revisited, DAPO vs MEDS at 3 strengths, 3 seeds, the mechanism; resumes
-	$(BIN)/medsrl-study --name v2 --methods dapo meds meds@alpha=0.3,beta=0.6 meds@alpha=1.0,beta=2.0 \
+	$(BIN)/medsrl-study --name v2 --methods dapo meds meds@alpha=1.0,beta=2.0 meds@alpha=1.0,beta=10.0 \
 		--pool-l1 32 --pool-l2 24 --eval-train --doc docs/STUDY_V2.md --img-dir docs/img/study_v2 $(ARGS)
 
 test: install ## Run the whole test suite; PYTEST_ARGS="..." passes options to pytest
