@@ -90,3 +90,13 @@ def test_dose_response_reads_each_strengths_error_modes(tmp_path):
     assert "training pools" not in md  # not evaluated there
     one = Study(**{**study.__dict__, "methods": study.methods[:2]})
     assert render_dose_response(one, agg) == []  # one strength: no dose-response
+
+
+def test_the_mechanism_figure_is_drawn_when_a_run_logged_it(tmp_path):
+    from medsrl.study.report import _figures, write_figures
+
+    study = _study(tmp_path)
+    out = write_figures(study, tmp_path / "img")
+    assert out["mechanism"].is_file() and out["mechanism"].name == "hand_mechanism.png"
+    text = "\n".join(_figures(study, {"mechanism": "img/hand_mechanism.png"}))
+    assert "![the mechanism over training](img/hand_mechanism.png)" in text and "step 4." in text

@@ -32,6 +32,14 @@ PANELS = (
         False,
     ),
 )
+# what shaping did, over training (study/mechanism.py has the tables)
+MECHANISM_PANELS = (
+    ("train/data/visits_mean", "visits of the step's prompts so far", False, False),
+    ("train/meds/entries_per_read", "MEDS: memory entries per store read", False, False),
+    ("train/meds/penalised_frac", "MEDS: responses penalised (%)", True, True),
+    ("train/shaping/adv_change_frac", "advantage signal rewritten by shaping (%)", True, True),
+    ("train/meds/penalty_on_top_answer", "MEDS: penalty on the top wrong answer (%)", True, True),
+)
 
 
 def moving_average(values: np.ndarray, window: int) -> np.ndarray:
@@ -130,8 +138,9 @@ def plot_pass_at_k_curves(study: Study, path: str | os.PathLike) -> Path | None:
         plt.close(fig)
 
 
-def plot_training_curves(study: Study, path: str | os.PathLike) -> Path | None:
-    """One PNG with a panel per ``PANELS`` entry; a line per method (mean over seeds) with its
+def plot_training_curves(study: Study, path: str | os.PathLike, panels=PANELS,
+                         title: str = "training curves") -> Path | None:
+    """One PNG with a panel per ``panels`` entry (``PANELS``, or ``MECHANISM_PANELS``); a line per method (mean over seeds) with its
     min-max band across seeds, and a dashed vertical line at the stage switch (``steps_a``).
 
     A panel no method logged says so. ``None`` (nothing written) when no run has curves yet.
@@ -143,7 +152,7 @@ def plot_training_curves(study: Study, path: str | os.PathLike) -> Path | None:
     try:
         flat = axes.ravel()
         handles = {}
-        for ax, (tag, title, percent, smooth) in zip(flat, PANELS, strict=False):
+        for ax, (tag, panel_title, percent, smooth) in zip(flat, panels, strict=False):
             drawn = False
             for m in study.methods:
                 curves = [r.curves[tag] for r in study.method_runs(m.name) if tag in r.curves]
@@ -162,7 +171,7 @@ def plot_training_curves(study: Study, path: str | os.PathLike) -> Path | None:
                 drawn = True
             if study.steps_a is not None and study.steps_b:
                 ax.axvline(study.steps_a, color="0.4", ls="--", lw=1)
-            ax.set_title(title, fontsize=9)
+            ax.set_title(panel_title, fontsize=9)
             ax.set_xlabel("step", fontsize=8)
             ax.tick_params(labelsize=8)
             ax.grid(alpha=0.3)
@@ -178,7 +187,7 @@ def plot_training_curves(study: Study, path: str | os.PathLike) -> Path | None:
                     transform=ax.transAxes,
                     fontsize=8,
                 )
-        legend_ax = flat[len(PANELS)] if len(flat) > len(PANELS) else None
+        legend_ax = flat[len(panels)] if len(flat) > len(panels) else None
         if legend_ax is not None:
             legend_ax.axis("off")
             legend_ax.legend(
@@ -190,7 +199,7 @@ def plot_training_curves(study: Study, path: str | os.PathLike) -> Path | None:
                 + ("\ndashed: stage A -> B" if study.steps_a is not None and study.steps_b else ""),
                 title_fontsize=9,
             )
-        fig.suptitle(f"{study.name}: training curves, mean over seeds", fontsize=11)
+        fig.suptitle(f"{study.name}: {title}, mean over seeds", fontsize=11)
         fig.tight_layout()
         return _save(fig, path)
     finally:

@@ -30,7 +30,7 @@ from medsrl.study import stats
 from medsrl.study.collect import Study, load_study
 from medsrl.study.error_modes import render_error_modes
 from medsrl.study.mechanism import render_dose_response, render_mechanism
-from medsrl.study.plots import SMOOTH, plot_pass_at_k_curves, plot_training_curves
+from medsrl.study.plots import MECHANISM_PANELS, SMOOTH, plot_pass_at_k_curves, plot_training_curves
 from medsrl.utils.atomic_file import atomic_write
 
 BEGIN = "<!-- study-results:begin -->"
@@ -520,13 +520,13 @@ def _figures(study: Study, figures: dict[str, str]) -> list[str]:
             "number in the legend), band ± sample std over seeds.",
             "",
         ]
+    switch = (
+        f" The dashed vertical line marks the switch from stage A to stage B at step "
+        f"{study.steps_a}."
+        if study.steps_a is not None and study.steps_b
+        else ""
+    )
     if "training" in figures:
-        switch = (
-            f" The dashed vertical line marks the switch from stage A to stage B at step "
-            f"{study.steps_a}."
-            if study.steps_a is not None and study.steps_b
-            else ""
-        )
         lines += [
             f"![training curves per method]({figures['training']})",
             "",
@@ -535,6 +535,17 @@ def _figures(study: Study, figures: dict[str, str]) -> list[str]:
             f"centred moving average over {SMOOTH} steps (fewer at the ends); the validation "
             "panels are unsmoothed and logged every few steps; the MEDS memory's eigen ratio "
             f"exists only for runs with the MEDS plug-in.{switch}",
+            "",
+        ]
+    if "mechanism" in figures:
+        lines += [
+            f"![the mechanism over training]({figures['mechanism']})",
+            "",
+            "The mechanism over training, mean over seeds with the min-max band: visits of the "
+            "step's prompts, MEDS's memory entries per store read, the responses it penalised, "
+            f"the share of the advantage signal shaping rewrote (every method) and the share of "
+            f"the penalty on a group's most frequent wrong answer (the percentages smoothed over "
+            f"{SMOOTH} steps).{switch}",
             "",
         ]
     return lines
@@ -555,6 +566,10 @@ def write_figures(study: Study, img_dir: str | os.PathLike) -> dict[str, Path]:
     t = plot_training_curves(study, img_dir / f"{study.name}_training_curves.png")
     if t is not None:
         out["training"] = t
+    if any(tag in r.curves for r in study.runs.values() for tag, *_ in MECHANISM_PANELS):
+        m = plot_training_curves(study, img_dir / f"{study.name}_mechanism.png", MECHANISM_PANELS, "the mechanism")
+        if m is not None:
+            out["mechanism"] = m
     return out
 
 
