@@ -63,7 +63,9 @@ def test_r3_mechanisms_fire_and_resume_identically(tmp_path, cache_dir):
     for step in (2, 3):
         for name, value in a[step].items():
             if name.startswith("train/") and "/time/" not in name and "time" not in name.split("/")[-1]:
-                assert b[step][name] == pytest.approx(value, rel=1e-5, abs=1e-6), (step, name)
+                # nan_ok: shaping/adv_change_frac is NaN in a step whose groups all had one reward
+                # (no signal to rewrite) where R3's ranking made some; the resumed run must agree
+                assert b[step][name] == pytest.approx(value, rel=1e-5, abs=1e-6, nan_ok=True), (step, name)
     ha, hb = _history(straight), _history(resumed)
     assert ha.digest() == hb.digest()
 

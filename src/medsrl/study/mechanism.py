@@ -180,7 +180,7 @@ def render_dose_response(study: Study, agg: dict[str, Any]) -> list[str]:
     if sum(_is_meds(m.name) for m in study.methods) < 2:
         return []
     out = ["### Dose-response: MEDS's strength against the error modes", ""]
-    for where, title in (("eval", "test split"), ("eval_train", "the training pools")):
+    for where, title in (("eval", "the test split"), ("eval_train", "the training pools")):
         rows = [r for r in dose_response_rows(study, agg, where) if r["seeds"]]
         if not rows:
             continue
@@ -189,7 +189,7 @@ def render_dose_response(study: Study, agg: dict[str, Any]) -> list[str]:
                 ("top_wrong_share", "top wrong answer share, traps (%)", 100.0),
                 ("distinct_wrong", "distinct wrong, traps", 1.0)]
         cols += [(k, f"{k} (%)", 100.0) for k in (ks[:1] + ks[-1:] if len(ks) > 1 else ks)]
-        out += [f"On the {title} (mean ± std over seeds):", "",
+        out += [f"On {title} (mean ± std over seeds):", "",
                 "| method | " + " | ".join(c[1] for c in cols) + " |", "|" + "---|" * (len(cols) + 1)]
         for r in rows:
             out.append(f"| {r['label']} | " + " | ".join(_cell(r.get(key, []), scale) for key, _, scale in cols) + " |")
