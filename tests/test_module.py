@@ -210,21 +210,24 @@ def test_gradients_are_freed_after_the_last_optimiser_step_of_a_step():
 
 
 def test_prompt_visits_are_counted_logged_and_kept_in_the_checkpoint():
-    from collections import Counter
+    from medsrl.step.metrics import PromptVisits
 
-    from medsrl.module import visits_mean
-
-    assert visits_mean(Counter({"a": 3, "b": 1, "c": 5}), {"a", "b"}) == 2.0
-    assert visits_mean(Counter(), set()) == 0.0
+    v = PromptVisits()
+    assert v.metrics() == {"data/visits_mean": 0.0, "data/prompts_seen": 0.0}
+    v.add(["a", "a", "c"])
+    v.begin_step()
+    v.add(["a", "b"])  # this step: a (3rd visit), b (1st)
+    assert v.metrics() == {"data/visits_mean": 2.0, "data/prompts_seen": 3.0}
     tok = build_char_tokenizer()
     module = RLModule(_tiny_policy(), tok, algorithm={**SMALL_ALGO, "kl_coef": 0.0},
                       rollout={"n": 2, "max_new_tokens": 4})
     dm = _datamodule(2)  # 2 prompts a step from a pool of 16
     metrics = {k: float(v) for k, v in _fit(module, dm, steps=3).callback_metrics.items()}
-    assert sum(module.prompt_visits.values()) == 6 and metrics["train/data/prompts_seen"] == len(module.prompt_visits)
+    counts = module.prompt_visits.counts
+    assert sum(counts.values()) == 6 and metrics["train/data/prompts_seen"] == len(counts)
     assert metrics["train/data/visits_mean"] >= 1.0
     ckpt: dict = {}
     module.on_save_checkpoint(ckpt)
     other = RLModule(_tiny_policy(), tok, algorithm={**SMALL_ALGO, "kl_coef": 0.0})
     other.on_load_checkpoint(ckpt)
-    assert other.prompt_visits == module.prompt_visits
+    assert other.prompt_visits.counts == counts

@@ -14,7 +14,6 @@ the updates in step, and plug-in state is replicated through one all-gather per 
 
 from __future__ import annotations
 
-import collections
 import copy
 import dataclasses
 import logging
@@ -30,6 +29,7 @@ from medsrl.algo import (
     compute_advantages,
     sampling_mismatch,
 )
+from medsrl.algo.engine_correction import check_engine_correction
 from medsrl.algo.guard import (
     NONFINITE_SAMPLING,
     RunawayError,
@@ -41,7 +41,13 @@ from medsrl.plugins import Plugin, PluginHost, StepContext
 from medsrl.reward.grader import MathGrader
 from medsrl.rollout.base import SamplingParams
 from medsrl.rollout.factory import BACKENDS, build_engine
-from medsrl.step.metrics import PhaseTimer, mean_over_ranks, rollout_metrics, zero_spread_group_frac
+from medsrl.step.metrics import (
+    PhaseTimer,
+    PromptVisits,
+    mean_over_ranks,
+    rollout_metrics,
+    zero_spread_group_frac,
+)
 from medsrl.step.rollouts import Group, StepRollouts, split_groups
 from medsrl.step.scoring import padding_metrics, scoring_forward_needed, scoring_pass
 from medsrl.step.update import policy_update
@@ -85,7 +91,8 @@ class RLModule(L.LightningModule):
         self.seed = seed
         if self.rollout_cfg.backend not in BACKENDS:
             raise ValueError(f"rollout.backend={self.rollout_cfg.backend!r}; valid: {', '.join(BACKENDS)}")
-        _check_engine_correction(self.algo, self.rollout_cfg)
+        r = self.rollout_cfg
+        check_engine_correction(self.algo.engine_is_cap, r.logprobs, r.temperature, r.top_p)
         self.save_hyperparameters({
             "algorithm": to_dict(self.algo), "plugins": [p.name for p in self.plugins],
             "rollout": to_dict(self.rollout_cfg), "optim": to_dict(self.optim_cfg),
@@ -100,8 +107,7 @@ class RLModule(L.LightningModule):
         self.param_norm_at_start: float | None = None
         # how many times each prompt key was sampled (every rank counts the whole step's prompts):
         # per-prompt methods (MEDS's memory) act only on prompts that come back
-        self.prompt_visits: collections.Counter[str] = collections.Counter()
-        self._step_keys: set[str] = set()
+        self.prompt_visits = PromptVisits()
         self.max_param_norm_growth = float(self.optim_cfg.max_param_norm_growth)
 
     # ------------------------------------------------------------------ setup
@@ -176,10 +182,10 @@ class RLModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.host.upgrade_checkpoint(checkpoint)  # before Lightning restores the plug-ins
-        self.prompt_visits = collections.Counter(checkpoint.get("prompt_visits", {}))
+        self.prompt_visits.load_state_dict(checkpoint.get("prompt_visits", {}))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["prompt_visits"] = dict(self.prompt_visits)
+        checkpoint["prompt_visits"] = self.prompt_visits.state_dict()
 
     def configure_optimizers(self):
         o = self.optim_cfg
@@ -196,7 +202,7 @@ class RLModule(L.LightningModule):
         if batch.get("step", step) != step:
             log.warning("data step %s != trainer step %s", batch.get("step"), step)
         timer = PhaseTimer()
-        self._step_keys: set[str] = set()
+        self.prompt_visits.begin_step()
         ctx = StepContext(self.trainer, self, step, batch.get("stage"), timer,
                           sample=lambda prompts, round_: self._sample(prompts, step, round_, timer),
                           num_prompts=len(batch["prompts"]))
@@ -251,8 +257,7 @@ class RLModule(L.LightningModule):
                 self.engine.sync_weights(policy)
         self.last_rollouts = rollouts
         ctx.metrics.update(rollout_metrics(rollouts, self.grader.stats))
-        ctx.metrics["data/visits_mean"] = visits_mean(self.prompt_visits, self._step_keys)
-        ctx.metrics["data/prompts_seen"] = float(len(self.prompt_visits))
+        ctx.metrics.update(self.prompt_visits.metrics())
         ctx.metrics.update(timer.as_metrics())
         self._log_step(ctx.metrics, ctx.stage)
 
@@ -269,8 +274,7 @@ class RLModule(L.LightningModule):
         an uninterrupted single process would.
         """
         cfg = self.rollout_cfg
-        self.prompt_visits.update(p.key for p in prompts)
-        self._step_keys.update(p.key for p in prompts)
+        self.prompt_visits.add(p.key for p in prompts)
         rank, size = rank_and_size()
         start, stop = shard_bounds(len(prompts), rank, size)
         seed = (self.seed * 1_000_003 + step * 101 + round_) % (2**31) + start
@@ -338,26 +342,6 @@ class RLModule(L.LightningModule):
                 finally:
                     policy.config.dtype = was
             self.tokenizer.save_pretrained(path)
-
-
-def visits_mean(visits: collections.Counter, keys: set[str]) -> float:
-    """The mean number of times the step's prompts were sampled so far, this step included."""
-    return float(sum(visits[k] for k in keys) / len(keys)) if keys else 0.0
-
-
-def _check_engine_correction(algo: AlgorithmConfig, rollout: RolloutConfig) -> None:
-    """Truncated IS divides the trainer's probability (temperature 1, the whole vocabulary) by the
-    engine's sampling one: it needs the engine's log-probs, and measures the engine's numerics
-    only when sampling is plain."""
-    if algo.engine_is_cap is None:
-        return
-    if not rollout.logprobs:
-        raise ValueError("algorithm.engine_is_cap needs the engine's log-probs: set rollout.logprobs=true")
-    if rollout.temperature != 1.0 or rollout.top_p != 1.0:
-        raise ValueError(
-            f"algorithm.engine_is_cap with rollout.temperature={rollout.temperature}, top_p={rollout.top_p}: "
-            "the weight would correct for the temperature / top-p, not the engine; use 1.0 and 1.0 or "
-            "algorithm.engine_is_cap=null")
 
 
 def _scoring_reducers(host: PluginHost, algo: AlgorithmConfig) -> dict:

@@ -30,3 +30,17 @@ def truncated_is_stats(weights: Tensor, mask: Tensor, cap: float) -> dict[str, f
     w = weights[m].double()
     return {"weight_mean": float(w.mean()), "capped_frac": float((w >= cap).double().mean())}
 
+
+def check_engine_correction(cap: float | None, logprobs: bool, temperature: float, top_p: float) -> None:
+    """The settings truncated IS needs: it divides the trainer's probability (temperature 1, the
+    whole vocabulary) by the engine's sampling one, so it needs the engine's log-probs and
+    measures the engine's numerics only when sampling is plain."""
+    if cap is None:
+        return
+    if not logprobs:
+        raise ValueError("algorithm.engine_is_cap needs the engine's log-probs: set rollout.logprobs=true")
+    if temperature != 1.0 or top_p != 1.0:
+        raise ValueError(
+            f"algorithm.engine_is_cap with rollout.temperature={temperature}, top_p={top_p}: the weight "
+            "would correct for the temperature / top-p, not the engine; use 1.0 and 1.0 or "
+            "algorithm.engine_is_cap=null")

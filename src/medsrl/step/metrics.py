@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Iterable
 from contextlib import contextmanager
 
 import torch
@@ -51,6 +53,35 @@ class PhaseTimer:
         out.update({f"memory/{k}_peak_gib": v / 2**30 for k, v in self.peak_bytes.items()})
         out.update({f"memory/{k}_device_gib": v / 2**30 for k, v in self.device_bytes.items()})
         return out
+
+
+class PromptVisits:
+    """How many times each prompt key was sampled: per-prompt methods (MEDS's memory) act only on
+    prompts that come back. Every rank counts the whole step's prompts, so the counts agree."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self._step: set[str] = set()
+
+    def begin_step(self) -> None:
+        self._step = set()
+
+    def add(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        self.counts.update(keys)
+        self._step.update(keys)
+
+    def metrics(self) -> dict[str, float]:
+        """``data/visits_mean``: the step's prompts' visits so far, this step included, on
+        average; ``data/prompts_seen``: distinct prompts so far."""
+        mean = sum(self.counts[k] for k in self._step) / len(self._step) if self._step else 0.0
+        return {"data/visits_mean": float(mean), "data/prompts_seen": float(len(self.counts))}
+
+    def state_dict(self) -> dict[str, int]:
+        return dict(self.counts)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.counts = Counter(state)
 
 
 def zero_spread_group_frac(groups: list[Group]) -> float:
