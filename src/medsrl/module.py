@@ -15,7 +15,6 @@ the updates in step, and plug-in state is replicated through one all-gather per 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -23,12 +22,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from medsrl.algo import (
-    AdvantageInputs,
-    advantage_change_fraction,
-    compute_advantages,
-    sampling_mismatch,
-)
+from medsrl.algo import AdvantageInputs, compute_advantages, sampling_mismatch
 from medsrl.algo.engine_correction import check_engine_correction
 from medsrl.algo.guard import (
     NONFINITE_SAMPLING,
@@ -46,6 +40,7 @@ from medsrl.step.metrics import (
     PromptVisits,
     mean_over_ranks,
     rollout_metrics,
+    shaping_metrics,
     zero_spread_group_frac,
 )
 from medsrl.step.rollouts import Group, StepRollouts, split_groups
@@ -143,6 +138,15 @@ class RLModule(L.LightningModule):
         block, on every rank together; otherwise the policy itself)."""
         with full_weights(self.policy) as policy:
             yield policy
+
+    def sync_engine(self, *, stale_only: bool = False) -> None:
+        """Copy the policy's weights into an engine that holds its own (vLLM; HF generates with
+        the module itself). ``stale_only``: only when ``release`` dropped them since the last
+        sync (a validation pass in between). Under FSDP every rank calls it together."""
+        if self.engine.uses_policy_weights or (stale_only and not self.engine.weights_released):
+            return
+        with self.full_policy() as policy:
+            self.engine.sync_weights(policy)
 
     def policy_for_generation(self):
         """:meth:`full_policy` when the engine generates with the policy module (HF), else
@@ -245,16 +249,11 @@ class RLModule(L.LightningModule):
             )
             advantages = compute_advantages(self.algo.advantage, inputs, **self.algo.advantage_options)
             advantages = self.host.shape_advantages(rollouts, advantages, ctx)
-            # the share of the gradient signal that shaping rewrote (reward and advantage shaping)
-            base = compute_advantages(self.algo.advantage, dataclasses.replace(
-                inputs, scores=rollouts.reward, terms=rollouts.unshaped_terms()), **self.algo.advantage_options)
-            ctx.metrics["shaping/adv_change_frac"] = advantage_change_fraction(
-                advantages, base, rollouts.packed.response_mask)
+            ctx.metrics.update(shaping_metrics(self.algo, inputs, rollouts, advantages))
         with timer("update"):
             ctx.metrics.update(policy_update(self, rollouts, advantages, step))
-        if not self.engine.uses_policy_weights:  # HF generates with the policy: nothing to copy
-            with timer("sync"), self.full_policy() as policy:
-                self.engine.sync_weights(policy)
+        with timer("sync"):
+            self.sync_engine()
         self.last_rollouts = rollouts
         ctx.metrics.update(rollout_metrics(rollouts, self.grader.stats))
         ctx.metrics.update(self.prompt_visits.metrics())
@@ -281,9 +280,8 @@ class RLModule(L.LightningModule):
         params = SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p,
                                 max_new_tokens=cfg.max_new_tokens, seed=seed, logprobs=cfg.logprobs)
         shard = list(prompts)[start:stop]
-        if self.engine.weights_released:  # a validation pass released them since the last sync
-            with timer("sync"), self.full_policy() as policy:
-                self.engine.sync_weights(policy)
+        with timer("sync"):
+            self.sync_engine(stale_only=True)
         with timer("generate"), self.policy_for_generation():
             try:
                 rollout = self.engine.generate([p.text for p in shard], params)

@@ -101,9 +101,7 @@ class PassAtKValidation(Callback):
         start, stop = min(first * chunk, len(problems)), min(last * chunk, len(problems))
         share = dataclasses.replace(settings, seed=settings.seed + start)
         engine = pl_module.engine
-        if engine.weights_released:
-            with pl_module.full_policy() as policy:
-                engine.sync_weights(policy)
+        pl_module.sync_engine(stale_only=True)
         # the whole weights (FSDP) when the policy module runs: HF generation, MEDS features
         needs_policy = engine.uses_policy_weights or settings.features is not None
         with pl_module.full_policy() if needs_policy else nullcontext(pl_module.policy) as policy:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -82,6 +83,17 @@ class PromptVisits:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.counts = Counter(state)
+
+
+def shaping_metrics(algo, inputs, rollouts: StepRollouts, advantages: torch.Tensor) -> dict[str, float]:
+    """``shaping/adv_change_frac``: the share of the policy-gradient signal that shaping (reward
+    and advantage shaping alike) rewrote: ``advantages`` against the estimator's advantages of
+    the unshaped reward (``algo.advantage_change_fraction``)."""
+    from medsrl.algo import advantage_change_fraction, compute_advantages
+
+    unshaped = dataclasses.replace(inputs, scores=rollouts.reward, terms=rollouts.unshaped_terms())
+    base = compute_advantages(algo.advantage, unshaped, **algo.advantage_options)
+    return {"shaping/adv_change_frac": advantage_change_fraction(advantages, base, rollouts.packed.response_mask)}
 
 
 def zero_spread_group_frac(groups: list[Group]) -> float:
