@@ -117,6 +117,9 @@ class GraderConfig:
 
     timeout_s: float = 5.0
     num_workers: int | None = None  # None: grader_workers(), one per core of this process
+    # Reasoning models (R1-Distill, Qwen3 thinking): grade only the text after the last
+    # occurrence of this tag; a response that never writes it scores 0 (counted). None: all of it.
+    reasoning_end: str | None = None
 
     def workers(self, processes_per_node: int = 1) -> int:
         """The worker count: the configured one, else :func:`grader_workers`."""

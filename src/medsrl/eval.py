@@ -274,7 +274,8 @@ def evaluate(cfg: DictConfig) -> list[dict]:
     rows = []
     with (
         GenerationStore(out_dir / "generations.jsonl") as store,
-        MathGrader(timeout_s=cfg.grader.timeout_s, num_workers=_grader_workers(cfg)).start() as grader,
+        MathGrader(timeout_s=cfg.grader.timeout_s, num_workers=_grader_workers(cfg),
+                   reasoning_end=cfg.grader.get("reasoning_end")).start() as grader,
     ):
         for run, path in models:
             policy, tok = load_for_eval(path, cfg.tokenizer, cfg.dtype)
@@ -290,7 +291,7 @@ def evaluate(cfg: DictConfig) -> list[dict]:
                     tok,
                     engine,
                     grader,
-                    problems_from(examples, template),
+                    problems_from(examples, template, tok),
                     model_settings,
                     run=run,
                     benchmark=bench,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from medsrl.data.template import QWEN_MATH_SYSTEM_PROMPT, render_prompt
@@ -92,3 +94,74 @@ def test_extra_turn_matches_qwen_chat_template(qwen_tokenizer):
         messages, tokenize=False, add_generation_prompt=True
     )
     assert render_prompt(PROBLEM, extra_empty_assistant_turn=True) == expected
+
+
+# ------------------------------------------------------------------ data.template: the three kinds
+
+from medsrl.data.template import PromptTemplate  # noqa: E402
+from medsrl.models.loading import load_tokenizer  # noqa: E402
+from reasoning_templates import QWEN3_STYLE, R1_STYLE, tokenizer_dir_with_template  # noqa: E402
+
+R1_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+
+
+def test_default_kind_is_the_hand_rendered_prompt_byte_for_byte():
+    assert PromptTemplate().render(PROBLEM) == render_prompt(PROBLEM)
+    assert PromptTemplate.from_config({"system_prompt": "S.", "extra_empty_assistant_turn": True}).render(
+        PROBLEM) == render_prompt(PROBLEM, system_prompt="S.", extra_empty_assistant_turn=True)
+    assert PromptTemplate.from_config(None) == PromptTemplate()
+
+
+def test_instruction_goes_into_the_user_turn_after_a_space():
+    t = PromptTemplate(system_prompt=None, instruction="Box it.")
+    assert t.render("2+2?") == "<|im_start|>user\n2+2? Box it.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_plain_completion_prompt():
+    assert PromptTemplate(kind="plain", system_prompt=None, instruction="Box it.").render("2+2?") == "2+2? Box it.\n"
+    assert PromptTemplate(kind="plain", system_prompt="Solve.").render("2+2?") == "Solve.\n\n2+2?\n"
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"kind": "jinja"}, "data.template.kind='jinja'"),
+    ({"colour": "red"}, "unknown keys ['colour']"),
+    ({"kind": "chat", "extra_empty_assistant_turn": True}, "kind=qwen_math only"),
+    ({"enable_thinking": True}, "kind=chat only"),
+])
+def test_bad_settings_are_named(values, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        PromptTemplate.from_config(values)
+
+
+def test_chat_needs_a_tokenizer_with_a_chat_template():
+    from medsrl.models.char_tokenizer import build_char_tokenizer
+
+    with pytest.raises(ValueError, match="no tokenizer given"):
+        PromptTemplate(kind="chat").render(PROBLEM)
+    with pytest.raises(ValueError, match="has no chat template"):
+        PromptTemplate(kind="chat").render(PROBLEM, build_char_tokenizer())
+
+
+@pytest.mark.shared
+def test_chat_kind_with_the_qwen_math_tokenizer_equals_the_hand_rendered_prompt(qwen_tokenizer):
+    for system in (QWEN_MATH_SYSTEM_PROMPT, "You are a helpful assistant."):
+        assert PromptTemplate(kind="chat", system_prompt=system).render(PROBLEM, qwen_tokenizer) == \
+            render_prompt(PROBLEM, system_prompt=system)
+
+
+@pytest.mark.shared
+def test_chat_kind_with_a_think_style_template_from_the_tokenizer_config(tmp_path):
+    src = require_shared("tokenizers", "qwen2.5-math")
+    tok = load_tokenizer(str(tokenizer_dir_with_template(src, tmp_path / "r1", R1_STYLE)))
+    t = PromptTemplate(kind="chat", system_prompt=None, instruction=R1_INSTRUCTION)
+    assert t.render(PROBLEM, tok) == f"<｜User｜>{PROBLEM} {R1_INSTRUCTION}<｜Assistant｜><think>\n"
+
+
+@pytest.mark.shared
+def test_enable_thinking_reaches_the_template(tmp_path):
+    src = require_shared("tokenizers", "qwen2.5-math")
+    tok = load_tokenizer(str(tokenizer_dir_with_template(src, tmp_path / "q3", QWEN3_STYLE)))
+    head = f"<|im_start|>user\n{PROBLEM}<|im_end|>\n<|im_start|>assistant\n"
+    assert PromptTemplate(kind="chat", system_prompt=None, enable_thinking=True).render(PROBLEM, tok) == head
+    assert PromptTemplate(kind="chat", system_prompt=None, enable_thinking=False).render(PROBLEM, tok) == \
+        head + "<think>\n\n</think>\n\n"

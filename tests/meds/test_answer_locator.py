@@ -174,3 +174,30 @@ def test_qwen_no_box_and_batch(qwen_tok):
     # "boxed" then "{" within 10 tokens: the reference fallback accepts it.
     assert "{" in qwen_tok.decode([ids[2][out[2]]])
     assert token_pieces(qwen_tok) is token_pieces(qwen_tok)  # one shared cache per tokenizer
+
+
+# ---------------------------------------------------------------- reasoning models (grader.reasoning_end)
+
+
+def test_char_box_inside_the_reasoning_is_not_the_answer(char_tok):
+    text = "<think>x=\\boxed{3}</think>so \\boxed{5}"
+    ids = enc(char_tok, text)
+    assert locate_answer(ids, char_tok) == text.rindex("{")
+    assert locate_answer(ids, char_tok, reasoning_end="</think>") == text.rindex("{")
+    only_inside = "<think>x=\\boxed{3}</think>so 5"
+    assert locate_answer(enc(char_tok, only_inside), char_tok) == only_inside.index("{")
+    assert locate_answer(enc(char_tok, only_inside), char_tok, reasoning_end="</think>") is None
+    unclosed = "<think>x=\\boxed{3}"
+    assert locate_answer(enc(char_tok, unclosed), char_tok, reasoning_end="</think>") is None
+    batch = [enc(char_tok, t) for t in (text, only_inside, unclosed)]
+    assert locate_answers(batch, char_tok, reasoning_end="</think>") == [text.rindex("{"), None, None]
+
+
+@pytest.mark.shared
+def test_qwen_box_after_the_reasoning(qwen_tok):
+    text = "<think>\nmaybe \\boxed{12}\n</think>\n\nThe answer is $\\boxed{13}$."
+    ids = enc(qwen_tok, text)
+    i = locate_answer(ids, qwen_tok, reasoning_end="</think>")
+    assert i is not None and qwen_tok.decode(ids[i + 1 :]).startswith("13")
+    inside_only = enc(qwen_tok, "<think>\nmaybe \\boxed{12}\n</think>\n\nNo idea.")
+    assert locate_answer(inside_only, qwen_tok, reasoning_end="</think>") is None

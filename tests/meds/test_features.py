@@ -228,6 +228,21 @@ def test_num_features_and_empty_batches():
     assert rows.shape == (0,) and rows.dtype == torch.long
 
 
+def test_reasoning_end_reads_the_answer_after_the_reasoning():
+    """grader.reasoning_end: the feature is read where the grader reads the answer, after the
+    last </think>; a box only inside the reasoning, or an unclosed reasoning, gives no feature."""
+    model = build_tiny_model(0).eval()
+    responses = [enc("<think>\\boxed{3}</think>so \\boxed{5}"), enc("<think>\\boxed{3}</think>so 5"),
+                 enc("<think>\\boxed{3}")]
+    plain = AnswerFeatureReader(model, TOK, FeatureSpec())
+    plain.begin(responses, prompt_length=3)
+    assert plain.answer_rows.tolist() == [0, 1, 2]
+    reader = AnswerFeatureReader(model, TOK, FeatureSpec(), reasoning_end="</think>")
+    reader.begin(responses, prompt_length=3)
+    assert reader.answer_rows.tolist() == [0]
+    assert reader._targets.positions.tolist() == plain._targets.positions[:1].tolist()  # the last box
+
+
 def test_micro_batch_contract():
     model = build_tiny_model(0).eval()
     whole, rows = read(model, FeatureSpec(), micro=(0, 5))

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from medsrl.data.example import Prompt
+from medsrl.data.template import PromptTemplate
 from medsrl.plugins.base import StepContext
 from medsrl.plugins.dynamic_sampling import DynamicSampling
 from medsrl.plugins.host import PluginHost
@@ -41,7 +42,7 @@ def _stored(step: int, correct: bool, token: int, logprobs=(-1.0, -1.0), reward=
 
 
 def _ctx(step: int = 5, sample=None, num_prompts: int = 1, n: int = 4) -> StepContext:
-    dm = SimpleNamespace(template={"system_prompt": None}, extra_prompts=lambda step, r, k: [f"x{r}"] * k)
+    dm = SimpleNamespace(render=PromptTemplate(system_prompt=None).render, extra_prompts=lambda step, r, k: [f"x{r}"] * k)
     trainer = SimpleNamespace(datamodule=dm, is_global_zero=True, loggers=[])
     module = SimpleNamespace(rollout_cfg=SimpleNamespace(n=n), seed=3)
     return StepContext(trainer, module, step, "A", PhaseTimer(), sample=sample, num_prompts=num_prompts)

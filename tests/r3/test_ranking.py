@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from medsrl.r3.ranking import dominance_counts, entropy_profile, ranking_order, ranking_rewards
+from medsrl.r3.length_bonus import length_bonus
+from medsrl.r3.ranking import (
+    answer_span_mask,
+    dominance_counts,
+    entropy_profile,
+    ranking_order,
+    ranking_rewards,
+)
 
 # 4 responses of 5 tokens; p = 0.2 -> top max(1, floor(1.0)) = 1 entropy = the max
 TABLE = torch.tensor([
@@ -68,3 +75,20 @@ def test_n_equals_1_and_2():
 def test_bad_p():
     with pytest.raises(ValueError, match="p must be in"):
         entropy_profile(TABLE, FULL, p=0.0)
+
+
+def test_answer_span_mask_reads_the_graded_span_or_the_whole_response():
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.float32)
+    out = answer_span_mask(mask, [2, None, 2, 0])
+    assert out.tolist() == [[0, 0, 1, 1, 0],  # the answer after the reasoning
+                            [1, 1, 1, 0, 0],  # never closed: read whole
+                            [1, 1, 0, 0, 0],  # nothing after the tag: read whole
+                            [1, 1, 1, 1, 1]]  # no reasoning tag in use
+    assert mask[0].tolist() == [1, 1, 1, 1, 0]  # not modified in place
+
+
+def test_length_bonus_of_correct_answers():
+    bonus = length_bonus(torch.tensor([0, 16384, 40000, 100]), torch.tensor([True, True, True, False]), 32768)
+    assert bonus.tolist() == [1.0, 0.5, 0.0, 0.0]
+    with pytest.raises(ValueError, match="max_length"):
+        length_bonus(torch.tensor([1]), torch.tensor([True]), 0)

@@ -1,6 +1,7 @@
 """The reflection prompt, as the policy sees it."""
 
 from medsrl.data.example import Prompt
+from medsrl.data.template import PromptTemplate
 from medsrl.r3.reflection import DEFAULT_INSTRUCTION, is_reflection, reflection_prompt
 
 ORIGINAL = Prompt(key="abc123", text="(rendered)", problem="What is 2 + 3?", answer="5", source="arith")
@@ -8,7 +9,7 @@ ORIGINAL = Prompt(key="abc123", text="(rendered)", problem="What is 2 + 3?", ans
 
 def test_reflection_prompt_text_in_the_qwen_math_template():
     p = reflection_prompt(ORIGINAL, "2 + 3 = 6.\n\\boxed{6}\n", "Fix it.",
-                          {"system_prompt": "Reason.", "extra_empty_assistant_turn": False})
+                          PromptTemplate(system_prompt="Reason.").render)
     assert p.problem == "What is 2 + 3?\n\nA previous attempt:\n\n2 + 3 = 6.\n\\boxed{6}\n\nFix it."
     assert p.text == (
         "<|im_start|>system\nReason.<|im_end|>\n"

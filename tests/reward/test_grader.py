@@ -287,6 +287,28 @@ def test_no_box_scores_zero_without_a_worker() -> None:
     assert g._workers == []  # nothing was started
 
 
+def test_reasoning_end_grades_only_the_answer_after_the_reasoning() -> None:
+    """R1-Distill / Qwen3 thinking: a box inside <think> is a guess on the way, not the answer;
+    a response that never closes its reasoning has none (scores 0, counted)."""
+    g = MathGrader(num_workers=0, reasoning_end="</think>")
+    responses = [
+        "<think>maybe \\boxed{4}</think>\n\nSo \\boxed{5}.",  # right after the tag
+        "<think>it is \\boxed{5}</think>\n\nSo \\boxed{4}.",  # right only inside: wrong
+        "<think>it is \\boxed{5} and then",  # never closed: no answer
+        "<think>hm</think> the answer is 5",  # closed, no box
+    ]
+    results = g.grade_batch(responses, ["5"] * 4)
+    assert [r.score for r in results] == [1.0, 0.0, 0.0, 0.0]
+    assert [r.unclosed_reasoning for r in results] == [False, False, True, False]
+    assert results[1].extracted == "4" and results[2].extracted is None and not results[2].has_box
+    assert g.stats["unclosed_reasoning"] == 1 and g.stats["no_box"] == 1
+    # without the setting the whole response is read: the last box wins
+    plain = MathGrader(num_workers=0).grade_batch(responses, ["5"] * 4)
+    assert [r.score for r in plain] == [1.0, 0.0, 1.0, 0.0]
+    with pytest.raises(ValueError, match="non-empty tag"):
+        MathGrader(reasoning_end=" ")
+
+
 def test_fast_path_batch_is_fast_and_starts_no_worker() -> None:
     g = MathGrader(num_workers=1)
     responses = [boxed(str(i % 10)) for i in range(128)]

@@ -28,14 +28,13 @@ import lightning
 import numpy as np
 
 from medsrl.data.example import MathExample, Prompt, prompt_key
-from medsrl.data.template import render_prompt
+from medsrl.data.template import PromptTemplate
 
 __all__ = ["DatasetSpec", "MathDataModule", "StageSpec", "largest_remainder_quotas"]
 
 log = logging.getLogger(__name__)
 
 ExampleSource = Sequence[MathExample] | Callable[[], Sequence[MathExample]]
-_TEMPLATE_KEYS = {"system_prompt", "extra_empty_assistant_turn"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,8 +246,9 @@ class MathDataModule(lightning.LightningDataModule):
         val: datasets ``{name, source}`` whose union is the held-out set; None: no validation.
         prompts_per_step: prompts per training step.
         val_size: keep the first ``val_size`` held-out prompts after a seeded shuffle (None: all).
-        template: keyword arguments of :func:`render_prompt` (``system_prompt``,
-            ``extra_empty_assistant_turn``).
+        template: the prompt format, :class:`~medsrl.data.template.PromptTemplate` settings
+            (``kind`` qwen_math / chat / plain, ``system_prompt``, ``instruction``, ...);
+            ``kind=chat`` renders with the tokenizer given to :meth:`use_tokenizer`.
         seed: the data seed.
 
     ``Prompt.source`` is the dataset's name from this config (not the file's).
@@ -272,13 +272,8 @@ class MathDataModule(lightning.LightningDataModule):
         self.val_size = None if val_size is None else int(val_size)
         self.seed = int(seed)
 
-        template = dict(_plain(template) or {})
-        unknown = set(template) - _TEMPLATE_KEYS
-        if unknown:
-            raise ValueError(
-                f"template: unknown keys {sorted(unknown)} (allowed: {sorted(_TEMPLATE_KEYS)})"
-            )
-        self.template = template
+        self.template = PromptTemplate.from_config(_plain(template))
+        self.tokenizer = None  # the policy's, for kind=chat (use_tokenizer)
 
         stages = _plain(stages)
         if stages is None or isinstance(stages, Mapping) or not isinstance(stages, Sequence):
@@ -354,10 +349,19 @@ class MathDataModule(lightning.LightningDataModule):
             return 0
         return int(getattr(trainer, "global_step", 0) or 0)
 
+    def use_tokenizer(self, tokenizer) -> None:
+        """The policy's tokenizer: ``template.kind=chat`` renders prompts with its chat template."""
+        self.tokenizer = tokenizer
+        self._val_prompts = None
+
+    def render(self, problem: str) -> str:
+        """The prompt text of ``problem`` in this data's format."""
+        return self.template.render(problem, self.tokenizer)
+
     def _render(self, ex: MathExample, source: str) -> Prompt:
         return Prompt(
             key=ex.key,
-            text=render_prompt(ex.problem, **self.template),
+            text=self.render(ex.problem),
             problem=ex.problem,
             answer=ex.answer,
             source=source,

@@ -22,13 +22,15 @@ def response_features(
     *,
     spec: FeatureSpec,
     micro_batch_size: int = 32,
+    reasoning_end: str | None = None,
 ) -> list[list[float] | None]:
-    """One feature vector (a list of floats) per response of ``rollout``, or ``None``."""
+    """One feature vector (a list of floats) per response of ``rollout``, or ``None``
+    (``reasoning_end``: the answer is read after it, as the grader reads it)."""
     if len(rollout) == 0:
         return []
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     packed = pack_rollouts(rollout.prompt_ids, rollout.response_ids, pad)
-    reader = AnswerFeatureReader(policy, tokenizer, spec)
+    reader = AnswerFeatureReader(policy, tokenizer, spec, reasoning_end)
     reader.begin(rollout.response_ids, packed.prompt_length)
     answer_rows = reader.answer_rows
     if not len(answer_rows):

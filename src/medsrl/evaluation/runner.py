@@ -51,14 +51,13 @@ class EvalSettings:
         return settings_fingerprint({**asdict(self), "model": run_source, "benchmark": benchmark})
 
 
-def problems_from(examples, template: dict[str, Any]) -> list[EvalProblem]:
-    """:class:`EvalProblem` list from ``MathExample`` s rendered with the Qwen-Math template."""
-    from medsrl.data.template import render_prompt
+def problems_from(examples, template: dict[str, Any], tokenizer=None) -> list[EvalProblem]:
+    """:class:`EvalProblem` list from ``MathExample`` s rendered in the prompt format ``template``
+    (``data.template`` settings; ``kind=chat`` renders with ``tokenizer``)."""
+    from medsrl.data.template import PromptTemplate
 
-    return [
-        EvalProblem(e.key, render_prompt(e.problem, **template), e.problem, e.answer)
-        for e in examples
-    ]
+    fmt = PromptTemplate.from_config(template)
+    return [EvalProblem(e.key, fmt.render(e.problem, tokenizer), e.problem, e.answer) for e in examples]
 
 
 def sample_problems(
@@ -99,7 +98,8 @@ def sample_problems(
             rollout.response_text, [batch[j].answer for j in rollout.prompt_index]
         )
         feats = (
-            response_features(policy, tokenizer, rollout, spec=settings.features)
+            response_features(policy, tokenizer, rollout, spec=settings.features,
+                              reasoning_end=grader.reasoning_end)
             if settings.features is not None
             else [None] * len(rollout)
         )

@@ -45,9 +45,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import weakref
 from collections.abc import Sequence
 from typing import Any
+
+from medsrl.reward.answer_span import TokenPieces, answer_start, as_list, token_pieces
+
+__all__ = ["TokenPieces", "locate_answer", "locate_answers", "token_pieces"]
 
 BOXED_OPEN = "\\boxed{"
 BOXED_WORD = "boxed"
@@ -55,51 +58,6 @@ DEFAULT_FALLBACK_WINDOW = 10
 # The backwards scan starts with this many tokens and doubles until it finds a box or covers the
 # whole response (the final box is usually within the last few dozen tokens).
 _FIRST_WINDOW = 64
-
-
-class TokenPieces:
-    """Per-id text pieces of one tokenizer, decoded lazily and cached."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
-        self._cache: dict[int, str] = {}
-
-    def __call__(self, token_id: int) -> str:
-        piece = self._cache.get(token_id)
-        if piece is None:
-            piece = self._tokenizer.decode(
-                [int(token_id)], skip_special_tokens=False, clean_up_tokenization_spaces=False
-            )
-            self._cache[token_id] = piece
-        return piece
-
-    def pieces(self, ids: Sequence[int]) -> list[str]:
-        cache = self._cache
-        out = []
-        for i in ids:
-            p = cache.get(i)
-            if p is None:
-                p = self(i)
-            out.append(p)
-        return out
-
-    def __len__(self) -> int:
-        return len(self._cache)
-
-
-_PIECES: weakref.WeakKeyDictionary[Any, TokenPieces] = weakref.WeakKeyDictionary()
-
-
-def token_pieces(tokenizer: Any) -> TokenPieces:
-    """The shared :class:`TokenPieces` cache of ``tokenizer`` (one per tokenizer object)."""
-    try:
-        cache = _PIECES.get(tokenizer)
-    except TypeError:  # not weak-referenceable: no sharing, still correct
-        return TokenPieces(tokenizer)
-    if cache is None:
-        cache = TokenPieces(tokenizer)
-        _PIECES[tokenizer] = cache
-    return cache
 
 
 def _token_at(ends: list[int], char_index: int) -> int:
@@ -141,10 +99,17 @@ def _locate(ids: list[int], pieces: TokenPieces, fallback_window: int) -> int | 
     return brace_token
 
 
-def _as_list(ids: Sequence[int]) -> list[int]:
-    if hasattr(ids, "tolist"):  # torch / numpy
-        return ids.tolist()
-    return ids if isinstance(ids, list) else list(ids)
+def _locate_after(ids: list[int], pieces: TokenPieces, fallback_window: int,
+                  reasoning_end: str | None) -> int | None:
+    """:func:`_locate` within the answer span (``reward/answer_span.py``): the box after the
+    last ``reasoning_end``; ``None`` when the reasoning never closes."""
+    start = answer_start(ids, pieces, reasoning_end)
+    if start is None:
+        return None
+    if start == 0:
+        return _locate(ids, pieces, fallback_window)
+    index = _locate(ids[start:], pieces, fallback_window)
+    return None if index is None else start + index
 
 
 def locate_answer(
@@ -152,13 +117,16 @@ def locate_answer(
     tokenizer: Any,
     *,
     fallback_window: int = DEFAULT_FALLBACK_WINDOW,
+    reasoning_end: str | None = None,
 ) -> int | None:
     """Index within ``response_ids`` of the token holding the ``{`` of the last ``\\boxed{``.
 
     ``None`` when the response has no box (see the module docstring for the fallback). The first
     answer token, whose logit is the MEDS feature, is ``response_ids[index + 1]``.
+    ``reasoning_end`` (``grader.reasoning_end``): only a box after the last such tag counts, as
+    in grading; a response without the tag has no answer.
     """
-    return _locate(_as_list(response_ids), token_pieces(tokenizer), fallback_window)
+    return _locate_after(as_list(response_ids), token_pieces(tokenizer), fallback_window, reasoning_end)
 
 
 def locate_answers(
@@ -166,7 +134,8 @@ def locate_answers(
     tokenizer: Any,
     *,
     fallback_window: int = DEFAULT_FALLBACK_WINDOW,
+    reasoning_end: str | None = None,
 ) -> list[int | None]:
     """:func:`locate_answer` for every response of a batch (pieces cached across the batch)."""
     pieces = token_pieces(tokenizer)
-    return [_locate(_as_list(ids), pieces, fallback_window) for ids in batch_response_ids]
+    return [_locate_after(as_list(ids), pieces, fallback_window, reasoning_end) for ids in batch_response_ids]

@@ -135,10 +135,12 @@ class AnswerFeatureReader:
         feats, rows = reader.finish()      # [M, D] float32 on CPU, [M] response rows
     """
 
-    def __init__(self, model: nn.Module, tokenizer: Any, spec: FeatureSpec) -> None:
+    def __init__(self, model: nn.Module, tokenizer: Any, spec: FeatureSpec,
+                 reasoning_end: str | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.spec = spec
+        self.reasoning_end = reasoning_end  # grader.reasoning_end: the answer is after it
         selected = select_layers(len(find_decoder_layers(model)), spec.layers)
         self.layers = feature_layers(selected, spec.diff)
         if not self.layers:
@@ -169,7 +171,7 @@ class AnswerFeatureReader:
     def begin(self, response_ids: Sequence[Sequence[int]], prompt_length: int) -> None:
         """Locate the answers of a batch packed with prompts of ``prompt_length`` columns and
         forget anything read before (a failed step leaves nothing behind)."""
-        index = locate_answers(response_ids, self.tokenizer)
+        index = locate_answers(response_ids, self.tokenizer, reasoning_end=self.reasoning_end)
         self._targets = answer_targets(index, response_ids, prompt_length)
         self._capture.clear()
         self._read_rows = []

@@ -94,7 +94,8 @@ class Meds(Plugin):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.reader is None:
-            self.reader = AnswerFeatureReader(pl_module.policy, pl_module.tokenizer, self.spec)
+            self.reader = AnswerFeatureReader(pl_module.policy, pl_module.tokenizer, self.spec,
+                                              pl_module.grader_cfg.reasoning_end)
         self.store.open()
         filtered = any(isinstance(p, DynamicSampling) for p in getattr(pl_module, "plugins", []))
         if self.remember_dropped and not filtered:

@@ -42,7 +42,8 @@ class NoveltyBonus(Plugin):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.vectors == "meds_features" and self.reader is None:
-            self.reader = AnswerFeatureReader(pl_module.policy, pl_module.tokenizer, self.spec)
+            self.reader = AnswerFeatureReader(pl_module.policy, pl_module.tokenizer, self.spec,
+                                              pl_module.grader_cfg.reasoning_end)
         if self.vectors == "hidden_mean" and self._norm is None:
             self._norm = final_norm_of(pl_module.policy)
 

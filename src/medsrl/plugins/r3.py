@@ -34,9 +34,11 @@ import torch
 from medsrl.config import build
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.r3.history import ResponseHistory, StoredResponse
-from medsrl.r3.ranking import entropy_profile, ranking_rewards
+from medsrl.r3.length_bonus import length_bonus as correct_length_bonus
+from medsrl.r3.ranking import answer_span_mask, entropy_profile, ranking_rewards
 from medsrl.r3.reflection import DEFAULT_INSTRUCTION, is_reflection, reflection_prompt
 from medsrl.r3.replay import mixed_group_advantages, pick_replay, replay_count, truncated_is_weights
+from medsrl.reward.answer_span import answer_starts
 from medsrl.reward.grader import GradeResult
 from medsrl.rollout.base import RolloutBatch
 from medsrl.step.rollouts import SAMPLED, Group, StepRollouts
@@ -85,6 +87,7 @@ class R3(Plugin):
         snapshot_every_n_steps: int = 20,
         panels_every_n_steps: int = 10,
         snapshot_dir: str | None = None,
+        length_bonus: int | None = None,
     ) -> None:
         self.replay = build(ReplaySettings, replay, "r3.replay")
         self.reflection = build(ReflectionSettings, reflection, "r3.reflection")
@@ -95,6 +98,9 @@ class R3(Plugin):
             raise ValueError(f"r3.ranking.p must be in (0, 1] and r_max >= 0, got {self.ranking.p}, {self.ranking.r_max}")
         if self.replay.alpha < 0 or self.replay.lam <= 0:
             raise ValueError(f"r3.replay.alpha must be >= 0 and lam > 0, got {self.replay.alpha}, {self.replay.lam}")
+        if length_bonus is not None and length_bonus <= 0:
+            raise ValueError(f"r3.length_bonus must be a length in tokens > 0 or null, got {length_bonus}")
+        self.length_bonus = length_bonus
         if self.replay.importance_cap is not None and self.replay.importance_cap <= 0:
             raise ValueError(f"r3.replay.importance_cap must be > 0 or null, got {self.replay.importance_cap}")
         self.history = ResponseHistory(cap_per_key)
@@ -107,6 +113,11 @@ class R3(Plugin):
         self._counts: dict[str, float] = {}
         self._behaviour: dict[tuple[str, tuple[int, ...]], list] = {}  # replayed rows' log-probs
         self._panel_step = -(10**9)
+        self._tokenizer, self._reasoning_end = None, None  # the span ranking reads (setup)
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        # Ranking reads the span the grader reads (grader.reasoning_end; reward/answer_span.py).
+        self._tokenizer, self._reasoning_end = pl_module.tokenizer, pl_module.grader_cfg.reasoning_end
 
     # ------------------------------------------------------------------ state
 
@@ -138,7 +149,7 @@ class R3(Plugin):
         if not cfg.enabled:
             return []
         tau = cfg.tau if cfg.tau is not None else 1.0 / ctx.module.rollout_cfg.n
-        template = getattr(ctx.trainer.datamodule, "template", None)
+        render = getattr(ctx.trainer.datamodule, "render", None)
         extra = []
         for prompt in prompts:
             if cfg.max_prompts is not None and len(extra) >= cfg.max_prompts:
@@ -150,7 +161,7 @@ class R3(Plugin):
             if mean is None or mean >= tau or not wrong:
                 continue
             pick = wrong[_rng(ctx.module.seed, ctx.step, prompt.key).integers(len(wrong))]
-            extra.append(reflection_prompt(prompt, pick.text, cfg.instruction, template))
+            extra.append(reflection_prompt(prompt, pick.text, cfg.instruction, render))
         ctx.log(self, {"reflection/prompts": float(len(extra))})
         return extra
 
@@ -211,11 +222,17 @@ class R3(Plugin):
             ))
 
     def shape_rewards(self, rollouts: StepRollouts, ctx: StepContext) -> None:
-        """Ranking: the score of each response of an all-wrong group becomes its SERR reward."""
+        """The length bonus of correct responses (a reward term), then ranking: the score of each
+        response of an all-wrong group becomes its SERR reward."""
+        if self.length_bonus is not None:
+            lengths = torch.tensor([len(r) for r in rollouts.response_ids])
+            rollouts.add_reward("length_bonus", correct_length_bonus(lengths, rollouts.acc.cpu() > 0.5, self.length_bonus))
         if not self.ranking.enabled:
             return
         bonus = torch.zeros(len(rollouts), dtype=torch.float64)
         mask = rollouts.packed.response_mask.cpu()
+        if self._reasoning_end is not None:
+            mask = answer_span_mask(mask, answer_starts(rollouts.response_ids, self._tokenizer, self._reasoning_end))
         entropy = rollouts.token_stats["entropy"].cpu()
         groups = ranked = 0
         for g, prompt in enumerate(rollouts.prompts):

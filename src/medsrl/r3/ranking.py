@@ -6,14 +6,32 @@ entropies, ``E_peak`` = mean of the top ``max(1, floor(p * L))`` entropies and `
 mean over all ``L`` tokens; ``i`` beats ``j`` when ``E_peak_i > E_peak_j`` and
 ``E_global_i < E_global_j``. Ranked by the number of responses beaten (ties: lower ``E_global``
 first, then the original order), rank ``r`` of ``N`` gets ``R_max * (1 - r / (N - 1))``.
+
+With ``grader.reasoning_end`` set (reasoning models), the entropies are read over the span the
+grader reads, the answer after the reasoning (:func:`answer_span_mask`); a response that never
+closed its reasoning, or wrote nothing after it, is read whole (all of it is reasoning: the
+paper's truncated response).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+
+
+def answer_span_mask(mask: Tensor, starts: Sequence[int | None]) -> Tensor:
+    """``mask`` ``[N, R]`` (response tokens from column 0) with each row's tokens before its
+    answer start (``reward/answer_span.py``) cleared; a row whose start is ``None`` or leaves no
+    token keeps its whole mask."""
+    out = mask.clone()
+    lengths = mask.bool().sum(dim=1).tolist()
+    for i, start in enumerate(starts):
+        if start is not None and 0 < start < lengths[i]:
+            out[i, :start] = 0
+    return out
 
 
 def entropy_profile(entropy: Tensor, mask: Tensor, p: float = 0.2) -> tuple[Tensor, Tensor]:

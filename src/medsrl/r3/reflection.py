@@ -8,6 +8,8 @@ apart from the original's, and is shared by every reflection on the same problem
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from medsrl.data.example import Prompt
 from medsrl.data.template import render_prompt
 
@@ -26,13 +28,13 @@ def reflection_problem(problem: str, wrong_response: str, instruction: str = DEF
 
 
 def reflection_prompt(prompt: Prompt, wrong_response: str, instruction: str = DEFAULT_INSTRUCTION,
-                      template: dict | None = None) -> Prompt:
-    """``prompt``'s reflection prompt, rendered with the data's chat ``template`` settings
-    (keyword arguments of ``render_prompt``: the Qwen-Math template by default)."""
+                      render: Callable[[str], str] | None = None) -> Prompt:
+    """``prompt``'s reflection prompt, rendered in the data's prompt format (``render``: the
+    datamodule's ``render``; the Qwen-Math template by default)."""
     problem = reflection_problem(prompt.problem, wrong_response, instruction)
     return Prompt(
         key=prompt.key + REFLECT_SUFFIX,
-        text=render_prompt(problem, **(template or {})),
+        text=(render or render_prompt)(problem),
         problem=problem,
         answer=prompt.answer,
         source=REFLECTION_SOURCE,

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from multiprocessing.connection import Connection, wait
 
+from medsrl.reward.answer_span import answer_text
 from medsrl.reward.extract import extract_last_boxed
 from medsrl.utils.lifetime import Owner, exit_with_owner, this_owner
 
@@ -248,6 +249,7 @@ class GradeResult:
     has_box: bool
     timed_out: bool = False
     error: str | None = None  # exception text if grading crashed (score 0)
+    unclosed_reasoning: bool = False  # reasoning_end set and never written: no answer (score 0)
 
 
 def gold_text(gold: object) -> str:
@@ -331,6 +333,10 @@ class MathGrader:
     ``if __name__ == "__main__":`` guard, and each worker re-imports the main module (Python's
     spawn semantics), so it starts in seconds: with one worker, the first slow comparison after a
     timeout waits for the replacement to start (that wait does not count against ``timeout_s``).
+
+    ``reasoning_end`` (``grader.reasoning_end``, e.g. ``"</think>"``): only the text after its
+    last occurrence is graded; a response without it scores 0 with ``unclosed_reasoning=True``
+    (``reward/answer_span.py``).
     """
 
     def __init__(
@@ -339,6 +345,7 @@ class MathGrader:
         num_workers: int = 1,
         compare_fn: CompareFn = answers_equivalent,
         startup_timeout_s: float = 120.0,
+        reasoning_end: str | None = None,
     ):
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
@@ -355,12 +362,16 @@ class MathGrader:
         self.num_workers = num_workers
         self.compare_fn = compare_fn
         self.startup_timeout_s = startup_timeout_s
+        if reasoning_end is not None and not reasoning_end.strip():
+            raise ValueError("reasoning_end must be a non-empty tag such as '</think>', or None")
+        self.reasoning_end = reasoning_end
         self.stats: dict[str, int] = {
             "graded": 0,
             "timeouts": 0,
             "errors": 0,
             "no_box": 0,
             "fast_path": 0,
+            "unclosed_reasoning": 0,
         }
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
@@ -381,9 +392,14 @@ class MathGrader:
             raise ValueError(f"{len(responses)} responses but {len(golds)} gold answers")
         golds = [gold_text(g) for g in golds]
         results: list[GradeResult | None] = [None] * len(responses)
-        extracted: list[str | None] = [extract_last_boxed(r) for r in responses]
+        spans = [answer_text(r, self.reasoning_end) for r in responses]
+        extracted: list[str | None] = [None if s is None else extract_last_boxed(s) for s in spans]
         slow: list[int] = []
         for i, (answer, gold) in enumerate(zip(extracted, golds, strict=True)):
+            if spans[i] is None:
+                self.stats["unclosed_reasoning"] += 1
+                results[i] = GradeResult(0.0, None, has_box=False, unclosed_reasoning=True)
+                continue
             if answer is None:
                 self.stats["no_box"] += 1
                 results[i] = GradeResult(0.0, None, has_box=False)

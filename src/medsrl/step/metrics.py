@@ -132,4 +132,6 @@ def rollout_metrics(r: StepRollouts, grader_stats: dict) -> dict[str, float]:
         "grader/timeouts_step": float(sum(g.timed_out for g in r.grades)),
         "grader/errors_step": float(sum(g.error is not None for g in r.grades)),
         "grader/timeouts_total": float(grader_stats.get("timeouts", 0)),
+        # grader.reasoning_end set: responses that never closed their reasoning (no answer, 0)
+        "grader/unclosed_reasoning_rate": float(sum(g.unclosed_reasoning for g in r.grades)) / max(1, len(r)),
     }

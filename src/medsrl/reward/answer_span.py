@@ -1,0 +1,108 @@
+"""The part of a response that holds its answer: all of it, or what follows its reasoning.
+
+Reasoning models (DeepSeek-R1-Distill, Qwen3 in thinking mode) write ``<think> ... </think>`` and
+answer after it; a ``\\boxed{}`` inside the reasoning is a guess on the way, not the answer. With
+``grader.reasoning_end`` set to the closing tag, the grader reads only the text after its last
+occurrence, and a response that never closes its reasoning has no answer at all (it scores 0
+and is counted). MEDS's answer locator and R3's entropy ranking read the same span, in tokens:
+:func:`answer_starts` maps the tag to the first token after it.
+
+The token search works on per-id text pieces (:class:`TokenPieces`), because a tag that is not a
+special token of the tokenizer (``</think>`` in Qwen2.5-Math's) is split into several tokens, and
+a byte-level BPE may merge its ``>`` with the newline that follows.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+THINK_END = "</think>"
+
+
+def answer_text(response: str, reasoning_end: str | None) -> str | None:
+    """The text the grader reads: ``response`` itself (``reasoning_end`` None), else what follows
+    the last ``reasoning_end``; ``None`` when the reasoning never closes."""
+    if reasoning_end is None:
+        return response
+    at = response.rfind(reasoning_end)
+    return None if at < 0 else response[at + len(reasoning_end):]
+
+
+class TokenPieces:
+    """Per-id text pieces of one tokenizer, decoded lazily and cached (special tokens kept)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        piece = self._cache.get(token_id)
+        if piece is None:
+            piece = self._tokenizer.decode(
+                [int(token_id)], skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+            self._cache[token_id] = piece
+        return piece
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        cache = self._cache
+        out = []
+        for i in ids:
+            p = cache.get(i)
+            if p is None:
+                p = self(i)
+            out.append(p)
+        return out
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
+_PIECES: weakref.WeakKeyDictionary[Any, TokenPieces] = weakref.WeakKeyDictionary()
+
+
+def token_pieces(tokenizer: Any) -> TokenPieces:
+    """The shared :class:`TokenPieces` cache of ``tokenizer`` (one per tokenizer object)."""
+    try:
+        cache = _PIECES.get(tokenizer)
+    except TypeError:  # not weak-referenceable: no sharing, still correct
+        return TokenPieces(tokenizer)
+    if cache is None:
+        cache = TokenPieces(tokenizer)
+        _PIECES[tokenizer] = cache
+    return cache
+
+
+def as_list(ids: Sequence[int]) -> list[int]:
+    if hasattr(ids, "tolist"):  # torch / numpy
+        return ids.tolist()
+    return ids if isinstance(ids, list) else list(ids)
+
+
+def answer_start(ids: Sequence[int], pieces: TokenPieces, reasoning_end: str | None) -> int | None:
+    """Index of the first token of the answer span of one response: 0 without ``reasoning_end``;
+    else the first token that holds text after the last tag (``len(ids)`` when nothing follows
+    it); ``None`` when the tag never appears. A token holding both the tag's last character and
+    the start of the answer counts as the answer's (it predicts the text after it)."""
+    if reasoning_end is None:
+        return 0
+    parts = pieces.pieces(as_list(ids))
+    text = "".join(parts)
+    at = text.rfind(reasoning_end)
+    if at < 0:
+        return None
+    ends = list(itertools.accumulate(len(p) for p in parts))
+    last_char = at + len(reasoning_end) - 1
+    holder = bisect.bisect_right(ends, last_char)  # the token holding the tag's last character
+    return holder if ends[holder] > last_char + 1 else holder + 1
+
+
+def answer_starts(batch_ids: Sequence[Sequence[int]], tokenizer: Any,
+                  reasoning_end: str | None) -> list[int | None]:
+    """:func:`answer_start` for every response of a batch (pieces cached across the batch)."""
+    pieces = token_pieces(tokenizer)
+    return [answer_start(ids, pieces, reasoning_end) for ids in batch_ids]
