@@ -171,3 +171,77 @@ def assert_matches_one_process(one: Path, two: Path, two_metrics: dict[int, dict
         # whose gradient is near zero amplifies a rounding difference (8e-6 on one of 2,048 seen,
         # at lr 1e-3); a missed gradient or a wrong row would be off by about the lr
         torch.testing.assert_close(wb[name], wa[name], rtol=1e-4, atol=2e-5, msg=name)
+
+
+def wandb_run_dirs(out_dir: Path) -> list[Path]:
+    """The offline W&B runs a training run wrote under its output dir (``logger=wandb``)."""
+    return sorted((out_dir / "wandb").glob("offline-run-*"))
+
+
+def read_wandb_records(run_dir: Path, wait_s: float = 30.0) -> list:
+    """The records of an offline W&B run's ``run-<id>.wandb`` file, as wandb's protobuf
+    ``Record``s (what ``wandb sync`` uploads): a LevelDB-style log of 32 KiB blocks after a 7-byte
+    header (``:W&B``, magic, version), each record chunk behind a 7-byte header (CRC, length,
+    type: 1 full, 2 first, 3 middle, 4 last).
+
+    ``run.finish()`` can return before wandb's writer process has flushed the file (seen on a
+    loaded machine): read again until the run's ``exit`` record is there, for up to ``wait_s``."""
+    import time
+
+    (path,) = run_dir.glob("run-*.wandb")
+    deadline = time.monotonic() + wait_s
+    while True:
+        records = _wandb_records(path.read_bytes())
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
+def _wandb_records(data: bytes) -> list:
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    assert data[:4] == b":W&B"
+    block, pos, records, pending = 32768, 7, [], b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # a block's tail too short for a header is zero padding
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0 and length == 0:
+            break
+        chunk = data[pos + 7 : pos + 7 + length]
+        if len(chunk) < length:  # a record still being written
+            break
+        pos += 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def wandb_run_contents(run_dir: Path) -> dict:
+    """An offline W&B run, read back: ``run`` (the run record: display name, tags), ``config``
+    and ``summary`` ({key: value}), ``history`` (one {key: value} per logged row); nested keys
+    joined with dots, values decoded from JSON."""
+    import json
+
+    out: dict = {"run": None, "config": {}, "summary": {}, "history": []}
+    key = lambda item: item.key or ".".join(item.nested_key)  # noqa: E731
+    for record in read_wandb_records(run_dir):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            out["run"] = record.run
+            out["config"].update({key(i): json.loads(i.value_json) for i in record.run.config.update})
+        elif kind == "config":
+            out["config"].update({key(i): json.loads(i.value_json) for i in record.config.update})
+        elif kind == "summary":
+            out["summary"].update({key(i): json.loads(i.value_json) for i in record.summary.update})
+        elif kind == "history":
+            out["history"].append({key(i): json.loads(i.value_json) for i in record.history.item})
+    return out

@@ -69,6 +69,9 @@ def one_problem(values: dict) -> str:
         ({"seed": -3}, "seed must be an int in [0, 4294967295], got -3"),
         ({"grader": {"timeout_s": 0}}, "grader.timeout_s must be a positive number, got 0"),
         ({"grader": {"num_workers": -1}}, "grader.num_workers must be an int >= 0 or null, got -1"),
+        ({"grader": {"reasoning_end": ""}}, "grader.reasoning_end must be a non-empty tag such as '</think>', or null"),
+        ({"data": {"template": {"kind": "jinja"}}}, "data.template.kind must be one of 'qwen_math', 'chat', 'plain'"),
+        ({"data": {"template": {"enable_thinking": "yes"}}}, "data.template.enable_thinking must be true or false or null"),
         ({"callbacks": {"pass_at_k": {"n": 0}}}, "callbacks.pass_at_k.n must be an int >= 1, got 0"),
         ({"callbacks": {"pass_at_k": {"every_n_steps": -1}}}, "callbacks.pass_at_k.every_n_steps must be an int >= 0"),
         ({"resume_mode": "some"}, "resume_mode must be one of 'full', 'weights', got 'some'"),
@@ -194,6 +197,7 @@ def _algorithms() -> list[str]:
 @pytest.mark.parametrize(
     "overrides",
     [[], ["rollout=vllm", "trainer=fsdp", "data=math"]]
+    + [[f"prompt={p.stem}", "data=deepscaler"] for p in sorted((ROOT / "configs" / "prompt").glob("*.yaml"))]
     + [[f"experiment={e}"] for e in _experiments()]
     + [[f"algorithm={a}"] for a in _algorithms()],
 )
@@ -251,3 +255,34 @@ def test_medsrl_eval_fails_before_any_model_loads(tmp_path, no_model):
     assert "n must be an int >= 1, got 0" in str(err.value)
     assert "top_p must be a number in (0, 1], got 0" in str(err.value)
     assert not out.exists()  # nothing written either
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.lora.r=-1", "model.lora.r must be an int >= 0, got -1"),
+        ("model.lora.dropout=1.0", "model.lora.dropout must be a number in [0, 1), got 1.0"),
+        ("model.lora.alpha=0", "model.lora.alpha must be a positive number, got 0"),
+        ("model.lora.target_modules=[]", "model.lora.target_modules must be a non-empty list of module names"),
+        ("+model.lora.rank=8", "model.lora.rank is not a setting of model.lora (known: "),
+        # checked on the model built on the meta device, before any weight loads
+        ("model.lora.target_modules=[q_proj,qkv_proj]",
+         "model.lora.target_modules: 'qkv_proj' matches no module of Qwen2ForCausalLM (its linear layers: "),
+    ],
+)
+def test_bad_lora_settings_are_named_before_the_model_is_built(tmp_path, no_model, override, message):
+    from medsrl.train import build_run
+
+    cfg = compose_train(tmp_path / "run", ["model.lora.r=8", override])
+    with pytest.raises(ValueError, match="training config") as err:
+        build_run(cfg)
+    assert message in str(err.value)
+
+
+def test_lora_targets_of_a_real_architecture_are_checked_from_its_shape(tmp_path):
+    cfg = compose_train(tmp_path, ["experiment=qwen3-8b_dapo", "model.lora.r=16"], debug=None)
+    check_train_config(cfg)  # the default targets exist in Qwen3
+    cfg = compose_train(tmp_path, ["experiment=qwen3-8b_dapo", "model.lora.r=16", "model.lora.target_modules=[c_attn]"],
+                        debug=None)
+    with pytest.raises(ValueError, match="'c_attn' matches no module of Qwen3ForCausalLM"):
+        check_train_config(cfg)

@@ -193,3 +193,11 @@ def test_skip_if_done_refuses_a_dir_of_a_run_with_other_settings(tmp_path):
     check_identity(compose_train(out, ["skip_if_done=true", "ckpt_path=/x.ckpt"]), out)  # same run
     with pytest.raises(ValueError, match=r"other settings.*algorithm\.plugins\.meds\.alpha"):
         check_identity(compose_train(out, ["skip_if_done=true", "algorithm.plugins.meds.alpha=0.2"]), out)
+    # a run stored before a setting existed (here data.template.kind, model.lora) is still this run
+    import json
+
+    stored = json.loads((out / "run_identity.json").read_text())
+    del stored["data"]["template"]["kind"]
+    stored["model"].pop("lora", None)
+    (out / "run_identity.json").write_text(json.dumps(stored))
+    check_identity(compose_train(out, ["skip_if_done=true"]), out)

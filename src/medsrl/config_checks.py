@@ -115,6 +115,12 @@ LAYERS = Rule(
     or (isinstance(v, list) and len(v) > 0 and all(_is_int(x) and x >= 1 for x in v)),
     "an int >= 1, 'half', 'all' or a list of 1-based layers",
 )
+# What PEFT's LoraConfig.target_modules takes here: module names, or every linear layer.
+LORA_TARGETS = Rule(
+    lambda v: v == "all-linear" or (isinstance(v, list) and len(v) > 0
+                                    and all(isinstance(x, str) and x.strip() for x in v)),
+    "a non-empty list of module names (q_proj, ...) or 'all-linear'",
+)
 
 
 # --------------------------------------------------------------------------- tables
@@ -134,7 +140,18 @@ def _feature_dtypes() -> tuple[str, ...]:
 
 def _grader_rules() -> dict[str, Rule]:
     # num_workers=0 grades in-process without a timeout (MathGrader: for debugging only).
-    return {"grader.timeout_s": POSITIVE, "grader.num_workers": optional(COUNT)}  # null: one per core
+    return {"grader.timeout_s": POSITIVE, "grader.num_workers": optional(COUNT),  # null: one per core
+            "grader.reasoning_end": optional(Rule(lambda v: isinstance(v, str) and v.strip() != "",
+                                                  "a non-empty tag such as '</think>', or null"))}
+
+
+def _template_rules(prefix: str) -> dict[str, Rule]:
+    """The prompt format (``data.template`` / eval's ``template``; data/template.py)."""
+    from medsrl.data.template import TEMPLATE_KINDS
+
+    return {f"{prefix}.kind": choice(*TEMPLATE_KINDS), f"{prefix}.system_prompt": optional(STRING),
+            f"{prefix}.instruction": optional(STRING), f"{prefix}.extra_empty_assistant_turn": BOOL,
+            f"{prefix}.enable_thinking": optional(BOOL)}
 
 
 # Settings of a file or generator source (load_math_file, generate_arithmetic, ...).
@@ -166,6 +183,12 @@ def train_rules() -> dict[str, Rule]:
         "model.dtype": choice(*_dtypes()),
         "model.gradient_checkpointing": BOOL,
         "model.random_init": BOOL,
+        # LoRA (models/lora.py): r 0 = off; target names are checked against the model below
+        "model.lora.r": integer(0),
+        "model.lora.alpha": POSITIVE,
+        "model.lora.dropout": number(0, 1, high_open=True),
+        "model.lora.target_modules": LORA_TARGETS,
+        "model.lora.merge_on_export": BOOL,
         # what an experiment is sized for (medsrl-plan checks it): null, or {name, gpu_memory_gib}
         "hardware.name": STRING,
         "hardware.gpu_memory_gib": POSITIVE,
@@ -220,9 +243,11 @@ def train_rules() -> dict[str, Rule]:
         "data.stages.*.datasets.*.name": STRING,
         "data.stages.*.datasets.*.weight": POSITIVE,
         "data.val.*.name": STRING,
+        **_template_rules("data.template"),
         # trainer (Lightning): max_steps -1 = no limit
         "trainer.max_steps": either(POSITIVE_INT, Rule(lambda v: v == -1 and _is_int(v), "-1")),
         "trainer.log_every_n_steps": POSITIVE_INT,
+        "trainer.enable_progress_bar": BOOL,
         **_grader_rules(),
         # callbacks
         "callbacks.pass_at_k.n": POSITIVE_INT,
@@ -236,6 +261,8 @@ def train_rules() -> dict[str, Rule]:
         "callbacks.pass_at_k.seed": SEED,
         "callbacks.sample_logger.every_n_steps": COUNT,  # 0: off
         "callbacks.sample_logger.num_samples": COUNT,
+        "callbacks.progress_bar.refresh_rate": COUNT,  # 0: no bar
+        "callbacks.progress_bar.window": POSITIVE_INT,
         "callbacks.model_checkpoint.every_n_train_steps": optional(COUNT),
         "callbacks.milestones.every_n_steps": COUNT,  # 0: off
         "callbacks.milestones.dtype": choice(*_dtypes()),
@@ -293,6 +320,7 @@ def plugin_rules() -> dict[str, dict[str, Rule]]:
             "ranking.enabled": BOOL,
             "ranking.p": TOP_P,
             "ranking.r_max": NON_NEGATIVE,
+            "length_bonus": optional(POSITIVE_INT),
             "cap_per_key": optional(POSITIVE_INT),
             "min_visits": COUNT,
             "start_step": COUNT,
@@ -310,8 +338,7 @@ def eval_rules() -> dict[str, Rule]:
         "tokenizer": optional(STRING),
         "dtype": choice(*_dtypes()),
         "device": STRING,
-        "template.system_prompt": optional(STRING),
-        "template.extra_empty_assistant_turn": BOOL,
+        **_template_rules("template"),
         "n": POSITIVE_INT,
         "temperature": NON_NEGATIVE,  # 0: greedy
         "top_p": TOP_P,
@@ -543,6 +570,46 @@ def weight_precision_problems(cfg: DictConfig) -> list[str]:
     return found
 
 
+def lora_problems(cfg: DictConfig) -> list[str]:
+    """``model.lora``: no unknown key, and with ``r > 0`` every ``target_modules`` name matching a
+    module of the model, checked on the model built on the ``meta`` device (as medsrl-plan
+    builds it) before any weight loads; a model that cannot be built so is checked after load."""
+    node = lookup(cfg, "model.lora")
+    if not isinstance(node, dict):
+        return []
+    from medsrl.models.lora import LoraSettings, target_problems
+
+    known = {f.name for f in fields(LoraSettings)}
+    found = [f"model.lora.{k} is not a setting of model.lora (known: {', '.join(sorted(known))})"
+             for k in sorted(set(node) - known)]
+    targets = node.get("target_modules")
+    if found or not (_is_int(node.get("r")) and node["r"] > 0) or not LORA_TARGETS.ok(targets):
+        return found
+    from medsrl.plan.model_size import meta_model
+
+    try:
+        model = meta_model(lookup(cfg, "model"))
+    except Exception:  # no shape or config.json to build from: apply_lora checks after load
+        return found
+    return found + target_problems(model, targets)
+
+
+def logger_problems(cfg: DictConfig) -> list[str]:
+    """A logger whose package is not installed: W&B (``logger=wandb`` / ``many``) is the
+    ``wandb`` extra, so say how to install it rather than fail in Lightning's constructor."""
+    from medsrl.utils.wandb_log import INSTALL_HINT, is_wandb_target, wandb_installed
+
+    loggers = cfg.get("logger") if isinstance(cfg, (DictConfig, Mapping)) else None
+    if not isinstance(loggers, (DictConfig, Mapping)):
+        return []
+    found = []
+    for name, node in loggers.items():  # only _target_ is read: the rest may need Hydra to resolve
+        if isinstance(node, (DictConfig, Mapping)) and is_wandb_target(node.get("_target_")) and not wandb_installed():
+            found.append(f"logger.{name} ({node['_target_']}) needs the wandb package, which is not "
+                         f"installed: {INSTALL_HINT} (or choose logger=tensorboard)")
+    return found
+
+
 def _raise(found: list[str], what: str) -> None:
     if found:
         listed = "\n  ".join(found)
@@ -558,6 +625,8 @@ def check_train_config(cfg: DictConfig) -> None:
     found += source_problems(cfg, _train_sources(cfg))
     found += relation_problems(cfg)
     found += weight_precision_problems(cfg)
+    found += logger_problems(cfg)
+    found += lora_problems(cfg)
     _raise(found, "training")
 
 

@@ -31,6 +31,7 @@ from medsrl.algo.guard import (
 )
 from medsrl.algo.policy_loss import policy_loss_reducers
 from medsrl.config import AlgorithmConfig, GraderConfig, OptimConfig, RolloutConfig, build, to_dict
+from medsrl.models import lora
 from medsrl.plugins import Plugin, PluginHost, StepContext
 from medsrl.reward.grader import MathGrader
 from medsrl.rollout.base import SamplingParams
@@ -71,6 +72,7 @@ class RLModule(L.LightningModule):
         grader: dict | GraderConfig | None = None,
         plugins: list[Plugin] | None = None,
         seed: int = 0,
+        merge_on_export: bool = True,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -84,6 +86,9 @@ class RLModule(L.LightningModule):
         self.host = PluginHost(self.plugins)
         self.reducers = _scoring_reducers(self.host, self.algo)
         self.seed = seed
+        # LoRA (models/lora.py): adapters train and are checkpointed, the base stays frozen
+        self.lora = lora.is_lora(policy)
+        self.merge_on_export = merge_on_export
         if self.rollout_cfg.backend not in BACKENDS:
             raise ValueError(f"rollout.backend={self.rollout_cfg.backend!r}; valid: {', '.join(BACKENDS)}")
         r = self.rollout_cfg
@@ -112,13 +117,15 @@ class RLModule(L.LightningModule):
         return self.plugins
 
     def setup(self, stage: str) -> None:
-        if self.algo.kl_coef > 0 and self.ref_policy is None:
+        if self.algo.kl_coef > 0 and self.ref_policy is None and not self.lora:
             # A frozen copy of the starting policy; excluded from checkpoints (see state_dict).
+            # With LoRA the reference is the policy with its adapters off (lora.reference_policy).
             self.ref_policy = copy.deepcopy(self.policy).eval().requires_grad_(False)
         if self.grader is None:
             per_node = self.trainer.num_devices if self._trainer is not None else 1
             workers = self.grader_cfg.workers(per_node)
-            self.grader = MathGrader(timeout_s=self.grader_cfg.timeout_s, num_workers=workers).start()
+            self.grader = MathGrader(timeout_s=self.grader_cfg.timeout_s, num_workers=workers,
+                                     reasoning_end=self.grader_cfg.reasoning_end).start()
         if self.engine is None:
             self.engine = build_engine(self.rollout_cfg, self.policy, self.tokenizer, seed=self.seed)
 
@@ -168,20 +175,19 @@ class RLModule(L.LightningModule):
             self.grader = None
 
     def state_dict(self, *args, **kwargs):
-        """The policy only: the reference model is rebuilt from the policy at start."""
+        """The policy only (with LoRA its adapters only): the reference model is rebuilt from
+        the policy at start, a LoRA policy's frozen base from the model config."""
         sd = super().state_dict(*args, **kwargs)
-        return {k: v for k, v in sd.items() if not k.startswith("ref_policy.")}
+        return lora.checkpoint_state({k: v for k, v in sd.items() if not k.startswith("ref_policy.")}, self.lora)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        own = {k for k in super().state_dict() if k.startswith("ref_policy.")}
+        saved = self.state_dict()
+        own = {k for k in super().state_dict() if k not in saved}  # the reference, a LoRA base
         result = super().load_state_dict(state_dict, strict=False, assign=assign)
         if strict:
             missing = [k for k in result.missing_keys if k not in own]
             if missing or result.unexpected_keys:
-                raise RuntimeError(
-                    f"checkpoint does not match the policy: missing {missing[:5]}, "
-                    f"unexpected {result.unexpected_keys[:5]}"
-                )
+                raise RuntimeError(lora.mismatch_message(missing, result.unexpected_keys, self.lora))
         return result
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -235,8 +241,9 @@ class RLModule(L.LightningModule):
                 )
                 self.host.after_scoring(rollouts, ctx)
                 ctx.scoring_policy = None
-            if self.ref_policy is not None:
-                rollouts.ref_logp, _ = scoring_pass(self.ref_policy, packed, **budget)
+            if self.algo.kl_coef > 0:
+                with lora.reference_policy(policy, self.ref_policy) as ref:
+                    rollouts.ref_logp, _ = scoring_pass(ref, packed, **budget)
         if rollouts.engine_logp is not None:
             gap = sampling_mismatch(rollouts.engine_logp, rollouts.old_logp, rollouts.packed.response_mask)
             ctx.metrics.update({f"engine/{k}": v for k, v in gap.items()})
@@ -324,19 +331,23 @@ class RLModule(L.LightningModule):
 
     def export_policy(self, path, dtype: torch.dtype | None = None) -> None:
         """Save the policy and tokenizer the Hugging Face way (every rank calls; rank 0 writes),
-        in ``dtype`` when given (the weights cast, config.json saying so), else as they are."""
-        with self.full_policy() as policy:
+        in ``dtype`` when given (the weights cast, config.json saying so), else as they are.
+        With LoRA: the merged weights as a plain model (``model.lora.merge_on_export``), else
+        the adapter alone."""
+        with self.full_policy() as full:
             if rank_and_size()[0] != 0:
                 return
+            policy, state = lora.export_view(full, self.merge_on_export)
             if dtype is None:
-                policy.save_pretrained(path)
+                policy.save_pretrained(path, **({} if state is None else {"state_dict": state}))
             else:
-                state = {k: v.to(dtype) for k, v in policy.state_dict().items()}
+                state = {k: v.to(dtype) for k, v in (state or policy.state_dict()).items()}
                 was = policy.config.dtype
                 try:
                     policy.save_pretrained(path, state_dict=state)
-                    policy.config.dtype = dtype  # save_pretrained writes the parameters' dtype
-                    policy.config.save_pretrained(path)
+                    if not lora.is_lora(policy):  # an adapter directory has no config.json
+                        policy.config.dtype = dtype  # save_pretrained writes the parameters' dtype
+                        policy.config.save_pretrained(path)
                 finally:
                     policy.config.dtype = was
             self.tokenizer.save_pretrained(path)

@@ -27,14 +27,19 @@ from hydra.types import RunMode  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from medsrl.callbacks.hparams import log_final_hparams  # noqa: E402
+from medsrl.callbacks.hparams import WandbRunConfig, log_final_hparams, run_config  # noqa: E402
 from medsrl.callbacks.pass_at_k import _NOT_LOGGED, PassAtKValidation  # noqa: E402
+from medsrl.callbacks.progress import StepProgressBar  # noqa: E402
 from medsrl.config_checks import check_train_config  # noqa: E402
+from medsrl.models.lora import lora_settings  # noqa: E402
 from medsrl.models.policy import build_policy  # noqa: E402
 from medsrl.module import RLModule  # noqa: E402
 from medsrl.plugins import Plugin  # noqa: E402
 from medsrl.utils.atomic_file import atomic_write  # noqa: E402
 from medsrl.utils.checkpoint_io import AtomicCheckpointIO  # noqa: E402
+from medsrl.utils.wandb_log import describe as describe_wandb  # noqa: E402
+from medsrl.utils.wandb_log import finish as finish_wandb  # noqa: E402
+from medsrl.utils.wandb_log import wandb_loggers  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +119,7 @@ def build_run(cfg: DictConfig) -> Run:
 
     datamodule = instantiate(cfg.data, _convert_="object")
     policy, tokenizer = build_policy(OmegaConf.to_container(cfg.model, resolve=True), cfg.paths.cache_dir)
+    datamodule.use_tokenizer(tokenizer)  # data.template.kind=chat renders with its chat template
     algorithm = OmegaConf.to_container(cfg.algorithm, resolve=True)
     module = RLModule(
         policy,
@@ -124,20 +130,35 @@ def build_run(cfg: DictConfig) -> Run:
         grader=OmegaConf.to_container(cfg.grader, resolve=True),
         plugins=build_plugins(cfg.algorithm.get("plugins")),
         seed=cfg.seed,
+        merge_on_export=lora_settings(OmegaConf.to_container(cfg.model, resolve=True)).merge_on_export,
     )
-    callbacks = instantiate_group(cfg.get("callbacks"))  # the plug-ins join through the module
+    callbacks = with_step_progress_bar(instantiate_group(cfg.get("callbacks")), cfg)  # the plug-ins join through the module
     loggers = instantiate_group(cfg.get("logger"))
+    if wandb_loggers(loggers):
+        callbacks.append(WandbRunConfig(run_config(cfg)))  # the resolved config as the W&B run config
     trainer: L.Trainer = instantiate(
         cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
     )
     return Run(trainer, module, datamodule, callbacks, loggers)
 
 
+def with_step_progress_bar(callbacks: list, cfg: DictConfig) -> list:
+    """The step bar, never Lightning's epoch bar ("Epoch 0/-2 ... 0.03it/s"): a
+    ``StepProgressBar`` added last when the callbacks have no progress bar (``callbacks=none``),
+    and none when ``trainer.enable_progress_bar=false`` (Lightning refuses a bar then)."""
+    from lightning.pytorch.callbacks import ProgressBar
+
+    if not cfg.trainer.get("enable_progress_bar", True):
+        return [c for c in callbacks if not isinstance(c, ProgressBar)]
+    if not any(isinstance(c, ProgressBar) for c in callbacks):
+        return [*callbacks, StepProgressBar()]
+    return callbacks
+
+
 def train(cfg: DictConfig, run: Run | None = None) -> dict[str, float]:
     """Run one training job and return its summary (start/end held-out accuracy, steps)."""
     run = run or build_run(cfg)
-    trainer, module, datamodule = run.trainer, run.module, run.datamodule
-    callbacks, loggers = run.callbacks, run.loggers
+    trainer, module, loggers = run.trainer, run.module, run.loggers
 
     ckpt_path = cfg.ckpt_path
     if ckpt_path and cfg.resume_mode == "weights":
@@ -146,9 +167,29 @@ def train(cfg: DictConfig, run: Run | None = None) -> dict[str, float]:
         ckpt_path = None
 
     out_dir = Path(cfg.paths.output_dir)
+    to_wandb = wandb_loggers(loggers)
     for lg in loggers:
-        print(f"[medsrl] {type(lg).__name__} logs: {lg.log_dir}  (tensorboard --logdir {out_dir})")
+        if any(lg is w for w in to_wandb):
+            if trainer.is_global_zero:
+                print(describe_wandb(lg))  # starts the W&B run
+        else:
+            print(f"[medsrl] {type(lg).__name__} logs: {lg.log_dir}  (tensorboard --logdir {out_dir})")
 
+    try:
+        summary = _fit(cfg, run, ckpt_path, out_dir)
+    except BaseException:
+        if trainer.is_global_zero:
+            finish_wandb(loggers, exit_code=1)
+        raise
+    if trainer.is_global_zero:
+        finish_wandb(loggers, summary)  # the summary into the W&B run's summary; the run closed
+    return summary
+
+
+def _fit(cfg: DictConfig, run: Run, ckpt_path: str | None, out_dir: Path) -> dict[str, float]:
+    """``fit``, then the summary, the exported policy, the HParams session and summary.json."""
+    trainer, module, datamodule = run.trainer, run.module, run.datamodule
+    callbacks, loggers = run.callbacks, run.loggers
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
 
     summary: dict[str, float] = {}
@@ -194,13 +235,19 @@ def write_summary(out_dir: Path, summary: dict[str, float]) -> Path:
 
 # Keys that may differ between an interrupted run and its re-run without changing what it computes.
 _IDENTITY_EXEMPT = ("hydra", "paths", "logger", "skip_if_done", "ckpt_path", "resume_mode", "optimized_metric")
+# Display only, also inside a section: the progress bar (added after runs were stored).
+_IDENTITY_EXEMPT_KEYS = (("callbacks", "progress_bar"), ("trainer", "enable_progress_bar"))
 
 
 def run_identity(cfg: DictConfig) -> dict[str, Any]:
     """What makes a run this run: its config without paths and resume keys, unresolved (so no
     time stamp or directory enters). A re-run compares it with the one stored in its dir."""
     container = OmegaConf.to_container(cfg, resolve=False)
-    return {k: v for k, v in container.items() if k not in _IDENTITY_EXEMPT}
+    identity = {k: v for k, v in container.items() if k not in _IDENTITY_EXEMPT}
+    for section, key in _IDENTITY_EXEMPT_KEYS:
+        if isinstance(identity.get(section), dict):
+            identity[section].pop(key, None)
+    return identity
 
 
 def check_identity(cfg: DictConfig, out_dir: Path) -> None:
@@ -210,6 +257,7 @@ def check_identity(cfg: DictConfig, out_dir: Path) -> None:
     mine = json.loads(json.dumps(run_identity(cfg)))  # tuples -> lists, as stored
     if path.exists():
         stored = json.loads(path.read_text())
+        mine = _settings_known_to(stored, mine)
         if stored != mine:
             diff = sorted(_diff_keys(stored, mine))
             raise ValueError(
@@ -219,6 +267,14 @@ def check_identity(cfg: DictConfig, out_dir: Path) -> None:
     elif _is_rank_zero():
         data = json.dumps(mine, indent=2, sort_keys=True).encode()
         atomic_write(path, lambda f: f.write(data))
+
+
+def _settings_known_to(stored: Any, mine: Any) -> Any:
+    """``mine`` without the settings ``stored`` does not have: keys added to the code since that
+    run was stored (``data.template.kind``, ``model.lora``) leave it the same run."""
+    if isinstance(stored, dict) and isinstance(mine, dict):
+        return {k: _settings_known_to(stored[k], v) for k, v in mine.items() if k in stored}
+    return mine
 
 
 def _diff_keys(a: Any, b: Any, prefix: str = "") -> list[str]:

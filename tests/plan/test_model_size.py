@@ -48,3 +48,27 @@ def test_a_local_config_json_wins(tmp_path):
     random_model_like("qwen2", 500, hidden_size=32, num_hidden_layers=3).config.save_pretrained(tmp_path)
     size = model_size({"name_or_path": str(tmp_path), "shape": {"hidden_size": 9999}})
     assert (size.hidden_size, size.num_layers, size.vocab_size) == (32, 3, 500)
+
+
+def test_with_lora_only_the_adapters_have_gradients_and_adamw_states():
+    """Qwen2.5-7B with r=16 on every projection: 40,370,176 adapter parameters (PEFT's figure
+    for that model); the plan gives gradients and AdamW states to those only, and no KL copy."""
+    from medsrl.plan.cli import compose_train_config, plan_for
+
+    cfg = OmegaConf.load(ROOT / "configs" / "model" / "qwen2.5-math-7b.yaml")
+    assert model_size(cfg).trainable_params is None  # r 0: everything trains
+    cfg.lora.r = 16
+    assert model_size(cfg).trainable_params == 40_370_176
+
+    def bytes_of(overrides):
+        plan = plan_for(compose_train_config(["experiment=qwen2.5-math-7b_meds", "algorithm.kl_coef=0.001", *overrides]))
+        return {(p.name, i.name): i.bytes for p in plan.phases for i in p.items}, plan.notes
+
+    full, _ = bytes_of([])
+    lora, notes = bytes_of(["model.lora.r=16"])
+    shards = 8  # the experiment's FSDP ranks
+    assert lora[("update", "gradients")] == 4 * 40_370_176 // shards
+    assert lora[("update", "AdamW moments")] == 2 * 4 * 40_370_176 // shards
+    assert ("scoring", "KL reference model") in full and ("scoring", "KL reference model") not in lora
+    assert lora[("update", "weights")] == full[("update", "weights")]  # the base stays whole
+    assert any("LoRA: 40,370,176 adapter parameters" in n for n in notes)

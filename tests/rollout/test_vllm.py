@@ -200,6 +200,24 @@ def test_sync_after_an_optimiser_step_changes_outputs(engine, tok):
     assert after.response_ids != before.response_ids
 
 
+def test_a_lora_policy_is_served_with_its_adapters_merged(engine, tok):
+    """``model.lora.r > 0``: the engine gets the merged weights under the base names, and samples
+    what the adapter-wrapped policy samples; the policy itself stays unmerged."""
+    from medsrl.models.lora import LoraSettings, apply_lora
+
+    policy = apply_lora(_sharp(6), LoraSettings(r=4, alpha=8.0))
+    prompts = _prompts()[:2]
+    engine.sync_weights(policy)
+    before = engine.generate(prompts, GREEDY)
+    assert before.response_ids == _hf(policy, tok, prompts).response_ids  # lora_B = 0: the base
+    _train_towards(policy, tok, prompts[0], "42")  # the adapters only: the base is frozen
+    updated = _hf(policy, tok, prompts)
+    assert updated.response_text[0] == "42"
+    engine.sync_weights(policy)
+    assert engine.generate(prompts, GREEDY).response_ids == updated.response_ids
+    assert not any(getattr(m, "merged", False) for m in policy.modules())
+
+
 def _vllm_module(policy, tok) -> RLModule:
     return RLModule(
         policy, tok, rollout={"backend": "vllm", "vllm": ENGINE}, grader={"num_workers": 1}
@@ -359,6 +377,23 @@ def test_training_with_vllm_resumes_like_an_uninterrupted_run(tmp_path):
     module, prompts = run.module, _prompts()
     want = _hf(module.policy, module.tokenizer, prompts).response_ids
     assert module.engine.generate(prompts, GREEDY).response_ids == want
+
+
+def test_training_a_lora_policy_with_vllm_syncs_the_merged_weights_after_every_update(tmp_path):
+    """``model.lora.r=8`` (KL on: the reference is the adapters switched off): after every update
+    the engine's log-probs agree with the trainer's, so it sampled from the adapted policy."""
+    from medsrl.train import build_run, train
+    from run_helpers import compose_train, read_metrics
+
+    cfg = compose_train(tmp_path / "run", TRAIN_VLLM + ["model.lora.r=8", "trainer.max_steps=3", "rollout.logprobs=true"])
+    run = build_run(cfg)
+    assert train(cfg, run)["steps"] == 3
+    m = read_metrics(tmp_path / "run")
+    gaps = [m[s]["train/engine/logprob_diff_mean"] for s in sorted(m) if "train/engine/logprob_diff_mean" in m[s]]
+    assert len(gaps) == 3 and max(gaps) < 1e-3, gaps
+    assert m[2]["train/kl"] > 0  # the adapters moved the policy away from the base
+    module, prompts = run.module, _prompts()
+    assert module.engine.generate(prompts, GREEDY).response_ids == _hf(module.policy, module.tokenizer, prompts).response_ids
 
 
 def _engine_overrides() -> list[str]:

@@ -9,6 +9,10 @@ Not a Lightning callback: it needs the run's whole config and runs after ``fit``
 ``train.py``), when the last validation is known. The module's own ``save_hyperparameters`` call
 logs no HParams session (``default_hp_metric: false`` in ``configs/logger/tensorboard.yaml``), so
 this is the run's only one and nothing shadows the final figures.
+
+W&B (``logger=wandb`` / ``many``) gets the whole resolved config as its run config instead
+(:class:`WandbRunConfig`, nested as in the YAML, plus the experiment's name), and the summary goes
+into the W&B run's summary when ``train.py`` finishes the run (``medsrl.utils.wandb_log.finish``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 
 # The parts of the config a comparison of runs is about (dotted paths; absent ones are left out).
@@ -110,3 +115,35 @@ def log_final_hparams(loggers: Iterable[Any], cfg: DictConfig, summary: dict[str
     for lg in tensorboards:
         lg.log_hyperparams(params, metrics=metrics, step=step)
         lg.finalize("success")
+
+
+def run_config(cfg: DictConfig) -> dict[str, Any]:
+    """The whole config, resolved, as plain nested dicts, plus ``experiment`` (the Hydra choice)
+    when Hydra composed it: what a W&B run config shows and filters on."""
+    try:
+        out = OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # an interpolation only Hydra's own run resolves: keep it as written
+        out = OmegaConf.to_container(cfg, resolve=False)
+    experiment = _hydra_choice("experiment")
+    if experiment is not None:
+        out["experiment"] = experiment
+    return out
+
+
+class WandbRunConfig(Callback):
+    """Logs the run's resolved config to every ``WandbLogger`` as the W&B run config.
+
+    At the start of training, after Lightning logged the module's own hyper-parameters (the
+    algorithm without its plug-ins' settings): the whole config then replaces those keys, so
+    ``algorithm.plugins.meds.alpha`` and the rest are in the run config. ``train.py`` adds this
+    callback when a W&B logger is configured.
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        from medsrl.utils.wandb_log import wandb_loggers
+
+        for lg in wandb_loggers(trainer.loggers):
+            lg.log_hyperparams(self.config)  # rank 0 only (Lightning's rank_zero_only)

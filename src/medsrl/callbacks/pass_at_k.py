@@ -22,6 +22,7 @@ from contextlib import nullcontext
 
 from lightning.pytorch.callbacks import Callback
 
+from medsrl.callbacks.progress import set_progress_status
 from medsrl.evaluation.runner import EvalProblem, EvalSettings, sample_problems, summarize_records
 from medsrl.meds.features import FeatureSpec
 from medsrl.utils.distributed import all_gather_objects, rank_and_size, shard_bounds
@@ -92,6 +93,7 @@ class PassAtKValidation(Callback):
         prompts = trainer.datamodule.val_prompts()[: self.num_problems]
         if not prompts or self.every_n_steps <= 0:
             return
+        set_progress_status(trainer, "validating")  # the step bar, instead of looking stuck
         max_new = self.max_new_tokens or pl_module.rollout_cfg.max_new_tokens
         settings = EvalSettings(**{**self.settings.__dict__, "max_new_tokens": max_new})
         problems = [EvalProblem(p.key, p.text, p.problem, p.answer) for p in prompts]
@@ -127,3 +129,4 @@ class PassAtKValidation(Callback):
         # Straight to the loggers: this also runs from on_train_start, where self.log cannot.
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
+        set_progress_status(trainer, "")

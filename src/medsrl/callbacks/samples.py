@@ -1,4 +1,4 @@
-"""A few prompts and responses per N steps, as TensorBoard text and a jsonl file."""
+"""A few prompts and responses per N steps, as TensorBoard text, a W&B table and a jsonl file."""
 
 from __future__ import annotations
 
@@ -9,16 +9,23 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from medsrl.utils.run_dir import run_log_dir
+from medsrl.utils.wandb_log import wandb_loggers
+
+# The columns of the W&B table ``samples`` (the keys of a samples.jsonl record).
+TABLE_COLUMNS = ("step", "key", "problem", "gold", "response", "extracted", "reward", "score")
 
 
 class SampleLogger(Callback):
-    """Shows what the policy writes: TensorBoard text panel ``samples`` and ``samples.jsonl``,
-    from the rollouts the step trained on (raw reward and shaped score)."""
+    """Shows what the policy writes: TensorBoard text panel ``samples``, ``samples.jsonl`` and,
+    with a ``WandbLogger`` (``logger=wandb`` / ``many``), a W&B table ``samples`` that grows by
+    these rows each time (one table for the run), from the rollouts the step trained on (raw
+    reward and shaped score)."""
 
     def __init__(self, every_n_steps: int = 10, num_samples: int = 4, max_chars: int = 2000) -> None:
         self.every_n_steps = every_n_steps
         self.num_samples = num_samples
         self.max_chars = max_chars
+        self._tables: dict[int, object] = {}  # id(WandbLogger) -> its incremental wandb.Table
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         rollouts = pl_module.last_rollouts
@@ -52,6 +59,23 @@ class SampleLogger(Callback):
         for lg in trainer.loggers:
             if isinstance(lg, TensorBoardLogger):
                 lg.experiment.add_text("samples", text, global_step=rollouts.step)
+        if trainer.is_global_zero:
+            self._log_table(wandb_loggers(trainer.loggers), records, rollouts.step)
+
+    def _log_table(self, loggers: list, records: list[dict], step: int) -> None:
+        """The rows into each W&B logger's table, logged at ``step``. An ``INCREMENTAL`` table:
+        each log sends only the rows added since the last, and the run's ``samples`` holds them all."""
+        if not loggers or not records:
+            return
+        import wandb
+
+        for lg in loggers:
+            table = self._tables.get(id(lg))
+            if table is None:
+                table = self._tables[id(lg)] = wandb.Table(columns=list(TABLE_COLUMNS), log_mode="INCREMENTAL")
+            for r in records:
+                table.add_data(*(r[c] for c in TABLE_COLUMNS))
+            lg.log_metrics({"samples": table}, step=step)
 
 
 def _markdown(r: dict) -> str:

@@ -122,11 +122,16 @@ def select_layers(num_layers: int, spec: Any = DEFAULT_LAST_N) -> list[int]:
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    """Strip DDP / torch.compile wrappers (``.module``, ``._orig_mod``)."""
+    """Strip DDP / torch.compile / PEFT wrappers (``.module``, ``._orig_mod``, the base model
+    of a LoRA policy, whose layers the adapter forward runs through)."""
+    from medsrl.models.lora import unwrap_peft
+
     seen = 0
     while seen < 8:
         seen += 1
-        if hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
+        if unwrap_peft(model) is not model:
+            model = unwrap_peft(model)
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
             model = model._orig_mod
         elif (
             not hasattr(model, "model")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from medsrl.models.loading import load_policy, load_tokenizer
+from medsrl.models.lora import apply_lora, lora_settings
 
 log = logging.getLogger(__name__)
 
@@ -16,7 +17,8 @@ def build_policy(model_cfg: dict[str, Any], cache_dir: str | Path):
 
     ``name_or_path`` set: a Hugging Face model (name or local directory). Otherwise the tiny
     preset, warm-started on the arithmetic generator first when ``warm_start`` is set (cached
-    under ``cache_dir``, rebuilt when its config changes).
+    under ``cache_dir``, rebuilt when its config changes). With ``lora.r > 0`` the policy is
+    a ``PeftModel``: LoRA adapters over the frozen loaded weights (``models/lora.py``).
     """
     cfg = dict(model_cfg)
     name = cfg.get("name_or_path")
@@ -44,6 +46,12 @@ def build_policy(model_cfg: dict[str, Any], cache_dir: str | Path):
         )
     if cfg.get("gradient_checkpointing"):
         enable_activation_checkpointing(policy)
+    lora = lora_settings(cfg)
+    if lora.enabled:  # after checkpointing: PEFT needs to know whether it is on
+        policy = apply_lora(policy, lora)
+        trainable, total = policy.get_nb_trainable_parameters()
+        log.info("model.lora: r=%d adapters on %s, %d trainable of %d parameters", lora.r,
+                 lora.target_modules, trainable, total)
     return policy, tokenizer
 
 

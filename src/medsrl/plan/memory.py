@@ -178,7 +178,8 @@ def run_shape(cfg: Mapping[str, Any], prompt_tokens: int = DEFAULT_PROMPT_TOKENS
         generate_rows=min(rows, seqs),
         micro_batch=int(algo.get("micro_batch_size")),
         max_tokens=None if algo.get("max_tokens_per_microbatch") is None else int(algo.get("max_tokens_per_microbatch")),
-        reference_model=float(algo.get("kl_coef") or 0.0) > 0,
+        # LoRA: the reference is the policy with its adapters off, no copy (models/lora.py)
+        reference_model=float(algo.get("kl_coef") or 0.0) > 0 and not _lora_on(model),
         vllm_fraction=vllm.get("gpu_memory_utilization"),
         vllm_kv_bytes=vllm.get("kv_cache_memory_bytes"),
         vllm_weight_bytes=engine_bytes,
@@ -187,6 +188,10 @@ def run_shape(cfg: Mapping[str, Any], prompt_tokens: int = DEFAULT_PROMPT_TOKENS
         hardware=None if hardware is None else str(hardware.get("name", "")),
         on_gpu=str(trainer.get("accelerator", "cpu")) != "cpu",
     )
+
+
+def _lora_on(model: Mapping[str, Any]) -> bool:
+    return int((model.get("lora") or {}).get("r") or 0) > 0
 
 
 def _count(v: Any) -> int:
@@ -236,6 +241,7 @@ def head_chunk_bytes(size: ModelSize, chunk: int, compute_bytes: int, backward: 
 def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
     """The bytes per GPU of every phase of a step (see the module docstring)."""
     P, shards = size.params, run.shards
+    Pt = size.trained  # with gradients and AdamW states: all, or with LoRA the adapters
     c, m = run.compute_bytes, run.master_bytes
     V, H = size.vocab_size, size.hidden_size
     share = f"/ {shards} ranks" if shards > 1 else ""
@@ -248,7 +254,7 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
     resident = [
         Item("weights", m * P // shards, f"{P:,} params x {m} B {share}".strip(),
              "" if run.sharded else "trainer=fsdp trainer.devices=N"),
-        Item("AdamW moments", 2 * m * P // shards, f"2 x {P:,} x {m} B {share}".strip(),
+        Item("AdamW moments", 2 * m * Pt // shards, f"2 x {Pt:,} x {m} B {share}".strip(),
              "" if run.sharded else "trainer=fsdp trainer.devices=N"),
     ]
     if run.on_gpu:
@@ -302,12 +308,12 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
     if cast is not None:
         scoring.items.append(cast)
 
-    grads = Item("gradients", m * P // shards, f"{P:,} x {m} B {share}".strip(),
+    grads = Item("gradients", m * Pt // shards, f"{Pt:,} x {m} B {share}".strip(),
                  "" if run.sharded else "trainer=fsdp trainer.devices=N")
     update = Phase("update", [*resident, rollouts, grads])
     if engine is not None and not run.vllm_sleep:
         update.items.append(engine)
-    buckets = Item("DDP gradient buckets", m * P, f"{P:,} x {m} B", "trainer=fsdp") if run.ddp else None
+    buckets = Item("DDP gradient buckets", m * Pt, f"{Pt:,} x {m} B", "trainer=fsdp") if run.ddp else None
     if buckets is not None:
         update.items.append(buckets)
     if run.sharded:
@@ -348,7 +354,7 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
         step.items.append(engine)
     if buckets is not None:
         step.items.append(buckets)
-    step.items.append(Item("AdamW temporaries", m * P // shards, f"foreach: one fp32 list the size of the {'shards' if shards > 1 else 'params'}"))
+    step.items.append(Item("AdamW temporaries", m * Pt // shards, f"foreach: one fp32 list the size of the {'shards' if shards > 1 else 'params'}"))
 
     phases = [generation, scoring, update, step]
     if engine is not None:  # the weights copied into the engine (its KV cache asleep when it sleeps)
@@ -357,6 +363,9 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
             f"{P:,} x {run.vllm_weight_bytes} B; the KV cache stays asleep until generation")
         phases.append(Phase("weight sync", [*resident, rollouts, held, *([gathered] if gathered else [])]))
     plan = MemoryPlan(run, size, phases)
+    if size.trainable_params is not None:
+        plan.notes.append(f"LoRA: {Pt:,} adapter parameters train (gradients and AdamW states for those "
+                          f"only, their weights not counted above); the {P:,} base weights are frozen")
     if engine is not None:
         plan.notes.append(_engine_note(size, run))
     if run.backend == "hf":

@@ -10,7 +10,7 @@ model config) or from a local ``name_or_path``'s config.json, which wins.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,12 @@ class ModelSize:
     vocab_size: int
     q_width: int  # num_attention_heads * head_dim
     kv_width: int  # num_key_value_heads * head_dim
+    trainable_params: int | None = None  # those with gradients and AdamW states; None: all (LoRA: the adapters')
+
+    @property
+    def trained(self) -> int:
+        """The parameters that have gradients and AdamW states."""
+        return self.params if self.trainable_params is None else self.trainable_params
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -38,10 +44,20 @@ class ModelSize:
 
 
 def model_size(model_cfg: Mapping[str, Any]) -> ModelSize:
-    """The :class:`ModelSize` of the ``model`` config group's model (built on ``meta``)."""
+    """The :class:`ModelSize` of the ``model`` config group's model (built on ``meta``); with
+    ``model.lora.r > 0`` the trainable parameters are the adapters'."""
+    from medsrl.models.lora import lora_settings, trainable_params
+
+    model = meta_model(model_cfg)
+    lora = lora_settings(model_cfg)
+    size = size_of(model)
+    return replace(size, trainable_params=trainable_params(model, lora)) if lora.enabled else size
+
+
+def meta_model(model_cfg: Mapping[str, Any]) -> torch.nn.Module:
+    """The ``model`` config group's model on the ``meta`` device: its modules, no storage."""
     with torch.device("meta"):
-        model = _meta_model(model_cfg)
-    return size_of(model)
+        return _meta_model(model_cfg)
 
 
 def size_of(model: torch.nn.Module) -> ModelSize:

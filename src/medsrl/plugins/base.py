@@ -34,6 +34,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from medsrl.utils import wandb_log
+
 if TYPE_CHECKING:
     from medsrl.data.example import Prompt
     from medsrl.step.metrics import PhaseTimer
@@ -72,15 +74,21 @@ class StepContext:
             return []
         return [lg.experiment for lg in self.trainer.loggers if isinstance(lg, TensorBoardLogger)]
 
+    def _wandb_loggers(self) -> list:
+        return wandb_log.wandb_loggers(self.trainer.loggers) if self.trainer.is_global_zero else []
+
     def histogram(self, plugin: Plugin, tag: str, values) -> None:
-        """A TensorBoard histogram ``<plugin name>/<tag>`` (rank 0; no-op without TensorBoard)."""
+        """A histogram ``<plugin name>/<tag>`` in TensorBoard and W&B (rank 0; no-op without
+        either logger)."""
         for w in self._writers():
             w.add_histogram(f"{plugin.name}/{tag}", values, global_step=self.step)
+        wandb_log.log_histogram(self._wandb_loggers(), f"{plugin.name}/{tag}", values, self.step)
 
     def text(self, plugin: Plugin, tag: str, text: str) -> None:
-        """A TensorBoard text panel ``<plugin name>/<tag>`` (rank 0)."""
+        """A text panel ``<plugin name>/<tag>`` in TensorBoard and W&B (rank 0)."""
         for w in self._writers():
             w.add_text(f"{plugin.name}/{tag}", text, self.step)
+        wandb_log.log_text(self._wandb_loggers(), f"{plugin.name}/{tag}", text, self.step)
 
 
 class Plugin(Callback):

@@ -67,6 +67,7 @@ from transformers import PreTrainedTokenizerBase
 
 from medsrl.algo.guard import LIKELY_CAUSES, NONFINITE_SAMPLING, RunawayError
 from medsrl.models.loading import stop_token_ids as default_stop_token_ids
+from medsrl.models.lora import merged_state_dict
 from medsrl.rollout.base import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -264,10 +265,11 @@ class VLLMRolloutEngine:
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Copy ``model``'s current weights into the engine in place, then drop the prefix cache
-        (the KV cache stays asleep: only ``generate`` needs it)."""
+        (the KV cache stays asleep: only ``generate`` needs it). A LoRA policy's weights go in
+        merged, under the base model's names (``models/lora.py``: the training model untouched)."""
         self._check_open()
         self._wake(["weights"])
-        weights = [(name, t.detach()) for name, t in model.state_dict().items()]
+        weights = [(name, t.detach()) for name, t in merged_state_dict(model).items()]
         with torch.no_grad():
             self.load_api = self.llm.collective_rpc(_load_into_worker, args=(weights,))[0]
         if "kv_cache" not in self._asleep and not self.llm.reset_prefix_cache():

@@ -117,8 +117,11 @@ class PolicyFSDPStrategy(FSDPStrategy):
 
 def layer_classes(policy: nn.Module) -> set[type[nn.Module]]:
     """The classes of the blocks FSDP must not split: the model's ``_no_split_modules`` (its
-    decoder layers, e.g. ``Qwen2DecoderLayer``), found among its modules."""
-    names = set(getattr(policy, "_no_split_modules", None) or [])
+    decoder layers, e.g. ``Qwen2DecoderLayer``), found among its modules; a LoRA policy's are
+    its base model's (the adapters sit inside the layers and shard with them)."""
+    from medsrl.models.lora import unwrap_peft
+
+    names = set(getattr(unwrap_peft(policy), "_no_split_modules", None) or [])
     classes = {type(m) for m in policy.modules() if type(m).__name__ in names}
     if not classes:
         raise ValueError(
@@ -130,13 +133,21 @@ def layer_classes(policy: nn.Module) -> set[type[nn.Module]]:
 
 def shard_policy(policy: nn.Module, strategy: FSDPStrategy) -> nn.Module:
     """``policy`` with one FSDP unit per decoder layer and a root unit for the rest, with the
-    sharding, precision and offload of ``strategy``, on its root device."""
+    sharding, precision and offload of ``strategy``, on its root device. A LoRA policy's
+    adapter weights are units of their own: FSDP keeps a flat gradient the size of every unit
+    with a trainable weight, so a layer's unit then holds only frozen weights and none."""
     from torch.distributed.fsdp import FullyShardedDataParallel
-    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
 
+    from medsrl.models.lora import is_adapter_leaf, is_lora
+
+    classes = tuple(layer_classes(policy))
+    wrap = ModuleWrapPolicy(classes)
+    if is_lora(policy):
+        wrap = CustomPolicy(lambda m: isinstance(m, classes) or is_adapter_leaf(m))
     return FullyShardedDataParallel(
         policy,
-        auto_wrap_policy=ModuleWrapPolicy(layer_classes(policy)),
+        auto_wrap_policy=wrap,
         sharding_strategy=strategy.sharding_strategy,
         cpu_offload=strategy.cpu_offload,
         mixed_precision=strategy.mixed_precision_config,

@@ -1,0 +1,203 @@
+"""A progress bar that counts RL steps: ``step 37/60 |████▉   | [01:54<01:11, 3.1s/step, reward=0.412, acc=0.375]``.
+
+Lightning's default bar counts epochs and batches per second, which for an RL run (no epochs,
+``max_epochs=-1``, one batch = one step of tens of seconds) reads "Epoch 0/-2 ... 0.03it/s". This
+one counts optimiser steps against ``trainer.max_steps`` (from the resumed step on a resume) and
+shows:
+
+- the seconds per step: the mean of the last ``window`` steps, each as the module times its
+  ``training_step`` (``train/time/step``; a held-out validation at that step is not counted);
+- the elapsed time since the first step started (the validation before it is not counted) and
+  the remaining time at the rate so far, later validations included;
+- the metrics the module logs with ``prog_bar=True`` (``train/reward``, ``train/acc``) without
+  their ``train/`` prefix, and no ``v_num``.
+
+While ``PassAtKValidation`` samples the held-out problems the bar says so (``validating``)
+instead of looking stuck, from the validation before the first step on; there is no second bar
+(this run has no Lightning validation loop, and a Lightning sanity check or validation bar is
+never shown). The bar closes at the last step, so Lightning's "`Trainer.fit` stopped" line comes
+under it. Placed last among the callbacks, it redraws after their step-end work. Only rank 0
+draws it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from typing import Any
+
+from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+
+BAR_FORMAT = "step {n_fmt}/{total_fmt} |{bar}| [{elapsed}<{remaining}{postfix}]"
+BAR_FORMAT_NO_TOTAL = "step {n_fmt} [{elapsed}{postfix}]"  # max_steps=-1: no total, no ETA
+
+
+class StepProgressBar(TQDMProgressBar):
+    """``step <n>/<max_steps>`` with seconds per step and the ``prog_bar`` metrics.
+
+    ``refresh_rate``: redraw every N steps (0: no bar); ``window``: steps averaged for the
+    seconds per step; ``prefix``: stripped from the metric names (``train/reward`` -> ``reward``);
+    ``step_time_metric``: the logged metric that times a step (the module's ``train/time/step``:
+    its ``training_step`` alone); without it the bar times its own step hooks.
+    """
+
+    def __init__(self, refresh_rate: int = 1, process_position: int = 0, window: int = 10,
+                 prefix: str = "train/", step_time_metric: str | None = "train/time/step",
+                 leave: bool = True) -> None:
+        super().__init__(refresh_rate=refresh_rate, process_position=process_position, leave=leave)
+        self.window = max(1, int(window))
+        self.prefix = prefix
+        self.step_time_metric = step_time_metric
+        self._step_times: deque[float] = deque(maxlen=self.window)
+        self._step_start: float | None = None
+        self._started = False  # the first step began (the clock restarts then)
+        self._closed = False
+        self._status = ""
+
+    # ------------------------------------------------------------ text
+
+    def seconds_per_step(self) -> float | None:
+        """The mean duration of the last ``window`` steps; None before the first."""
+        return sum(self._step_times) / len(self._step_times) if self._step_times else None
+
+    def postfix(self, trainer) -> str:
+        """``3.1s/step, reward=0.412, acc=0.375`` (and ``validating`` while it runs)."""
+        parts = []
+        sps = self.seconds_per_step()
+        if sps is not None:
+            parts.append(f"{sps:.{2 if sps < 1 else 1 if sps < 100 else 0}f}s/step")
+        for name, value in self.get_metrics(trainer, trainer.lightning_module).items():
+            parts.append(f"{name}={_fmt(value)}")
+        if self._status:
+            parts.append(self._status)
+        return ", ".join(parts)
+
+    def get_metrics(self, trainer, pl_module) -> dict[str, Any]:
+        """The ``prog_bar=True`` metrics, ``train/`` prefix dropped; no ``v_num``."""
+        out = {}
+        for name, value in trainer.progress_bar_metrics.items():
+            out[name.removeprefix(self.prefix) if self.prefix else name] = value
+        return out
+
+    def set_status(self, text: str) -> None:
+        """A word after the metrics (``validating``), ``""`` to clear it; redraws at once. Before
+        the first step (the validation at start) this opens the bar."""
+        self._status = text
+        if self._trainer is None or self._closed:
+            return
+        if self._train_progress_bar is None:
+            self._open()
+        bar = self.train_progress_bar
+        if not bar.disable:
+            if not self._started:
+                self._restart_clock(bar)  # the clock runs from the first step on
+            bar.n = self._trainer.global_step
+            bar.set_postfix_str(self.postfix(self._trainer), refresh=True)
+
+    # ------------------------------------------------------------ bars
+
+    def init_train_tqdm(self) -> Tqdm:
+        total = self._total_steps()
+        return Tqdm(
+            total=total,
+            initial=self.trainer.global_step,
+            position=2 * self.process_position,
+            disable=self.is_disabled,
+            leave=self._leave,
+            dynamic_ncols=True,
+            file=sys.stdout,
+            smoothing=0,
+            bar_format=BAR_FORMAT if total is not None else BAR_FORMAT_NO_TOTAL,
+        )
+
+    def _total_steps(self) -> int | None:
+        max_steps = self.trainer.max_steps
+        return max_steps if max_steps is not None and max_steps > 0 else None
+
+    def init_sanity_tqdm(self) -> Tqdm:
+        return Tqdm(disable=True)  # no second bar: the module has no validation_step
+
+    def init_validation_tqdm(self) -> Tqdm:
+        return Tqdm(disable=True)
+
+    def _open(self) -> None:
+        self._step_times.clear()
+        self._started = False
+        self._closed = False
+        self.train_progress_bar = self.init_train_tqdm()
+
+    def _close(self, trainer) -> None:
+        if self._closed or self._train_progress_bar is None:
+            return
+        bar = self.train_progress_bar
+        self._status = ""
+        if not bar.disable:
+            bar.n = trainer.global_step
+            bar.set_postfix_str(self.postfix(trainer), refresh=False)
+        bar.close()  # leave=True: the last line stays, then a new line
+        self._closed = True
+
+    # ------------------------------------------------------------ hooks
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self._train_progress_bar is None or self._closed:
+            self._open()  # else opened already by a validation before the first step
+
+    def on_train_epoch_start(self, trainer, *_: Any) -> None:
+        pass  # no epochs here: the bar is the run's
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        pass
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self._step_start = time.monotonic()
+        bar = self._train_progress_bar
+        if not self._started and bar is not None and not bar.disable:
+            self._restart_clock(bar)  # the validation before step 1 is not a step
+        self._started = True
+
+    @staticmethod
+    def _restart_clock(bar: Tqdm) -> None:
+        bar.start_t = bar.last_print_t = bar._time()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self._step_times.append(self._step_seconds(trainer))
+        self._step_start = None
+        bar = self._train_progress_bar
+        if bar is None or bar.disable or self._closed:
+            return
+        n = trainer.global_step
+        if n == bar.total:
+            self._close(trainer)  # before Lightning's "`Trainer.fit` stopped" line, not under it
+        elif self._should_update(n, bar.total):
+            bar.n = n
+            bar.set_postfix_str(self.postfix(trainer), refresh=False)
+            bar.refresh()
+
+    def _step_seconds(self, trainer) -> float:
+        """The step's own duration: the module's logged step time, else this bar's hooks' span."""
+        value = trainer.callback_metrics.get(self.step_time_metric) if self.step_time_metric else None
+        if value is not None:
+            return float(value)
+        return time.monotonic() - self._step_start if self._step_start is not None else 0.0
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._close(trainer)
+
+    def _should_update(self, current: int, total: int | None) -> bool:
+        return self.is_enabled and (current % self.refresh_rate == 0 or current == total)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def set_progress_status(trainer, text: str) -> None:
+    """Tell the run's step bar what is happening between steps (``validating``); no-op without one."""
+    bar = getattr(trainer, "progress_bar_callback", None)
+    if isinstance(bar, StepProgressBar):
+        bar.set_status(text)

@@ -1,0 +1,235 @@
+"""LoRA through PEFT: the policy wrapped in low-rank adapters, and the helpers around it.
+
+``model.lora.r > 0`` wraps the loaded policy in a ``peft.PeftModel`` whose base weights are
+frozen; only the adapters (``lora_A`` / ``lora_B`` of each ``target_modules`` projection) train.
+What the rest of the code needs from that, each in one place here:
+
+* the Lightning checkpoint holds the adapter weights only (:func:`checkpoint_state`): the base
+  is rebuilt from ``model.name_or_path`` (or the tiny preset and its cached warm start) at load;
+* the KL reference is the same module with its adapters switched off (:func:`reference_policy`),
+  not a second copy of the model;
+* an engine holding its own weights (vLLM) gets the merged weights under the base model's names
+  (:func:`merged_state_dict`), computed without touching the training model;
+* the export is a plain Hugging Face model directory of merged weights, or the adapter alone
+  (:func:`export_view`);
+* code that looks for the decoder layers (MEDS's capture, FSDP's units) looks inside the wrapper
+  (:func:`unwrap_peft`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+from torch import nn
+
+# The attention and MLP projections of Qwen2 / Qwen3 / Llama: every linear map of a decoder layer.
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# PEFT's name part of every LoRA weight (``...q_proj.lora_A.default.weight``): the trainable ones.
+ADAPTER_MARK = "lora_"
+# The adapters' own random initialisation (lora_A; lora_B starts at zero) is drawn from this seed
+# in a forked generator: the same adapters whether or not the warm start was cached, and the
+# run's other random draws unchanged by turning LoRA on.
+INIT_SEED = 0
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """``model.lora``: ``r`` 0 is off (full fine-tune). ``dropout`` 0 by default: a dropout mask
+    is drawn from the global generator, which a resumed run does not continue, so only without
+    it does a resume give exactly the uninterrupted run."""
+
+    r: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] | str = DEFAULT_TARGETS
+    merge_on_export: bool = True
+
+    @property
+    def enabled(self) -> bool:
+        return self.r > 0
+
+    @property
+    def scale(self) -> float:
+        """What ``B @ A`` is multiplied by in the forward (PEFT's ``scaling``)."""
+        return self.alpha / self.r
+
+
+def lora_settings(model_cfg: Mapping[str, Any]) -> LoraSettings:
+    """The settings of ``model_cfg["lora"]``; off when the model config has none (older configs)."""
+    node = dict(model_cfg.get("lora") or {})
+    known = {f.name for f in fields(LoraSettings)}
+    unknown = sorted(set(node) - known)
+    if unknown:
+        raise ValueError(f"model.lora.{unknown[0]} is not a setting of model.lora (known: {', '.join(sorted(known))})")
+    targets = node.pop("target_modules", DEFAULT_TARGETS)
+    targets = targets if isinstance(targets, str) else tuple(targets)
+    return LoraSettings(target_modules=targets, **node)
+
+
+def is_lora(model: nn.Module) -> bool:
+    """Whether ``model`` (or the module an FSDP wrapper holds) is a PEFT-wrapped policy."""
+    from peft import PeftModel
+
+    from medsrl.utils.sharding import is_sharded
+
+    return isinstance(model.module if is_sharded(model) else model, PeftModel)
+
+
+def unwrap_peft(model: nn.Module) -> nn.Module:
+    """The Hugging Face model inside a ``PeftModel`` (the same modules, adapters injected), else
+    ``model``: its ``model.layers``, ``model.norm`` and LM head are where a plain model has them."""
+    from peft import PeftModel
+
+    return model.get_base_model() if isinstance(model, PeftModel) else model
+
+
+def target_problems(model: nn.Module, targets: Sequence[str] | str) -> list[str]:
+    """The ``target_modules`` names that match no module of ``model``: PEFT silently skips such a
+    name when another one matches, and the run would train fewer layers than asked for."""
+    if isinstance(targets, str):  # "all-linear" or a regex: PEFT resolves (and checks) those
+        return []
+    names = [name for name, _ in model.named_modules()]
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+    found = []
+    for target in targets:
+        if not any(n == target or n.endswith("." + target) for n in names):
+            found.append(f"model.lora.target_modules: {target!r} matches no module of {type(model).__name__} "
+                         f"(its linear layers: {', '.join(linear)})")
+    return found
+
+
+def apply_lora(policy: nn.Module, settings: LoraSettings) -> nn.Module:
+    """``policy`` wrapped in LoRA adapters (``settings.enabled``), else ``policy`` itself.
+
+    Call after activation checkpointing is set up: ``get_peft_model`` then makes the embeddings'
+    output require grad (``enable_input_require_grads``), which checkpointed layers over frozen
+    weights need.
+    """
+    if not settings.enabled:
+        return policy
+    from peft import LoraConfig, get_peft_model
+
+    problems = target_problems(policy, settings.target_modules)
+    if problems:
+        raise ValueError("; ".join(problems))
+    config = LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=settings.target_modules if isinstance(settings.target_modules, str)
+        else list(settings.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # PEFT reads transformers' deprecated is_gradient_checkpointing to decide the above
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*deprecated", category=FutureWarning)
+        torch.manual_seed(INIT_SEED)
+        return get_peft_model(policy, config)
+
+
+def is_adapter_leaf(module: nn.Module) -> bool:
+    """A module with no children whose weight trains: PEFT's ``lora_A`` / ``lora_B`` layers (an
+    FSDP unit each, apart from the frozen weights around them; ``utils/sharding.py``)."""
+    weight = getattr(module, "weight", None)
+    return next(module.children(), None) is None and isinstance(weight, torch.Tensor) and weight.requires_grad
+
+
+def is_adapter_key(key: str) -> bool:
+    """Whether a state-dict key names an adapter weight (``...lora_A.default.weight``)."""
+    return ADAPTER_MARK in key
+
+
+def checkpoint_state(state: Mapping[str, torch.Tensor], lora: bool) -> dict[str, torch.Tensor]:
+    """What a checkpoint keeps of a module's ``state``: everything, or with LoRA the adapter
+    weights only (the frozen base is rebuilt from the model config at load)."""
+    return dict(state) if not lora else {k: v for k, v in state.items() if is_adapter_key(k)}
+
+
+def mismatch_message(missing: Sequence[str], unexpected: Sequence[str], lora: bool) -> str:
+    """Why a checkpoint does not fit the policy, saying so plainly when one side has LoRA
+    adapters and the other not (a full fine-tune's checkpoint into a LoRA run, or back)."""
+    base = f"checkpoint does not match the policy: missing {list(missing)[:5]}, unexpected {list(unexpected)[:5]}"
+    if lora and unexpected and not any(is_adapter_key(k) for k in unexpected) and all(is_adapter_key(k) for k in missing):
+        return (f"{base}. This run trains LoRA adapters (model.lora.r > 0) but the checkpoint holds full "
+                "weights (a run with model.lora.r=0): resume it with model.lora.r=0, or export its "
+                "policy and start a LoRA run from it (model.name_or_path=<run>/policy)")
+    if not lora and any(is_adapter_key(k) for k in unexpected):
+        return (f"{base}. The checkpoint holds LoRA adapter weights (a run with model.lora.r > 0): "
+                "resume it with the same model.lora settings")
+    return base
+
+
+@contextlib.contextmanager
+def reference_policy(policy: nn.Module, copy: nn.Module | None) -> Iterator[nn.Module]:
+    """The frozen KL reference for the block: its own ``copy`` when there is one (full
+    fine-tune), else ``policy`` with its adapters disabled: the base model, with no second copy
+    of the weights."""
+    if copy is not None:
+        yield copy
+        return
+    with policy.disable_adapter():
+        yield policy
+
+
+@torch.no_grad()
+def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The weights a plain model would hold with the adapters merged, ``W + scale * B @ A``, under
+    the base model's own names (``model.layers.0.self_attn.q_proj.weight``); for an engine with its
+    own copy (vLLM) and the merged export. ``model`` is left as it is (nothing merged in place);
+    weights without an adapter are returned as they are, not copied. A plain model: its state."""
+    if not is_lora(model):
+        return dict(model.state_dict())
+    from peft.tuners.lora import LoraLayer
+
+    base = unwrap_peft(model)
+    deltas: dict[str, torch.Tensor] = {}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer) and not module.merged and not module.disable_adapters:
+            for adapter in module.active_adapters:
+                if adapter in module.lora_A:
+                    key = f"{name}.base_layer.weight"
+                    delta = module.get_delta_weight(adapter)
+                    deltas[key] = delta if key not in deltas else deltas[key] + delta
+    out = {}
+    for key, value in base.state_dict().items():
+        if is_adapter_key(key):
+            continue
+        if key in deltas:
+            value = value + deltas[key].to(value.dtype)
+        out[key.replace(".base_layer.", ".")] = value.detach()
+    return out
+
+
+def export_view(policy: nn.Module, merge: bool) -> tuple[nn.Module, dict[str, torch.Tensor] | None]:
+    """What to call ``save_pretrained`` on, and with which state dict (None: the module's own).
+
+    A plain policy: itself. LoRA merged: the base Hugging Face model with the merged weights, a
+    directory ``AutoModelForCausalLM`` loads. LoRA not merged: the ``PeftModel``, whose
+    ``save_pretrained`` writes the adapter (``adapter_config.json`` naming the base, and the
+    adapter weights)."""
+    if not is_lora(policy):
+        return policy, None
+    if merge:
+        return unwrap_peft(policy), merged_state_dict(policy)
+    return policy, None
+
+
+def trainable_params(model: nn.Module, settings: LoraSettings) -> int:
+    """The adapter parameters LoRA would add to ``model`` (works on the ``meta`` device):
+    ``r * (in + out)`` per targeted linear layer. For the memory plan (gradients, AdamW states)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    targets = settings.target_modules
+
+    def targeted(name: str, module: nn.Module) -> bool:
+        if isinstance(targets, str):  # "all-linear": every linear layer but the LM head
+            return module is not head
+        return name.rsplit(".", 1)[-1] in targets
+
+    return sum(settings.r * (m.in_features + m.out_features)
+               for name, m in model.named_modules() if isinstance(m, nn.Linear) and targeted(name, m))

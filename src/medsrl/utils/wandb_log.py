@@ -1,0 +1,96 @@
+"""Weights & Biases beside TensorBoard: what the run sends to W&B besides Lightning's metrics.
+
+``logger=wandb`` / ``logger=many`` (configs/logger/) put Lightning's ``WandbLogger`` among the
+trainer's loggers; the helpers here find it there and log what TensorBoard gets as histograms and
+text (the plug-ins' ``StepContext``), open the run early to say where it writes, and finish it
+with the run's summary. ``wandb`` is an optional dependency (the ``wandb`` extra): nothing here
+imports it unless a ``WandbLogger`` is in use, and ``config_checks`` refuses ``logger=wandb``
+without it, before any model loads.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+INSTALL_HINT = 'pip install -e ".[wandb]"'
+
+
+def wandb_installed() -> bool:
+    """Whether ``import wandb`` would find the package (without importing it)."""
+    try:
+        return importlib.util.find_spec("wandb") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def is_wandb_target(target: Any) -> bool:
+    """A logger config's ``_target_`` naming W&B's logger (Lightning's or a subclass named so)."""
+    return isinstance(target, str) and target.rsplit(".", 1)[-1] == "WandbLogger"
+
+
+def wandb_loggers(loggers: Iterable[Any]) -> list[Any]:
+    """The ``WandbLogger``s among ``loggers`` (importing Lightning's class does not import wandb)."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    return [lg for lg in loggers if isinstance(lg, WandbLogger)]
+
+
+def log_histogram(loggers: Iterable[Any], tag: str, values: Any, step: int) -> None:
+    """A ``wandb.Histogram`` of ``values`` (a tensor or sequence) at ``step``, on every W&B logger."""
+    targets = wandb_loggers(loggers)
+    if not targets:
+        return
+    import numpy as np
+    import torch
+    import wandb
+
+    array = np.asarray(torch.as_tensor(values).detach().float().cpu().reshape(-1))
+    if array.size == 0:
+        return
+    for lg in targets:
+        lg.log_metrics({tag: wandb.Histogram(array)}, step=step)
+
+
+def log_text(loggers: Iterable[Any], tag: str, text: str, step: int) -> None:
+    """``text`` as a preformatted HTML panel at ``step`` (W&B has no plain text panel)."""
+    targets = wandb_loggers(loggers)
+    if not targets:
+        return
+    import wandb
+
+    panel = wandb.Html(f"<pre style='white-space: pre-wrap'>{html.escape(text)}</pre>")
+    for lg in targets:
+        lg.log_metrics({tag: panel}, step=step)
+
+
+def run_dir(logger: Any) -> Path:
+    """The W&B run's directory (``<save_dir>/wandb/offline-run-<time>-<id>``); starts the run."""
+    return Path(logger.experiment.settings.sync_dir)
+
+
+def describe(logger: Any) -> str:
+    """One line on where a W&B run writes and how to upload it (starts the run: rank 0 only)."""
+    run = logger.experiment
+    where = run_dir(logger)
+    if getattr(run, "offline", False):
+        return f"[medsrl] WandbLogger (offline) run {run.id}: {where}  (upload: wandb sync {where})"
+    return f"[medsrl] WandbLogger run {run.id}: {getattr(run, 'url', None) or where}"
+
+
+def finish(loggers: Iterable[Any], summary: dict[str, Any] | None = None, exit_code: int = 0) -> None:
+    """Put the run's summary into each open W&B run's summary and finish it (rank 0).
+
+    Finishing matters in one process that trains twice (tests, a sweep in-process): W&B reuses
+    an unfinished run for the next ``WandbLogger``.
+    """
+    for lg in wandb_loggers(loggers):
+        run = getattr(lg, "_experiment", None)  # never start a run only to finish it
+        if run is None or not hasattr(run, "finish"):
+            continue
+        if summary:
+            run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool))})
+        run.finish(exit_code=exit_code)
