@@ -149,7 +149,7 @@ class StepProgressBar(TQDMProgressBar):
         pass  # no epochs here: the bar is the run's
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        pass
+        """Nothing: the parent closes and resets its bar per epoch; this one lasts the run."""
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         self._step_start = time.monotonic()
