@@ -32,6 +32,7 @@ from medsrl.algo.guard import (
 from medsrl.algo.policy_loss import policy_loss_reducers
 from medsrl.config import AlgorithmConfig, GraderConfig, OptimConfig, RolloutConfig, build, to_dict
 from medsrl.models import lora
+from medsrl.models.export import save_policy
 from medsrl.plugins import Plugin, PluginHost, StepContext
 from medsrl.reward.grader import MathGrader
 from medsrl.rollout.base import SamplingParams
@@ -335,22 +336,8 @@ class RLModule(L.LightningModule):
         With LoRA: the merged weights as a plain model (``model.lora.merge_on_export``), else
         the adapter alone."""
         with self.full_policy() as full:
-            if rank_and_size()[0] != 0:
-                return
-            policy, state = lora.export_view(full, self.merge_on_export)
-            if dtype is None:
-                policy.save_pretrained(path, **({} if state is None else {"state_dict": state}))
-            else:
-                state = {k: v.to(dtype) for k, v in (state or policy.state_dict()).items()}
-                was = policy.config.dtype
-                try:
-                    policy.save_pretrained(path, state_dict=state)
-                    if not lora.is_lora(policy):  # an adapter directory has no config.json
-                        policy.config.dtype = dtype  # save_pretrained writes the parameters' dtype
-                        policy.config.save_pretrained(path)
-                finally:
-                    policy.config.dtype = was
-            self.tokenizer.save_pretrained(path)
+            if rank_and_size()[0] == 0:
+                save_policy(full, self.tokenizer, path, dtype=dtype, merge_on_export=self.merge_on_export)
 
 
 def _scoring_reducers(host: PluginHost, algo: AlgorithmConfig) -> dict:

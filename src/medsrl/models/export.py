@@ -1,0 +1,31 @@
+"""Saving a policy the Hugging Face way: final export and bf16 milestones.
+
+A plain model is written as it is, or cast to ``dtype`` with config.json saying so; a LoRA policy
+as its merged weights (a plain model) or as the adapter alone (``models/lora.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from medsrl.models import lora
+
+
+def save_policy(policy: nn.Module, tokenizer, path, *, dtype: torch.dtype | None = None,
+                merge_on_export: bool = True) -> None:
+    """Write ``policy`` (all its weights on this process) and ``tokenizer`` to ``path``."""
+    model, state = lora.export_view(policy, merge_on_export)
+    if dtype is None:
+        model.save_pretrained(path, **({} if state is None else {"state_dict": state}))
+    else:
+        state = {k: v.to(dtype) for k, v in (state or model.state_dict()).items()}
+        was = model.config.dtype
+        try:
+            model.save_pretrained(path, state_dict=state)
+            if not lora.is_lora(model):  # an adapter directory has no config.json
+                model.config.dtype = dtype  # save_pretrained writes the parameters' dtype
+                model.config.save_pretrained(path)
+        finally:
+            model.config.dtype = was
+    tokenizer.save_pretrained(path)
