@@ -33,8 +33,8 @@ from importlib.metadata import version
 import numpy as np
 import torch
 
-from medsrl.meds.clustering import fit_cluster_labels
-from medsrl.meds.refit import BackgroundRefitter
+from medsrl.methods.meds.clustering import fit_cluster_labels
+from medsrl.methods.meds.refit import BackgroundRefitter
 
 DIM = 14
 

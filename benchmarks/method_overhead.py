@@ -44,9 +44,9 @@ os.environ.setdefault("MEDSRL_ROOT", str(ROOT))
 import numpy as np  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from medsrl.meds.clustering import fit_cluster_labels  # noqa: E402
-from medsrl.meds.features import AnswerFeatureReader  # noqa: E402
-from medsrl.plugins.meds import Meds  # noqa: E402
+from medsrl.methods.meds.clustering import fit_cluster_labels  # noqa: E402
+from medsrl.methods.meds.features import AnswerFeatureReader  # noqa: E402
+from medsrl.methods.meds.plugin import Meds  # noqa: E402
 from medsrl.train import build_run, train  # noqa: E402
 
 QUIET = {  # no snapshots or panels inside the timed steps
@@ -55,7 +55,7 @@ QUIET = {  # no snapshots or panels inside the timed steps
 }
 PLUGINS_OF = {"meds": ["meds"], "r3": ["r3"], "meds_r3": ["meds", "r3"]}
 # DAPO's filter without extra rounds: the same generation work as the runs without it
-FILTER_ONLY = "algorithm.plugins.dynamic_sampling={_target_: medsrl.plugins.dynamic_sampling.DynamicSampling, max_rounds: 0}"
+FILTER_ONLY = "algorithm.plugins.dynamic_sampling={_target_: medsrl.methods.dynamic_sampling.DynamicSampling, max_rounds: 0}"
 VARIANTS = {  # name -> (algorithm preset, overrides); compare meds_dropped with meds_filter
     # DAPO with the no-grad scoring forward that MEDS reads its features from. Plain DAPO skips it
     # (one epoch, one mini-batch: RLModule.scoring_forward_needed); naming the mini-batch of all

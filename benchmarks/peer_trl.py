@@ -237,9 +237,9 @@ def worker_trl(args) -> dict:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
+    from medsrl.methods.overlong import overlong_penalty
     from medsrl.models.loading import load_tokenizer, resolve_dtype, stop_token_ids
     from medsrl.reward.grader import MathGrader
-    from medsrl.reward.overlong import overlong_penalty
 
     out = Path(args.out)
     cfg = compose(out / "medsrl-config", args.steps, shlex.split(args.medsrl_overrides))

@@ -141,7 +141,7 @@ def assert_matches_one_process(one: Path, two: Path, two_metrics: dict[int, dict
     for step in range(3):
         assert b[step]["train/r3/history/responses"] == a[step]["train/r3/history/responses"]
     mem = lambda run: torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["callbacks"]  # noqa: E731
-    from medsrl.r3.history import ResponseHistory
+    from medsrl.methods.r3.history import ResponseHistory
 
     ha, hb = ResponseHistory(), ResponseHistory()
     ha.load_state_dict(mem(one)["plugin:r3"]["history"])

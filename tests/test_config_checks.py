@@ -14,8 +14,8 @@ from medsrl.config_checks import (
 )
 from run_helpers import ROOT, compose_train
 
-MEDS = "medsrl.plugins.meds.Meds"
-OVERLONG = "medsrl.plugins.overlong.OverlongPenalty"
+MEDS = "medsrl.methods.meds.plugin.Meds"
+OVERLONG = "medsrl.methods.overlong.OverlongPenalty"
 ARITHMETIC = "medsrl.data.arithmetic.generate_arithmetic"
 
 
@@ -130,9 +130,9 @@ def test_missing_unknown_and_related_values():
 def test_plugins_are_checked_by_their_target_under_any_key():
     found = problems({"algorithm": {"plugins": {
         "memory": {"_target_": MEDS, "alpha": -0.1, "k": 0, "min_cluster_size": 1, "mode": "x", "beta": None},
-        "dyn": {"_target_": "medsrl.plugins.dynamic_sampling.DynamicSampling", "max_rounds": -1},
-        "r3": {"_target_": "medsrl.plugins.r3.R3", "ranking": {"p": 0}, "replay": {"lam": 0}},
-        "steer": {"_target_": "medsrl.plugins.steer.Steer", "low": 1.2, "high": 0.8},
+        "dyn": {"_target_": "medsrl.methods.dynamic_sampling.DynamicSampling", "max_rounds": -1},
+        "r3": {"_target_": "medsrl.methods.r3.plugin.R3", "ranking": {"p": 0}, "replay": {"lam": 0}},
+        "steer": {"_target_": "medsrl.methods.steer.Steer", "low": 1.2, "high": 0.8},
         "typo": {"_target_": MEDS, "alhpa": 0.1},
         "gone": {"_target_": "medsrl.plugins.nothing.Here"},
         "settings_only": {"alpha": -1},  # no _target_: not a plug-in of this run (ignored, as in train)

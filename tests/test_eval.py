@@ -9,7 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-import medsrl.evaluation.runner as runner_mod
+import medsrl.evaluation.responses as runner_mod
 from medsrl.eval import evaluate
 from medsrl.train import train
 from run_helpers import MICRO_WARM_START, ROOT, compose_train

@@ -8,11 +8,11 @@ import torch
 
 from medsrl.data.arithmetic import generate_arithmetic
 from medsrl.data.datamodule import MathDataModule
+from medsrl.methods.dynamic_sampling import DynamicSampling
 from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.loading import load_tokenizer, random_model_like
 from medsrl.models.tiny import build_tiny_model
 from medsrl.module import RLModule
-from medsrl.plugins.dynamic_sampling import DynamicSampling
 from run_helpers import compose_train
 from shared_paths import require_shared
 
@@ -146,8 +146,8 @@ def _tiny_policy():
 
 
 def test_which_steps_need_the_scoring_forward():
-    from medsrl.plugins.entropy_bonus import EntropyBonus
-    from medsrl.plugins.overlong import OverlongPenalty
+    from medsrl.methods.entropy_bonus import EntropyBonus
+    from medsrl.methods.overlong import OverlongPenalty
 
     tok = build_char_tokenizer()
     on_policy = {**SMALL_ALGO, "kl_coef": 0.0, "entropy_coef": 0.0}

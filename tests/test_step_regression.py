@@ -23,7 +23,7 @@ from run_helpers import MICRO_WARM_START, compose_train, read_metrics
 pytestmark = pytest.mark.slow
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "step_metrics.json").read_text())
-DS = "algorithm.plugins.dynamic_sampling={_target_: medsrl.plugins.dynamic_sampling.DynamicSampling, max_rounds: 2}"
+DS = "algorithm.plugins.dynamic_sampling={_target_: medsrl.methods.dynamic_sampling.DynamicSampling, max_rounds: 2}"
 COMMON = [
     "data.stages=[{name: A, start_step: 0, datasets: [{name: a, weight: 1.0, source: "
     "{_target_: medsrl.data.arithmetic.generate_arithmetic, num: 16, level: 1, split: train}}]}]",

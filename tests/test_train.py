@@ -108,10 +108,10 @@ def test_plugins_are_built_in_order_named_by_their_keys(caplog):
     from medsrl.train import build_plugins
 
     group = {
-        "overlong": {"_target_": "medsrl.plugins.overlong.OverlongPenalty", "buffer_length": 4},
+        "overlong": {"_target_": "medsrl.methods.overlong.OverlongPenalty", "buffer_length": 4},
         "dropped": None,  # algorithm.plugins.dropped=null
         "orphan": {"buffer_length": 16},  # an experiment's settings for a plug-in not chosen
-        "bonus": {"_target_": "medsrl.plugins.entropy_bonus.EntropyBonus", "coef": 0.2},
+        "bonus": {"_target_": "medsrl.methods.entropy_bonus.EntropyBonus", "coef": 0.2},
     }
     with caplog.at_level("WARNING"):
         plugins = build_plugins(group)

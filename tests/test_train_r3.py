@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from medsrl.r3.history import ResponseHistory
+from medsrl.methods.r3.history import ResponseHistory
 from medsrl.train import train
 from run_helpers import MICRO_WARM_START, compose_train, read_metrics
 

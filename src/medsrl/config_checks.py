@@ -133,7 +133,7 @@ def _dtypes() -> tuple[str, ...]:
 
 
 def _feature_dtypes() -> tuple[str, ...]:
-    from medsrl.meds.features import DTYPES
+    from medsrl.methods.meds.features import DTYPES
 
     return tuple(DTYPES)
 
@@ -276,8 +276,8 @@ def _feature_rules() -> dict[str, Rule]:
 
 def plugin_rules() -> dict[str, dict[str, Rule]]:
     """Rules of each known plug-in's settings, by the class name of its ``_target_``."""
-    from medsrl.meds.penalty import TARGETS
-    from medsrl.plugins.novelty import VECTORS
+    from medsrl.methods.meds.penalty import TARGETS
+    from medsrl.methods.novelty import VECTORS
 
     snapshots = {"snapshot_every_n_steps": COUNT, "panels_every_n_steps": COUNT, "snapshot_dir": optional(STRING)}
     return {

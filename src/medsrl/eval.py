@@ -30,20 +30,20 @@ from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
 
 from medsrl.config_checks import check_eval_config  # noqa: E402
 from medsrl.data.loaders import default_name  # noqa: E402
-from medsrl.evaluation.report import (  # noqa: E402
-    plot_pass_at_k,
-    write_csv,
-    write_json,
-    write_markdown,
-)
-from medsrl.evaluation.runner import (  # noqa: E402
+from medsrl.evaluation.responses import (  # noqa: E402
     EvalSettings,
     problems_from,
     sample_problems,
     summarize_records,
 )
 from medsrl.evaluation.store import GenerationStore  # noqa: E402
-from medsrl.meds.features import FeatureSpec  # noqa: E402
+from medsrl.evaluation.tables import (  # noqa: E402
+    plot_pass_at_k,
+    write_csv,
+    write_json,
+    write_markdown,
+)
+from medsrl.methods.meds.features import FeatureSpec  # noqa: E402
 from medsrl.models.loading import load_policy, load_tokenizer  # noqa: E402
 from medsrl.reward.grader import MathGrader  # noqa: E402
 from medsrl.rollout.hf import HFRolloutEngine  # noqa: E402

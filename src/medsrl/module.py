@@ -79,13 +79,13 @@ class RLModule(L.LightningModule):
         self.automatic_optimization = False
         self.policy = policy
         self.tokenizer = tokenizer
-        self.algo = build(AlgorithmConfig, algorithm, "algorithm")
+        self.algorithm = build(AlgorithmConfig, algorithm, "algorithm")
         self.rollout_cfg = build(RolloutConfig, rollout, "rollout")
         self.optim_cfg = build(OptimConfig, optim, "optim")
         self.grader_cfg = build(GraderConfig, grader, "grader")
         self.plugins = list(plugins or [])
         self.host = PluginHost(self.plugins)
-        self.reducers = _scoring_reducers(self.host, self.algo)
+        self.reducers = _scoring_reducers(self.host, self.algorithm)
         self.seed = seed
         # LoRA (models/lora.py): adapters train and are checkpointed, the base stays frozen
         self.lora = lora.is_lora(policy)
@@ -93,9 +93,9 @@ class RLModule(L.LightningModule):
         if self.rollout_cfg.backend not in BACKENDS:
             raise ValueError(f"rollout.backend={self.rollout_cfg.backend!r}; valid: {', '.join(BACKENDS)}")
         r = self.rollout_cfg
-        check_engine_correction(self.algo.engine_is_cap, r.logprobs, r.temperature, r.top_p)
+        check_engine_correction(self.algorithm.engine_is_cap, r.logprobs, r.temperature, r.top_p)
         self.save_hyperparameters({
-            "algorithm": to_dict(self.algo), "plugins": [p.name for p in self.plugins],
+            "algorithm": to_dict(self.algorithm), "plugins": [p.name for p in self.plugins],
             "rollout": to_dict(self.rollout_cfg), "optim": to_dict(self.optim_cfg),
             "grader": to_dict(self.grader_cfg), "seed": seed,
         })
@@ -118,7 +118,7 @@ class RLModule(L.LightningModule):
         return self.plugins
 
     def setup(self, stage: str) -> None:
-        if self.algo.kl_coef > 0 and self.ref_policy is None and not self.lora:
+        if self.algorithm.kl_coef > 0 and self.ref_policy is None and not self.lora:
             # A frozen copy of the starting policy; excluded from checkpoints (see state_dict).
             # With LoRA the reference is the policy with its adapters off (lora.reference_policy).
             self.ref_policy = copy.deepcopy(self.policy).eval().requires_grad_(False)
@@ -230,7 +230,7 @@ class RLModule(L.LightningModule):
 
         rollouts = StepRollouts.from_groups(groups, step, ctx.stage, self.tokenizer.pad_token_id, self.device)
         packed = rollouts.packed
-        budget = dict(micro_batch_size=self.algo.micro_batch_size, max_tokens=self.algo.max_tokens_per_microbatch)
+        budget = dict(micro_batch_size=self.algorithm.micro_batch_size, max_tokens=self.algorithm.max_tokens_per_microbatch)
         ctx.metrics.update(padding_metrics(packed, **budget))
         with timer("logprob"), self.full_policy() as policy:
             if self.scoring_forward_needed:
@@ -242,7 +242,7 @@ class RLModule(L.LightningModule):
                 )
                 self.host.after_scoring(rollouts, ctx)
                 ctx.scoring_policy = None
-            if self.algo.kl_coef > 0:
+            if self.algorithm.kl_coef > 0:
                 with lora.reference_policy(policy, self.ref_policy) as ref:
                     rollouts.ref_logp, _ = scoring_pass(ref, packed, **budget)
         if rollouts.engine_logp is not None:
@@ -255,9 +255,9 @@ class RLModule(L.LightningModule):
                 rollouts.scores, rollouts.group_ids, rollouts.terms, rollouts.packed.response_mask,
                 reduce_sum=all_reduce_sum if is_distributed() else None,
             )
-            advantages = compute_advantages(self.algo.advantage, inputs, **self.algo.advantage_options)
+            advantages = compute_advantages(self.algorithm.advantage, inputs, **self.algorithm.advantage_options)
             advantages = self.host.shape_advantages(rollouts, advantages, ctx)
-            ctx.metrics.update(shaping_metrics(self.algo, inputs, rollouts, advantages))
+            ctx.metrics.update(shaping_metrics(self.algorithm, inputs, rollouts, advantages))
         with timer("update"):
             ctx.metrics.update(policy_update(self, rollouts, advantages, step))
         with timer("sync"):
@@ -271,7 +271,7 @@ class RLModule(L.LightningModule):
     @property
     def scoring_forward_needed(self) -> bool:
         """Whether a step runs the no-grad scoring forward (``step/scoring.py``)."""
-        return scoring_forward_needed(self.algo, self.plugins, self.reducers, self.rollout_cfg.logprobs)
+        return scoring_forward_needed(self.algorithm, self.plugins, self.reducers, self.rollout_cfg.logprobs)
 
     def _sample(self, prompts: list, step: int, round_: int, timer: PhaseTimer) -> list[Group]:
         """Generate for this rank's contiguous shard of ``prompts`` and grade: one group each.

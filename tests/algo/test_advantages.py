@@ -7,7 +7,6 @@ from medsrl.algo import (
     ADVANTAGE_ESTIMATORS,
     AdvantageInputs,
     compute_advantages,
-    entropy_bonus_advantage,
     gdpo_advantages,
     group_advantages,
     register_advantage,
@@ -71,20 +70,6 @@ def test_uniform_group_gives_zero_not_nan():
 def test_shape_mismatch_raises():
     with pytest.raises(ValueError):
         group_advantages(torch.zeros(3), torch.zeros(4, dtype=torch.long))
-
-
-def test_entropy_bonus_hand_computed():
-    # A = [1, -1, 0] broadcast over T=2; H = [[0.5, 3], [2, 0.1], [1, 1]], coef .4, cap .5
-    # seq0: min(.2, .5)=.2 -> 1.2 ; min(1.2, .5)=.5 -> 1.5
-    # seq1: min(.8, .5)=.5 -> -.5 ; min(.04, .5)=.04 -> -.96
-    # seq2: |A|=0 caps the bonus at 0 -> 0, 0
-    adv = torch.tensor([1.0, -1.0, 0.0])
-    ent = torch.tensor([[0.5, 3.0], [2.0, 0.1], [1.0, 1.0]], requires_grad=True)
-    out = entropy_bonus_advantage(adv, ent)
-    torch.testing.assert_close(out, torch.tensor([[1.2, 1.5], [-0.5, -0.96], [0.0, 0.0]]))
-    assert not out.requires_grad  # entropy is detached
-    # [B,T] advantages give the same result as the broadcast [B]
-    torch.testing.assert_close(entropy_bonus_advantage(adv[:, None].expand(3, 2), ent), out)
 
 
 # ---------------------------------------------------------------- RLOO

@@ -10,9 +10,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from medsrl.eval import feature_spec_for, feature_spec_from, settings_from
-from medsrl.evaluation.features import response_features
-from medsrl.evaluation.runner import EvalSettings
-from medsrl.meds.features import FeatureSpec, round_to_bfloat16
+from medsrl.evaluation.response_features import response_features
+from medsrl.evaluation.responses import EvalSettings
+from medsrl.methods.meds.features import FeatureSpec, round_to_bfloat16
 from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.tiny import build_tiny_model
 from medsrl.rollout.base import RolloutBatch
@@ -30,7 +30,7 @@ def make_run(tmp_path, cfg: dict, name: str = "run"):
 
 
 def meds_run(tmp_path, meds: dict, name: str = "run"):
-    plugin = {"_target_": "medsrl.plugins.meds.Meds", "alpha": 0.02, **meds}
+    plugin = {"_target_": "medsrl.methods.meds.plugin.Meds", "alpha": 0.02, **meds}
     return make_run(tmp_path, {"algorithm": {"name": "meds", "plugins": {"meds": plugin}}}, name)
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from medsrl.data.example import MathExample
 from medsrl.data.template import render_prompt
-from medsrl.evaluation.runner import problems_from
+from medsrl.evaluation.responses import problems_from
 from medsrl.models.loading import load_tokenizer
 from reasoning_templates import R1_STYLE, tokenizer_dir_with_template
 from shared_paths import require_shared

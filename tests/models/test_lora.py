@@ -10,7 +10,8 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from medsrl.meds.logit_capture import find_decoder_layers, find_final_norm, find_lm_head
+from medsrl.methods.meds.logit_capture import find_decoder_layers, find_final_norm, find_lm_head
+from medsrl.methods.novelty import final_norm_of
 from medsrl.models.lora import (
     DEFAULT_TARGETS,
     LoraSettings,
@@ -28,7 +29,6 @@ from medsrl.models.lora import (
 )
 from medsrl.models.policy import enable_activation_checkpointing
 from medsrl.models.tiny import build_tiny_model
-from medsrl.plugins.novelty import final_norm_of
 from medsrl.utils.sharding import layer_classes
 
 SETTINGS = LoraSettings(r=4, alpha=8.0)

@@ -20,7 +20,7 @@ from medsrl.step.update import micro_loss
 def _setup():
     policy = build_tiny_model(seed=0, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                               num_key_value_heads=1, intermediate_size=32)
-    module = SimpleNamespace(algo=AlgorithmConfig(micro_batch_size=4), policy=policy,
+    module = SimpleNamespace(algorithm=AlgorithmConfig(micro_batch_size=4), policy=policy,
                              rollout_cfg=SimpleNamespace(max_new_tokens=8))
     batch = RolloutBatch([0, 0], [[5, 6], [5, 6]], [[7, 8, 9], [10, 11]], ["a", "b"], ["stop", "stop"])
     grades = [GradeResult(1.0, "1", True), GradeResult(0.0, "2", True)]
@@ -66,7 +66,7 @@ def test_truncated_is_weights_the_policy_gradient_term_like_loss_weights():
     r.loss_weights = weights
     want = _loss(module, r, adv)
     r.loss_weights = None
-    module.algo = AlgorithmConfig(micro_batch_size=4, engine_is_cap=2.0)
+    module.algorithm = AlgorithmConfig(micro_batch_size=4, engine_is_cap=2.0)
     rows = torch.arange(len(r))
     loss, metrics = micro_loss(module, r, adv, rows, float(r.packed.response_mask.sum()), float(len(r)))
     assert loss.item() == pytest.approx(want.item(), rel=1e-6)
@@ -75,10 +75,10 @@ def test_truncated_is_weights_the_policy_gradient_term_like_loss_weights():
     assert metrics["engine_is/capped_frac"] == pytest.approx(1 / int(mask.sum()))
     r.source = ["sampled", "r3"]
     r.loss_weights = torch.stack([weights[0], torch.ones(3)])
-    module.algo = AlgorithmConfig(micro_batch_size=4)
+    module.algorithm = AlgorithmConfig(micro_batch_size=4)
     want = _loss(module, r, adv)
     r.loss_weights = None
-    module.algo = AlgorithmConfig(micro_batch_size=4, engine_is_cap=2.0)
+    module.algorithm = AlgorithmConfig(micro_batch_size=4, engine_is_cap=2.0)
     assert _loss(module, r, adv).item() == pytest.approx(want.item(), rel=1e-6)
     r.engine_logp = None
     with pytest.raises(ValueError, match="rollout.logprobs"):

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from medsrl.evaluation.report import summarize_benchmark, write_json
+from medsrl.evaluation.tables import summarize_benchmark, write_json
 from medsrl.study.collect import Missing, load_study, merge_curves, read_generations
 
 N = 32

@@ -93,7 +93,7 @@ def test_refit_pool_grader_forkserver_and_resource_tracker_all_exit():
     fit); after the owner's SIGKILL nothing of multiprocessing's is left either."""
     script = """
         import numpy as np
-        from medsrl.meds.refit import BackgroundRefitter
+        from medsrl.methods.meds.refit import BackgroundRefitter
         from medsrl.reward.grader import MathGrader
         refit = BackgroundRefitter(num_workers=1)
         refit.submit("k", np.random.default_rng(0).normal(size=(16, 4)).astype("float32"))

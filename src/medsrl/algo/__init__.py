@@ -9,7 +9,6 @@ from medsrl.algo.advantages import (
     AdvantageInputs,
     advantage_change_fraction,
     compute_advantages,
-    entropy_bonus_advantage,
     gdpo_advantages,
     group_advantages,
     register_advantage,
@@ -17,7 +16,7 @@ from medsrl.algo.advantages import (
 )
 from medsrl.algo.aggregation import LOSS_AGG_MODES, aggregate_loss
 from medsrl.algo.covariance_losses import clip_cov_loss, kl_cov_loss, token_covariance
-from medsrl.algo.dynamic_sampling import keep_mask_by_group_spread, zero_spread_groups
+from medsrl.algo.group_spread import keep_mask_by_group_spread, zero_spread_groups
 from medsrl.algo.kl import kl_estimate, sampling_mismatch
 from medsrl.algo.logprobs import masked_mean, per_token, token_entropy, token_logprobs
 from medsrl.algo.lp_reg import lowest_fraction, lp_reg_loss, proxy_logprobs
@@ -47,7 +46,6 @@ __all__ = [
     "advantage_change_fraction",
     "compute_advantages",
     "compute_policy_loss",
-    "entropy_bonus_advantage",
     "gdpo_advantages",
     "group_advantages",
     "keep_mask_by_group_spread",

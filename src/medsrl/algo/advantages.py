@@ -200,21 +200,6 @@ def _gdpo(
     )
 
 
-def entropy_bonus_advantage(
-    advantages: Tensor, entropy: Tensor, coef: float = 0.4, cap_ratio: float = 0.5
-) -> Tensor:
-    """GRPO+Entropy shaped advantage ``A + min(coef * H, |A| * cap_ratio)`` per token.
-
-    The bonus rewards exploring high-entropy tokens; the cap (``cap_ratio < 1``) keeps it below
-    ``|A|`` so it never flips the sign of a negative advantage, and zero-advantage tokens get no
-    bonus. Entropy is detached: it shapes the advantage, it is not a loss term. ``advantages`` may
-    be [B] (broadcast over tokens) or [B,T]; ``entropy`` is [B,T]; returns [B,T].
-    """
-    adv = per_token(advantages, entropy)
-    bonus = torch.minimum(coef * entropy.detach(), adv.abs() * cap_ratio)
-    return adv + bonus
-
-
 def advantage_change_fraction(shaped: Tensor, base: Tensor, response_mask: Tensor) -> float:
     """How much of the policy-gradient signal shaping rewrote: mean |shaped - base| over mean
     |base|, per response token (``[B]`` advantages count once per token of their response).

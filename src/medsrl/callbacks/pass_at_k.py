@@ -23,8 +23,13 @@ from contextlib import nullcontext
 from lightning.pytorch.callbacks import Callback
 
 from medsrl.callbacks.progress import set_progress_status
-from medsrl.evaluation.runner import EvalProblem, EvalSettings, sample_problems, summarize_records
-from medsrl.meds.features import FeatureSpec
+from medsrl.evaluation.responses import (
+    EvalProblem,
+    EvalSettings,
+    sample_problems,
+    summarize_records,
+)
+from medsrl.methods.meds.features import FeatureSpec
 from medsrl.utils.distributed import all_gather_objects, rank_and_size, shard_bounds
 
 _NOT_LOGGED = ("run", "benchmark", "problems", "n", "mean@n")  # mean@n == pass@1

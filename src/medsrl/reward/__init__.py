@@ -1,7 +1,4 @@
-"""Answer extraction, grading against gold answers, and DAPO overlong shaping.
-
-``overlong_penalty`` is imported lazily so that grader worker processes, which import this
-package, do not pay for importing torch.
+"""Answer extraction and grading against gold answers.
 """
 
 from medsrl.reward.extract import BoxedSpan, extract_last_boxed, find_last_boxed
@@ -14,13 +11,4 @@ __all__ = [
     "answers_equivalent",
     "extract_last_boxed",
     "find_last_boxed",
-    "overlong_penalty",
 ]
-
-
-def __getattr__(name: str):
-    if name == "overlong_penalty":
-        from medsrl.reward.overlong import overlong_penalty
-
-        return overlong_penalty
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

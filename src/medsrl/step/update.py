@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 def micro_loss(module, rollouts: StepRollouts, advantages, rows, num_tokens: float, num_seqs: float):
     """The loss of ``rows`` (with grad) and its detached metrics."""
-    algo = module.algo
+    algo = module.algorithm
     packed = rollouts.packed
     # fused LM head + log-softmax: no [b, R, V] logits; entropy differentiable only when it is a loss term
     out = response_logprobs(module.policy, packed, rows, entropy=True, entropy_grad=algo.entropy_coef > 0)
@@ -97,7 +97,7 @@ def policy_update(module, rollouts: StepRollouts, advantages: torch.Tensor, step
     once per RL step; the lr scheduler steps once per RL step too. Gradients are set to None
     after each optimiser step, so none stay allocated through the next step's generation.
     """
-    algo = module.algo
+    algo = module.algorithm
     opt, sched = module.optimizers(), module.lr_schedulers()
     packed = rollouts.packed
     advantages = advantages.to(module.device)

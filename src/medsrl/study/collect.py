@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from medsrl.evaluation.report import AVERAGE, add_average_rows
+from medsrl.evaluation.tables import AVERAGE, add_average_rows
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from medsrl.data.precedence import is_trap, shortcut_answer
-from medsrl.meds.clustering import fit_cluster_labels
+from medsrl.methods.meds.clustering import fit_cluster_labels
 
 GROUPS = ("trap", "other")
 

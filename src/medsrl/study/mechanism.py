@@ -11,7 +11,7 @@ the stage's steps, then over seeds), from the TensorBoard curves every run write
   the policy-gradient signal shaping rewrote (``shaping/adv_change_frac``, every method);
 - where the penalty landed: the purity of MEDS's error clusters against the extracted answer and
   the share of the penalty on each group's most frequent wrong answer beside that answer's share
-  of the errors (``meds/diagnostics.py``).
+  of the errors (``methods/meds/diagnostics.py``).
 
 The visits of the whole run come from each run's last checkpoint (``prompt_visits``, counted by
 the module): the distribution over the prompts it sampled.

@@ -1,0 +1,51 @@
+"""GRPO+Entropy, the MEDS paper's baseline: a per-token advantage bonus ``min(coef * H, |A| *
+cap_ratio)``, with H the old policy's token entropy from the scoring forward (no extra pass)."""
+
+from __future__ import annotations
+
+import torch
+
+from medsrl.algo import masked_mean, per_token
+from medsrl.plugins.base import Plugin, StepContext
+from medsrl.step.rollouts import StepRollouts
+
+
+def entropy_bonus_advantage(
+    advantages: torch.Tensor, entropy: torch.Tensor, coef: float = 0.4, cap_ratio: float = 0.5
+) -> torch.Tensor:
+    """GRPO+Entropy shaped advantage ``A + min(coef * H, |A| * cap_ratio)`` per token.
+
+    The bonus rewards exploring high-entropy tokens; the cap (``cap_ratio < 1``) keeps it below
+    ``|A|`` so it never flips the sign of a negative advantage, and zero-advantage tokens get no
+    bonus. Entropy is detached: it shapes the advantage, it is not a loss term. ``advantages`` may
+    be [B] (broadcast over tokens) or [B,T]; ``entropy`` is [B,T]; returns [B,T].
+    """
+    adv = per_token(advantages, entropy)
+    bonus = torch.minimum(coef * entropy.detach(), adv.abs() * cap_ratio)
+    return adv + bonus
+
+
+class EntropyBonus(Plugin):
+    """Turns sequence advantages ``[B]`` into token advantages ``[B, R]`` with the bonus."""
+
+    name = "entropy_bonus"
+    token_stats = ("entropy",)
+
+    def __init__(self, coef: float = 0.4, cap_ratio: float = 0.5) -> None:
+        if coef < 0 or cap_ratio < 0:
+            raise ValueError(f"entropy_bonus.coef and cap_ratio must be >= 0, got {coef}, {cap_ratio}")
+        self.coef, self.cap_ratio = coef, cap_ratio
+
+    def shape_advantages(self, rollouts: StepRollouts, advantages: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        entropy = rollouts.token_stats["entropy"]
+        mask = rollouts.packed.response_mask
+        adv = advantages.to(entropy.device)
+        shaped = entropy_bonus_advantage(adv, entropy, self.coef, self.cap_ratio)
+        size = per_token(adv, entropy).abs()
+        bonus = torch.minimum(self.coef * entropy, size * self.cap_ratio)
+        ctx.log(self, {
+            "bonus_mean": float(masked_mean(bonus, mask)),
+            "entropy_mean": float(masked_mean(entropy, mask)),
+            "capped_frac": float(masked_mean((size * self.cap_ratio < self.coef * entropy).float(), mask)),
+        })
+        return torch.where(mask.bool(), shaped, torch.zeros_like(shaped))

@@ -1,0 +1,144 @@
+"""The MEDS memory with its clusters kept current: ``ErrorMemory`` plus background re-fits.
+
+Order inside a step (PAPER.md steps 4-5): shaping reads the labels stored so far
+(:meth:`labels_for`), then :meth:`insert` appends the step's features (every rank's, in rank
+order, so the memory is replicated) and submits each touched store's HDBSCAN re-fit to a worker
+process. A re-fit is needed only when its store is read again, so the policy update runs
+meanwhile; :meth:`labels_for` waits only if that store's re-fit is still running.
+
+``refit_growth`` (beyond the reference, which re-fits after every add): a store re-fits only once
+the rows added since its last fit reach that fraction of the rows fitted. A fit costs more than
+linear time in the store's size while a visit adds at most ``n`` rows: with 2048 rows per store
+the re-fits took ~1.9 CPU-seconds a step for a 0.4 % change of each store (``docs/BENCHMARKS.md``).
+In between, the k-NN vote reads the rows fitted so far (as it always does for the step's own rows).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from medsrl.methods.meds.clustering import NOISE, top1_eigen_ratio
+from medsrl.methods.meds.memory import ErrorMemory, MemoryEntry
+from medsrl.methods.meds.refit import BackgroundRefitter
+
+Store = tuple[str, bool]  # (prompt key, correct)
+
+
+class ClusteredMemory:
+    """Per-(prompt key, correctness) features and their HDBSCAN labels."""
+
+    def __init__(
+        self,
+        cap_per_key: int | None = None,
+        refit: str = "background",
+        refit_workers: int = 1,
+        min_cluster_size: int = 2,
+        min_samples: int = 1,
+        refit_growth: float = 0.0,
+    ) -> None:
+        if not refit_growth >= 0:
+            raise ValueError(f"refit_growth must be >= 0, got {refit_growth}")
+        self.refit_growth = float(refit_growth)
+        self.memory = ErrorMemory(cap_per_key=cap_per_key)
+        self._refit_args = dict(
+            num_workers=refit_workers, mode=refit, min_cluster_size=min_cluster_size, min_samples=min_samples
+        )
+        self.refitter: BackgroundRefitter | None = None
+        self._waits_seen = 0
+
+    def open(self) -> None:
+        if self.refitter is None:
+            self.refitter = BackgroundRefitter(**self._refit_args)
+
+    def close(self) -> None:
+        if self.refitter is not None:
+            self._apply(self.refitter.drain())
+            self.refitter.close()
+            self.refitter = None
+
+    def drain(self) -> None:
+        """Apply every pending re-fit (before saving: a resumed run sees the same labels)."""
+        if self.refitter is not None:
+            self._apply(self.refitter.drain())
+
+    def reset(self) -> None:
+        if self.refitter is not None:
+            self.refitter.drain()
+        self.memory.reset()
+
+    # ------------------------------------------------------------------ reading
+
+    def labels_for(self, key: str, correct: bool) -> MemoryEntry | None:
+        """The ``(key, correct)`` store with up-to-date labels (waits for a running re-fit)."""
+        self._collect(key, correct)
+        return self.memory.get(key, correct)
+
+    def _collect(self, key: str, correct: bool) -> None:
+        if self.refitter is None:
+            return
+        labels = self.refitter.wait((key, bool(correct)))
+        if labels is not None:
+            self.memory.set_labels(key, correct, labels)
+
+    def _apply(self, results: dict) -> None:
+        for (key, correct), labels in results.items():
+            if (key, correct) in self.memory and len(labels) == len(self.memory.get(key, correct)):
+                self.memory.set_labels(key, correct, labels)
+
+    # ------------------------------------------------------------------ writing
+
+    def insert(self, rows: list[tuple[list[Store], np.ndarray]], step: int) -> list[Store]:
+        """Append every rank's ``(stores, features)`` rows, in order; re-fit the touched stores."""
+        self.open()
+        by_store: dict[Store, list[np.ndarray]] = {}
+        for stores, x in rows:
+            for j, store in enumerate(stores):
+                by_store.setdefault(store, []).append(x[j])
+        for (key, ok), vecs in by_store.items():
+            self._collect(key, ok)  # a running re-fit of this store must land before the add
+            self.memory.add(key, ok, np.stack(vecs), step)
+            entry = self.memory.get(key, ok)
+            if len(entry) - entry.fitted_upto >= self.refit_growth * entry.fitted_upto:
+                self.refitter.submit((key, ok), entry.features)
+        self._apply(self.refitter.collect())
+        return list(by_store)
+
+    def digest(self) -> str:
+        """A hash of every stored key, feature and step (labels left out: a re-fit may have
+        landed on one rank and not yet on another; they follow from the features)."""
+        h = hashlib.sha1()
+        for entry in self.memory.state_dict()["entries"]:
+            h.update(f"{entry['key']}|{entry['correct']}|".encode())
+            h.update(np.ascontiguousarray(entry["features"]).tobytes())
+            h.update(np.ascontiguousarray(entry["steps"]).tobytes())
+        return h.hexdigest()
+
+    def metrics(self, touched: list[Store]) -> dict[str, float]:
+        """Size, re-fit waits, and the clusters of the wrong stores touched this step."""
+        stats = self.refitter.stats if self.refitter is not None else {"blocked_waits": 0, "blocked_seconds": 0.0}
+        out = {
+            "memory_entries": float(self.memory.num_entries()),
+            "memory_keys": float(self.memory.num_keys()),
+            "refit_blocked_waits": float(stats["blocked_waits"] - self._waits_seen),
+            "refit_blocked_seconds_total": float(stats["blocked_seconds"]),
+        }
+        self._waits_seen = stats["blocked_waits"]
+        clusters, noise, ratios = [], [], []
+        for key, ok in touched:
+            if ok:
+                continue
+            entry = self.memory.get(key, ok)
+            lab = entry.fitted_labels
+            if len(lab):
+                clusters.append(len(set(lab.tolist()) - {NOISE}))
+                noise.append(float(np.mean(lab == NOISE)))
+            if len(entry) >= 2:
+                ratios.append(top1_eigen_ratio(entry.features))
+        if clusters:
+            out["clusters_per_key"] = float(np.mean(clusters))
+            out["noise_fraction"] = float(np.mean(noise))
+        if ratios:
+            out["top1_eigen_ratio"] = float(np.nanmean(ratios))
+        return out

@@ -1,0 +1,225 @@
+"""The MEDS feature of each response, read from a forward the caller runs (PAPER.md steps 1-2).
+
+The one capture path of the project: the MEDS plug-in reads it during the old-log-prob forward
+of a training step, and ``evaluation/response_features.py`` during its own no-grad forward, so a feature
+means the same thing in both. Per response:
+
+1. **Answer.** The token holding the ``{`` of the last ``\\boxed{`` (:mod:`.answer_locator`);
+   its logit of the next token (the first answer token) is read. No box: no feature.
+2. **Per-layer logits.** :class:`~.logit_capture.LayerLogitCapture` applies the LM head to the
+   hidden state of each needed layer at that position, in fp32.
+3. **Rounding** (``dtype``). The reference applies the LM head under bf16 autocast, so its
+   logits are bf16 values (steps of 0.125 at ``|x|`` in 16-32, 0.25 at 32-64) and often tie
+   exactly; HDBSCAN with ``min_samples=1`` treats exact ties differently from near ties. With
+   ``bfloat16`` (or ``auto`` on a policy computing in bf16) the fp32 logits are rounded to bf16 here.
+4. **Differences** (``diff``). The reference takes first differences over *all* ``N`` layers
+   and keeps the last ``k``, so layer ``n`` contributes ``logit(n) - logit(n-1)``: with the last
+   14 of 28 layers that is ``L15-L14 .. L28-L27`` (14 values), and layer 1, which has no
+   predecessor, gives nothing (``all`` gives ``N - 1`` values). Each predecessor is captured
+   too, and the rounding comes first (the reference's head output is bf16, its diff after).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from medsrl.methods.meds.answer_locator import locate_answers
+from medsrl.methods.meds.logit_capture import (
+    DEFAULT_LAST_N,
+    CaptureTargets,
+    LayerLogitCapture,
+    answer_targets,
+    find_decoder_layers,
+    select_layers,
+)
+
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """What the MEDS feature is made of (the training plug-in's and evaluation's settings)."""
+
+    layers: Any = DEFAULT_LAST_N  # select_layers spec: last N, "half", "all", or 1-based layers
+    diff: bool = False  # reference-style first differences (module docstring, step 4)
+    final_norm: bool = False  # final norm on intermediate layers too (logit lens)
+    dtype: str = "auto"  # auto | float32 | bfloat16 (module docstring, step 3)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(
+                f"FeatureSpec.dtype={self.dtype!r}; valid: {', '.join(DTYPES)} (auto: bf16-rounded "
+                "when the policy's parameters are bf16, as the reference's bf16 LM head)"
+            )
+        for name in ("diff", "final_norm"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"FeatureSpec.{name} must be true or false, got {value!r}")
+        if not isinstance(self.layers, (str, int)) and hasattr(self.layers, "__iter__"):
+            # A tuple keeps the spec hashable and equal whether it came from YAML or Python.
+            object.__setattr__(self, "layers", tuple(self.layers))
+
+
+# --------------------------------------------------------------------------- pure steps
+
+
+def capture_layers(selected: Sequence[int], diff: bool) -> list[int]:
+    """The 1-based layers whose logits must be read: ``selected``, and with ``diff`` each selected
+    layer's predecessor instead of layer 1 itself (it has no predecessor, so no feature)."""
+    if not diff:
+        return sorted(selected)
+    return sorted({m for n in selected if n > 1 for m in (n - 1, n)})
+
+
+def feature_layers(selected: Sequence[int], diff: bool) -> list[int]:
+    """The layer each feature column belongs to: with ``diff``, column ``n`` is
+    ``logit(n) - logit(n-1)``, so layer 1 drops out."""
+    return sorted(n for n in selected if n > 1 or not diff)
+
+
+def layer_diffs(
+    logits: torch.Tensor, captured: Sequence[int], layers: Sequence[int]
+) -> torch.Tensor:
+    """``[M, len(captured)]`` per-layer logits -> ``[M, len(layers)]`` of ``logit(n) - logit(n-1)``
+    for each ``n`` in ``layers`` (each ``n`` and ``n - 1`` must be in ``captured``)."""
+    column = {n: i for i, n in enumerate(captured)}
+    missing = [n for n in layers if n not in column or n - 1 not in column]
+    if missing:
+        raise ValueError(f"layer_diffs: layers {missing} or their predecessors were not captured")
+    cur = torch.tensor([column[n] for n in layers], dtype=torch.long, device=logits.device)
+    prev = torch.tensor([column[n - 1] for n in layers], dtype=torch.long, device=logits.device)
+    return logits.index_select(-1, cur) - logits.index_select(-1, prev)
+
+
+def round_to_bfloat16(x: torch.Tensor) -> torch.Tensor:
+    """fp32 values rounded to the nearest bf16 (ties to even), kept as fp32: what the reference's
+    bf16 LM head outputs."""
+    return x.to(torch.bfloat16).float()
+
+
+def resolve_feature_dtype(dtype: str, model: nn.Module) -> torch.dtype:
+    """``float32`` / ``bfloat16`` as given; ``auto`` follows the dtype the policy computes in:
+    bf16 parameters, or fp32 parameters under bf16 autocast (``trainer.precision=bf16-mixed``)
+    -> bf16, so a bf16-computing policy matches the reference; anything else -> fp32."""
+    if dtype not in DTYPES:
+        raise ValueError(f"feature dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    param = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if param is None:
+        return torch.float32
+    device = param.device.type
+    autocast_bf16 = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.bfloat16
+    return torch.bfloat16 if param.dtype == torch.bfloat16 or autocast_bf16 else torch.float32
+
+
+# --------------------------------------------------------------------------- the reader
+
+
+class AnswerFeatureReader:
+    """Reads MEDS features from a forward the caller runs (no forward of its own).
+
+    Per batch: :meth:`begin` with the responses, then one forward per packed micro-batch of
+    ``rows`` inside :meth:`microbatch`, then :meth:`finish`::
+
+        reader.begin(response_ids, packed.prompt_length)
+        for rows in micro_batches:
+            with reader.microbatch(rows):
+                model(input_ids=packed.input_ids[rows], ...)
+        feats, rows = reader.finish()      # [M, D] float32 on CPU, [M] response rows
+    """
+
+    def __init__(self, model: nn.Module, tokenizer: Any, spec: FeatureSpec,
+                 reasoning_end: str | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.spec = spec
+        self.reasoning_end = reasoning_end  # grader.reasoning_end: the answer is after it
+        selected = select_layers(len(find_decoder_layers(model)), spec.layers)
+        self.layers = feature_layers(selected, spec.diff)
+        if not self.layers:
+            raise ValueError(
+                f"MEDS features: layers={spec.layers!r} with diff selects only layer 1, which has "
+                "no predecessor to difference with; select more layers"
+            )
+        self.captured_layers = capture_layers(selected, spec.diff)
+        self._capture = LayerLogitCapture(model, self.captured_layers, final_norm=spec.final_norm)
+        self._targets: CaptureTargets | None = None
+        self._read_rows: list[torch.Tensor] = []
+
+    @property
+    def num_features(self) -> int:
+        """The feature width ``D`` (after the differences)."""
+        return len(self.layers)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the features are rounded to, resolved against the model now."""
+        return resolve_feature_dtype(self.spec.dtype, self.model)
+
+    @property
+    def answer_rows(self) -> torch.Tensor:
+        """Rows of the current batch that have an answer to read (long, ascending)."""
+        return self._require_targets("answer_rows").sample_index
+
+    def begin(self, response_ids: Sequence[Sequence[int]], prompt_length: int) -> None:
+        """Locate the answers of a batch packed with prompts of ``prompt_length`` columns and
+        forget anything read before (a failed step leaves nothing behind)."""
+        index = locate_answers(response_ids, self.tokenizer, reasoning_end=self.reasoning_end)
+        self._targets = answer_targets(index, response_ids, prompt_length)
+        self._capture.clear()
+        self._read_rows = []
+
+    def microbatch(self, rows: Sequence[int] | torch.Tensor, columns_end: int | None = None
+                   ) -> contextlib.AbstractContextManager:
+        """Hooks around the one forward of the packed ``rows`` (a no-op context when none of
+        them has an answer, so that forward costs nothing extra). ``columns_end``: where that
+        forward's columns end, when it does not run the batch's right padding
+        (``PackedRollouts.columns_end``)."""
+        part = self._require_targets("microbatch").for_rows(rows, columns_end)
+        if not len(part):
+            return contextlib.nullcontext()
+        return self._read(part)
+
+    @contextlib.contextmanager
+    def _read(self, part: CaptureTargets):
+        with self._capture.capture(part):
+            yield
+        self._read_rows.append(part.sample_index)
+
+    def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(features float32 [M, D] on CPU, response rows long [M], ascending)`` of the batch.
+
+        Raises when a row with an answer was read by no micro-batch or by several (the
+        micro-batches must cover the packed rows once).
+        """
+        targets = self._require_targets("finish")
+        self._targets = None
+        logits = self._capture.pop_features()  # [M, C] fp32, in read order
+        parts, self._read_rows = self._read_rows, []
+        rows = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+        if not torch.equal(torch.sort(rows).values, targets.sample_index):
+            raise RuntimeError(
+                f"MEDS features: rows read {rows.tolist()} != rows with an answer "
+                f"{targets.sample_index.tolist()}; run one microbatch(rows) per forward "
+                "over all packed rows"
+            )
+        if len(rows) > 1 and not bool((rows[1:] > rows[:-1]).all()):
+            order = torch.argsort(rows)
+            rows, logits = rows[order], logits[order.to(logits.device)]
+        if self.dtype == torch.bfloat16:
+            logits = round_to_bfloat16(logits)
+        if self.spec.diff:
+            logits = layer_diffs(logits, self.captured_layers, self.layers)
+        return logits.float().cpu(), rows.long()
+
+    def _require_targets(self, what: str) -> CaptureTargets:
+        if self._targets is None:
+            raise RuntimeError(f"AnswerFeatureReader.{what}: call begin(...) first")
+        return self._targets

@@ -1,0 +1,309 @@
+"""MEDS as one plug-in: a wrong response that repeats a frequent past mistake of its prompt loses
+``min(alpha * ln(|C| + 1), beta)`` of its score before group normalisation (PAPER.md).
+
+Per step: locate each response's answer token and read its per-layer logits from the scoring
+forward (``methods/meds/features.py``); predict each featured response's cluster from the labels stored
+for its ``(prompt key, correctness)`` (k-NN vote, cosine; responses of the same step do not count
+each other) and shape the score; then insert every rank's features into the replicated memory,
+whose HDBSCAN re-fits run in a worker process during the update (``methods/meds/clustered_memory.py``).
+Every setting is an argument here and a key of ``configs/plugins/meds.yaml``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from medsrl.algo import keep_mask_by_group_spread
+from medsrl.methods.dynamic_sampling import DynamicSampling
+from medsrl.methods.meds.clustered_memory import ClusteredMemory
+from medsrl.methods.meds.clustering import cluster_sizes, predict_labels, single_cluster_sizes
+from medsrl.methods.meds.diagnostics import cluster_answer_purity, penalty_on_top_answer
+from medsrl.methods.meds.features import AnswerFeatureReader, FeatureSpec
+from medsrl.methods.meds.penalty import (
+    TARGETS,
+    advantage_order_changed,
+    apply_penalty,
+    meds_penalty,
+)
+from medsrl.plugins.base import Plugin, StepContext
+from medsrl.step.rollouts import SAMPLED, StepRollouts
+from medsrl.step.scoring import scoring_pass
+from medsrl.utils.run_dir import run_log_dir
+
+log = logging.getLogger(__name__)
+
+
+class Meds(Plugin):
+    """Memory-enhanced dynamic reward shaping. Defaults are the reference's choices."""
+
+    name = "meds"
+    legacy_state_keys = ("ErrorMemoryCallback",)  # the memory callback before the plug-ins
+
+    def __init__(
+        self,
+        alpha: float = 0.1,
+        beta: float | None = None,
+        layers=14,
+        diff: bool = False,
+        final_norm: bool = False,
+        feature_dtype: str = "auto",
+        target: str = "wrong",
+        noise_is_cluster: bool = True,
+        k: int = 3,
+        min_cluster_size: int = 2,
+        min_samples: int = 1,
+        cap_per_key: int | None = None,
+        mode: str = "cluster",
+        refit: str = "background",
+        refit_workers: int = 1,
+        refit_growth: float = 0.0,
+        mixed_groups_only: bool = True,
+        remember_dropped: bool = False,
+        reset_on_stage_change: bool = False,
+        snapshot_every_n_steps: int = 20,
+        panels_every_n_steps: int = 10,
+        panel_prompts: int = 3,
+        snapshot_dir: str | None = None,
+    ) -> None:
+        if target not in TARGETS:
+            raise ValueError(f"meds.target={target!r}; valid: {', '.join(TARGETS)}")
+        if mode not in ("cluster", "single"):
+            raise ValueError(f"meds.mode={mode!r}; valid: cluster, single")
+        if refit not in ("background", "sync"):
+            raise ValueError(f"meds.refit={refit!r}; valid: background, sync")
+        if alpha < 0 or k < 1:
+            raise ValueError(f"meds.alpha must be >= 0 and meds.k >= 1, got {alpha}, {k}")
+        self.alpha, self.beta, self.target = alpha, beta, target
+        self.noise_is_cluster, self.k, self.mode = noise_is_cluster, k, mode
+        self.spec = FeatureSpec(layers=layers, diff=diff, final_norm=final_norm, dtype=feature_dtype)
+        self.store = ClusteredMemory(cap_per_key, refit, refit_workers, min_cluster_size, min_samples, refit_growth)
+        self.mixed_groups_only = mixed_groups_only
+        self.remember_dropped = remember_dropped
+        self.reset_on_stage_change = reset_on_stage_change
+        self.snapshot_every_n_steps = snapshot_every_n_steps
+        self.panels_every_n_steps, self.panel_prompts = panels_every_n_steps, panel_prompts
+        self.snapshot_dir = snapshot_dir
+        self.reader: AnswerFeatureReader | None = None
+        self._stage: str | None = None
+        self._feats = torch.zeros(0, 0)
+        self._rows = torch.zeros(0, dtype=torch.long)
+        self._dropped: tuple[list[tuple[str, bool]], np.ndarray] = ([], np.zeros((0, 0), np.float32))
+        self._read_sizes: list[int] = []  # sizes of the stores read this step (mechanism figures)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.reader is None:
+            self.reader = AnswerFeatureReader(pl_module.policy, pl_module.tokenizer, self.spec,
+                                              pl_module.grader_cfg.reasoning_end)
+        self.store.open()
+        filtered = any(isinstance(p, DynamicSampling) for p in getattr(pl_module, "plugins", []))
+        if self.remember_dropped and not filtered:
+            log.warning("meds.remember_dropped=true without dynamic sampling: no group is dropped, "
+                        "so it does nothing (meds.mixed_groups_only=false remembers every group)")
+        if not filtered:
+            log.info(
+                "MEDS without dynamic sampling: groups whose responses are all right or all wrong are %s "
+                "(meds.mixed_groups_only=%s; the reference never sees them)",
+                "skipped" if self.mixed_groups_only else "shaped and remembered", self.mixed_groups_only,
+            )
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit":
+            self.store.close()
+
+    def state_dict(self) -> dict:
+        """The whole memory with every pending re-fit applied (tensors: loads with weights_only)."""
+        self.store.drain()
+        return {"memory": self.store.memory.state_dict(as_tensors=True), "stage": self._stage}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.store.memory.load_state_dict(state_dict["memory"])
+        self._stage = state_dict.get("stage")
+
+    def digest(self) -> str:
+        return self.store.digest()
+
+    # ------------------------------------------------------------------ the step
+
+    def before_scoring(self, rollouts: StepRollouts, ctx: StepContext) -> None:
+        self.enter_stage(rollouts.stage)
+        self.reader.begin(rollouts.response_ids, rollouts.packed.prompt_length)
+
+    def scoring_microbatch(self, rollouts: StepRollouts, rows):
+        return self.reader.microbatch(rows, rollouts.packed.columns_end(rows))
+
+    def after_scoring(self, rollouts: StepRollouts, ctx: StepContext) -> None:
+        self.use_features(rollouts, *self.reader.finish(), ctx)
+        self._dropped = ([], np.zeros((0, 0), np.float32))
+        if self.remember_dropped and ctx.dropped:
+            self._dropped = self.dropped_features(ctx.dropped, ctx)
+
+    def dropped_features(self, groups: list, ctx: StepContext) -> tuple[list[tuple[str, bool]], np.ndarray]:
+        """``(key, correct)`` and features of the responses of ``groups`` (dropped by DAPO's filter,
+        never trained on), from a no-grad forward of the old policy over them alone: the scoring
+        forward never saw them. Beyond the reference (``meds.remember_dropped``): a mistake a
+        prompt makes in every sample is remembered, and costs when the prompt next gives a
+        mixed group."""
+        t0 = time.perf_counter()
+        m = ctx.module
+        extra = StepRollouts.from_groups(groups, ctx.step, ctx.stage, m.tokenizer.pad_token_id, m.device)
+        self.reader.begin(extra.response_ids, extra.packed.prompt_length)
+        scoring_pass(ctx.scoring_policy, extra.packed, m.algorithm.micro_batch_size,
+                     max_tokens=m.algorithm.max_tokens_per_microbatch,
+                     microbatch_context=lambda rows: self.reader.microbatch(rows, extra.packed.columns_end(rows)))
+        feats, rows = self.reader.finish()
+        correct = (extra.acc > 0.5).tolist()
+        keys = [(extra.keys[i], bool(correct[i])) for i in rows.tolist()]
+        ctx.log(self, {"dropped_rows_remembered": float(len(keys)),
+                       "dropped_pass_s": time.perf_counter() - t0})
+        return keys, feats.numpy()
+
+    def enter_stage(self, stage: str | None) -> None:
+        """At a stage change, reset the memory first (option), before anything reads it."""
+        if self.reset_on_stage_change and self._stage is not None and stage != self._stage:
+            log.info("MEDS memory reset at stage change %s -> %s", self._stage, stage)
+            self.store.reset()
+        self._stage = stage
+
+    def use_features(self, rollouts: StepRollouts, feats: torch.Tensor, rows: torch.Tensor, ctx: StepContext) -> None:
+        """The step's features ``[M, D]`` of response ``rows`` ``[M]`` (those with an answer)."""
+        ctx.log(self, {"answer_found_rate": len(rows) / max(len(rollouts), 1)})
+        if self.mixed_groups_only and len(rows):
+            keep = _in_mixed_groups(rollouts.acc, rollouts.group_ids)[rows]
+            ctx.log(self, {"skipped_rows": float((~keep).sum())})
+            feats, rows = feats[keep], rows[keep]
+        self._feats, self._rows = feats, rows
+
+    def shape_rewards(self, rollouts: StepRollouts, ctx: StepContext) -> None:
+        sizes, labels = self.cluster_sizes_for(rollouts)
+        pen = torch.zeros(len(rollouts), dtype=rollouts.scores.dtype)
+        pen[self._rows] = torch.as_tensor(meds_penalty(sizes, self.alpha, self.beta), dtype=pen.dtype)
+        raw = rollouts.scores
+        rollouts.shape_scores(self.name, apply_penalty(raw, rollouts.acc > 0.5, pen, self.target))
+        ctx.log(self, {
+            "penalty_mean": float(pen.mean()),
+            "penalty_max": float(pen.max()) if len(pen) else 0.0,
+            "penalised_frac": float((pen > 0).float().mean()),
+            "order_changed_group_frac": advantage_order_changed(raw, rollouts.scores, rollouts.group_ids),
+            "cluster_size_mean": float(sizes.mean()) if len(sizes) else 0.0,
+            **self._mechanism(rollouts, labels, pen),
+        })
+        every = self.panels_every_n_steps
+        if every and rollouts.step % every == 0:
+            self._panels(rollouts, sizes, labels, ctx)
+
+    def _mechanism(self, rollouts: StepRollouts, labels: np.ndarray, pen: torch.Tensor) -> dict[str, float]:
+        """Where the penalty landed (methods/meds/diagnostics.py) and how full the memory was when read:
+        ``entries_per_read`` is the mean size of the stores read this step, an empty one (a
+        prompt's first visit) counting 0."""
+        groups = rollouts.group_ids.tolist()
+        answers = [g.extracted for g in rollouts.grades]
+        wrong = (rollouts.acc <= 0.5).tolist()
+        rows = self._rows.tolist()
+        out = {"entries_per_read": float(np.mean(self._read_sizes)) if self._read_sizes else 0.0}
+        purity = cluster_answer_purity([groups[i] for i in rows], labels.tolist(), [answers[i] for i in rows])
+        on_top, top_share = penalty_on_top_answer(groups, wrong, answers, pen.tolist())
+        for name, value in (("cluster_answer_purity", purity), ("penalty_on_top_answer", on_top),
+                            ("top_answer_wrong_share", top_share)):
+            if value is not None:
+                out[name] = float(value)
+        return out
+
+    def cluster_sizes_for(self, rollouts: StepRollouts) -> tuple[np.ndarray, np.ndarray]:
+        """Predicted cluster size and label per featured response, from the memory so far."""
+        feats = self._feats.numpy()
+        rows = self._rows.tolist()
+        keys = rollouts.keys
+        correct = (rollouts.acc > 0.5).tolist()
+        sizes = np.zeros(len(rows), dtype=np.int64)
+        labels = np.full(len(rows), -1, dtype=np.int64)
+        by_store: dict[tuple[str, bool], list[int]] = {}
+        for j, i in enumerate(rows):
+            by_store.setdefault((keys[i], bool(correct[i])), []).append(j)
+        self._read_sizes = []
+        for (key, ok), js in by_store.items():
+            if not _targeted(self.target, ok):
+                continue
+            entry = self.store.labels_for(key, ok)
+            self._read_sizes.append(0 if entry is None else len(entry))
+            if entry is None:
+                continue  # first visit: size 0, the step only fills memory
+            if self.mode == "single":
+                sizes[js] = single_cluster_sizes(len(entry), len(js))
+                continue
+            pred = predict_labels(entry.fitted_features, entry.fitted_labels, feats[js], k=self.k)
+            labels[js] = pred
+            sizes[js] = cluster_sizes(entry.fitted_labels, pred, noise_is_cluster=self.noise_is_cluster)
+        return sizes, labels
+
+    def step_additions(self, rollouts: StepRollouts, ctx: StepContext):
+        """The features of this step's sampled responses (and, ``remember_dropped``, of the
+        groups DAPO dropped). Rows another plug-in added (R3's replayed responses) are shaped but
+        not remembered again: each generated response enters the memory at most once, in the
+        step that sampled it."""
+        keys, correct = rollouts.keys, (rollouts.acc > 0.5).tolist()
+        fresh = [j for j, i in enumerate(self._rows.tolist()) if rollouts.source[i] == SAMPLED]
+        rows = self._rows[fresh].tolist()
+        added, feats = [(keys[i], bool(correct[i])) for i in rows], self._feats[fresh].numpy()
+        dropped_keys, dropped_feats = self._dropped
+        if dropped_keys:
+            feats = np.concatenate([feats, dropped_feats]) if added else dropped_feats
+            added = added + dropped_keys
+        return added, feats
+
+    def commit(self, additions, ctx: StepContext) -> None:
+        touched = self.store.insert(additions, ctx.step)
+        ctx.log(self, self.store.metrics(touched))
+        if self.snapshot_every_n_steps and (ctx.step + 1) % self.snapshot_every_n_steps == 0:
+            self.snapshot(ctx.trainer, ctx.step)
+
+    def snapshot(self, trainer, step: int) -> Path | None:
+        """Write ``memory/memory.npz`` atomically (rank 0; open with ``numpy.load``)."""
+        if not trainer.is_global_zero:
+            return None
+        path = Path(self.snapshot_dir or run_log_dir(trainer)) / "memory" / "memory.npz"
+        self.store.memory.snapshot(path)
+        log.info("MEDS memory snapshot at step %d: %s (%d entries)", step, path, self.store.memory.num_entries())
+        return path
+
+    def _panels(self, rollouts: StepRollouts, sizes: np.ndarray, labels: np.ndarray, ctx: StepContext) -> None:
+        """Histogram of predicted cluster sizes; per prompt, the largest error cluster this step
+        fell into, with two of its responses (what the model keeps getting wrong)."""
+        rows = self._rows.tolist()
+        wrong = [j for j, i in enumerate(rows) if rollouts.acc[i] <= 0.5 and sizes[j] > 0]
+        by_group: dict[int, list[int]] = {}
+        for j in wrong:
+            by_group.setdefault(int(rollouts.group_ids[rows[j]]), []).append(j)
+        worst = sorted(by_group.items(), key=lambda kv: -max(sizes[j] for j in kv[1]))[: self.panel_prompts]
+        blocks = []
+        for g, js in worst:
+            top = max(sizes[j] for j in js)
+            members = [j for j in js if sizes[j] == top][:2]
+            prompt = rollouts.prompts[g]
+            answers = [rollouts.grades[rows[j]].extracted for j in members]
+            body = "\n\n".join(
+                "    " + rollouts.response_text[rows[j]][:800].replace("\n", "\n    ") for j in members
+            )
+            blocks.append(
+                f"**{prompt.problem[:300]}** (gold `{prompt.answer}`): error cluster {labels[members[0]]}"
+                f" of size {top}, answers {answers}\n\n{body}"
+            )
+        if len(sizes):
+            ctx.histogram(self, "cluster_size", sizes)
+        if blocks:
+            ctx.text(self, "largest_error_clusters", "\n\n---\n\n".join(blocks))
+
+
+def _targeted(target: str, correct: bool) -> bool:
+    return {"wrong": not correct, "right": correct, "both": True, "none": False}[target]
+
+
+def _in_mixed_groups(acc: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Bool [B]: the row's group has both right and wrong responses."""
+    return keep_mask_by_group_spread(acc, group_ids)

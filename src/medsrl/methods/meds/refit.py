@@ -1,0 +1,302 @@
+"""HDBSCAN re-fits off the critical path of the training step.
+
+A step's penalties only need the labels already stored for each key (the k-NN vote, PAPER.md
+step 4); the re-fit after inserting the step's features (step 5) is needed only by the *next*
+visit of that key, typically many steps later. So ``submit`` hands the re-fit to a worker and
+the step goes on (advantages, policy update); ``wait(key)`` is called just before the key is
+used again and returns at once unless the fit is still running.
+
+Threads or processes: processes. hdbscan 0.8.44's Cython has no ``with nogil`` block, so a fit
+holds the GIL from start to end, and a thread running it starves the main thread, which needs
+the GIL between torch ops (and for every kernel launch of a GPU step). Measured on the 2-core
+box this was written on (24 keys x 2048 x 14 features, 1 worker, torch on 1 thread, median of 3
+interleaved rounds; another job kept one core busy throughout, so only one core was free):
+
+=====================================  =========  ===========  ============
+main thread                            alone      fits thread  fits process
+=====================================  =========  ===========  ============
+256x256 matmul loop, wall              1.73 s     4.24 s       3.45 s
+matmul + fits, both done               4.20 s *   4.25 s       4.21 s
+tiny-op dispatch rate (64x64 ops/s)    88.0 k     22.5 k       41.9 k
+=====================================  =========  ===========  ============
+
+(* serial sum: fits alone 2.47 s.) With one free core nothing can overlap, but the thread
+variant also takes ~3/4 of the main thread's time (the GIL), while the process gets the fair OS
+half. Where a core is to spare (the CPU side of a GPU box) a process can run entirely beside
+the step; a thread cannot. ``benchmarks/cluster_refit.py`` repeats the comparison
+(``overlap_process`` / ``overlap_thread`` in its JSON; its default run on the same busy box:
+dispatch rate 0.53 of alone beside a process, 0.33 beside a thread, at 2048 points).
+
+The default start method is ``forkserver`` (``spawn`` where unavailable): no fork of a process
+that holds torch thread pools or CUDA state. Workers import only numpy and hdbscan (this
+package's ``__init__`` is lazy); the forkserver itself imports the main module once. A
+[2048, 14] float32 array pickles in microseconds. ``executor="thread"`` stays for comparison.
+``mode="sync"`` fits inside ``submit``, the reference order; both modes give identical labels
+for the same features (same function, same bytes).
+
+Failures: an exception raised by the fit surfaces as ``RefitError`` naming the key. A worker
+process that dies (segfault, OOM kill) breaks the pool: the key being collected is recomputed in
+the main process with a warning, the other pending keys are resubmitted to a fresh pool (at
+most ``max_restarts`` times, then everything runs in the main process). The workers exit by
+themselves when the process that made the pool dies, however it dies (``utils/lifetime.py``):
+a worker blocked on the pool's call queue would otherwise wait forever, keeping the forkserver
+and the resource tracker alive too.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+import warnings
+from collections.abc import Callable, Hashable
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from medsrl.methods.meds.clustering import fit_cluster_labels
+from medsrl.utils.lifetime import exit_with_owner, this_owner
+
+FitFn = Callable[..., np.ndarray]
+
+
+class RefitError(RuntimeError):
+    """A re-fit raised; the message names the key."""
+
+
+def _fit_job(
+    features: np.ndarray, min_cluster_size: int, min_samples: int, fit_fn: FitFn
+) -> tuple[np.ndarray, float]:
+    """What a worker runs: the labels and the seconds the fit took (for ``stats``)."""
+    t0 = time.perf_counter()
+    labels = fit_fn(features, min_cluster_size=min_cluster_size, min_samples=min_samples)
+    return np.asarray(labels, dtype=np.int64), time.perf_counter() - t0
+
+
+def _warm_up() -> None:
+    """Submitted at start so the workers spawn and import hdbscan (about a second, more with
+    sklearn cold) in the background instead of inside the first ``wait``."""
+    import hdbscan  # noqa: F401
+
+
+@dataclass
+class _Job:
+    future: Future
+    features: np.ndarray  # kept so a job can be recomputed if its worker dies
+
+
+class BackgroundRefitter:
+    """Runs ``fit_cluster_labels`` per key in worker processes; results are fetched per key.
+
+    ``key_id`` is any hashable, picklable id (e.g. ``(prompt_key, correct)``). Each result is
+    handed out once, by ``wait``, ``collect`` or ``drain``. ``stats`` counts submits, replaced
+    submits, fits done and their seconds, the ``wait`` calls that actually blocked and the
+    seconds they blocked, and worker failures.
+    """
+
+    def __init__(
+        self,
+        num_workers: int = 1,
+        mode: Literal["background", "sync"] = "background",
+        min_cluster_size: int = 2,
+        min_samples: int = 1,
+        *,
+        executor: Literal["process", "thread"] = "process",
+        mp_context: str | None = None,
+        fit_fn: FitFn = fit_cluster_labels,
+        max_restarts: int = 2,
+    ) -> None:
+        if mode not in ("background", "sync"):
+            raise ValueError(f"mode must be 'background' or 'sync', got {mode!r}")
+        if executor not in ("process", "thread"):
+            raise ValueError(f"executor must be 'process' or 'thread', got {executor!r}")
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        self.mode, self.executor_kind, self.num_workers = mode, executor, num_workers
+        self.min_cluster_size, self.min_samples = min_cluster_size, min_samples
+        if mp_context is None:
+            mp_context = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+        self.fit_fn, self.mp_context, self.max_restarts = fit_fn, mp_context, max_restarts
+        self._pool: Executor | None = None
+        self._restarts = 0
+        self._local_only = mode == "sync"
+        self._pending: dict[Hashable, _Job] = {}
+        self._done: dict[Hashable, np.ndarray] = {}
+        self.stats: dict[str, float] = {
+            "submitted": 0,
+            "replaced": 0,
+            "completed": 0,
+            "fit_seconds": 0.0,
+            "blocked_waits": 0,
+            "blocked_seconds": 0.0,
+            "worker_failures": 0,
+        }
+        if not self._local_only:
+            for _ in range(num_workers):
+                self._ensure_pool().submit(_warm_up)
+
+    # ---------------------------------------------------------------- plumbing
+    def _ensure_pool(self) -> Executor:
+        if self._pool is None:
+            if self.executor_kind == "thread":
+                self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="refit")
+            else:
+                ctx = mp.get_context(self.mp_context)
+                self._pool = ProcessPoolExecutor(
+                    self.num_workers, mp_context=ctx,
+                    initializer=exit_with_owner, initargs=(this_owner(),),
+                )
+        return self._pool
+
+    def _fit_here(self, key_id: Hashable, features: np.ndarray) -> np.ndarray:
+        try:
+            labels, secs = _fit_job(features, self.min_cluster_size, self.min_samples, self.fit_fn)
+        except Exception as e:
+            raise RefitError(f"HDBSCAN re-fit failed for key {key_id!r}: {e}") from e
+        self.stats["completed"] += 1
+        self.stats["fit_seconds"] += secs
+        return labels
+
+    def _start(self, key_id: Hashable, features: np.ndarray) -> Future | None:
+        """Queue a fit in the pool; None when the pool is unusable and it must run here."""
+        if self._local_only:
+            return None
+        try:
+            return self._ensure_pool().submit(
+                _fit_job, features, self.min_cluster_size, self.min_samples, self.fit_fn
+            )
+        except BrokenProcessPool:
+            self._on_broken_pool()
+            return self._start(key_id, features)
+
+    def _on_broken_pool(self) -> None:
+        """Drop the dead pool; restart it (and re-queue pending jobs) or go main-process only."""
+        self.stats["worker_failures"] += 1
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self._restarts += 1
+        if self._restarts > self.max_restarts:
+            self._local_only = True
+            warnings.warn(
+                f"re-fit worker pool broke {self._restarts} time(s), more than max_restarts="
+                f"{self.max_restarts}; clustering now runs in the main process",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        for key_id, job in self._pending.items():
+            if _lost(job.future):
+                job.future = self._start(key_id, job.features) or _done_future(None)
+
+    def _finish(self, key_id: Hashable, job: _Job) -> np.ndarray:
+        """The labels of a job whose future is done (or a placeholder to compute here)."""
+        try:
+            res = job.future.result()
+        except BrokenProcessPool:
+            warnings.warn(
+                f"re-fit worker process died while clustering key {key_id!r}; recomputing "
+                "that key in the main process",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            self._on_broken_pool()
+            return self._fit_here(key_id, job.features)
+        except Exception as e:
+            raise RefitError(f"HDBSCAN re-fit failed for key {key_id!r}: {e}") from e
+        if res is None:  # placeholder: the pool was given up, compute here
+            return self._fit_here(key_id, job.features)
+        labels, secs = res
+        self.stats["completed"] += 1
+        self.stats["fit_seconds"] += secs
+        return labels
+
+    # -------------------------------------------------------------------- API
+    def submit(self, key_id: Hashable, features: np.ndarray) -> None:
+        """Schedule the re-fit of ``key_id`` on ``features`` [N, D] (copied). A pending or
+        uncollected result for the same key is superseded: the newest features win."""
+        x = np.array(features, copy=True)
+        self.stats["submitted"] += 1
+        self._done.pop(key_id, None)
+        old = self._pending.pop(key_id, None)
+        if old is not None:
+            old.future.cancel()
+            self.stats["replaced"] += 1
+        future = self._start(key_id, x)
+        if future is None:
+            self._done[key_id] = self._fit_here(key_id, x)
+        else:
+            self._pending[key_id] = _Job(future, x)
+
+    def wait(self, key_id: Hashable) -> np.ndarray | None:
+        """The labels of ``key_id``'s latest submit, blocking until its fit is done; None if
+        nothing was submitted for it since its last result was handed out."""
+        job = self._pending.pop(key_id, None)
+        if job is None:
+            return self._done.pop(key_id, None)
+        if not job.future.done():
+            t0 = time.perf_counter()
+            wait_futures([job.future])
+            self.stats["blocked_waits"] += 1
+            self.stats["blocked_seconds"] += time.perf_counter() - t0
+        return self._finish(key_id, job)
+
+    def collect(self) -> dict[Hashable, np.ndarray]:
+        """All finished results not yet handed out, without blocking."""
+        for key_id in list(self._pending):
+            job = self._pending.get(key_id)
+            if job is not None and job.future.done():  # a broken pool may have re-queued it
+                del self._pending[key_id]
+                self._done[key_id] = self._finish(key_id, job)
+        out, self._done = self._done, {}
+        return out
+
+    def drain(self) -> dict[Hashable, np.ndarray]:
+        """Wait for every pending fit; returns all results not yet handed out."""
+        wait_futures([job.future for job in self._pending.values()])
+        while self._pending:  # a broken pool may re-queue jobs while we finish others
+            key_id = next(iter(self._pending))
+            job = self._pending.pop(key_id)
+            wait_futures([job.future])
+            self._done[key_id] = self._finish(key_id, job)
+        return self.collect()
+
+    def ready(self, key_id: Hashable) -> bool:
+        """True when ``wait(key_id)`` would return without blocking."""
+        job = self._pending.get(key_id)
+        return job is None or job.future.done()
+
+    def pending(self) -> list[Hashable]:
+        """Keys whose fit has been submitted and not handed out yet."""
+        return list(self._pending)
+
+    def close(self) -> None:
+        """Stop the workers (joined: no zombies). Unfetched results are dropped; ``drain``
+        first to keep them."""
+        for job in self._pending.values():
+            job.future.cancel()
+        self._pending.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> BackgroundRefitter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _lost(future: Future) -> bool:
+    """A future of a dead pool: cancelled by its shutdown or failed with BrokenProcessPool."""
+    if future.cancelled():
+        return True
+    return future.done() and isinstance(future.exception(), BrokenProcessPool)
+
+
+def _done_future(value) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f

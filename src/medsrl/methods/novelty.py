@@ -1,0 +1,171 @@
+"""EVOL-RL's novelty reward (arXiv 2509.15194), on any per-response vectors: the memoryless twin of
+MEDS (it compares a response with the other responses of its group, not with the past).
+
+Within a group, for response ``i`` with vector ``v_i``:
+``novelty_i = 1 - (0.5 * mean cos(v_i, same-outcome others) + 0.5 * max cos(v_i, any other))``,
+min-max normalised within the right and within the wrong responses to ``u`` in [0, 1]; the
+reward is ``0.5 + 0.5 u`` for a right response, ``-1 + 0.5 u`` for a wrong one, and -1 for a
+response without a boxed answer.
+
+EVOL-RL's novelty bonus as a plug-in: the memoryless twin of MEDS. Each response's reward
+becomes its novelty reward within its group (``methods/novelty.py``), on one of two vectors read
+from the scoring forward (no extra pass):
+
+- ``meds_features``: the MEDS feature (per-layer logits of the first answer token, the same
+  capture and settings as ``configs/plugins/meds.yaml``), so MEDS vs novelty isolates *history*;
+- ``hidden_mean``: the mean last-layer hidden state (after the final norm) over the response.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import Tensor
+
+from medsrl.algo.logprobs import masked_mean
+from medsrl.methods.meds.features import AnswerFeatureReader, FeatureSpec
+from medsrl.plugins.base import Plugin, StepContext
+from medsrl.step.rollouts import StepRollouts
+
+
+def group_novelty(vectors: Tensor, correct: Tensor) -> Tensor:
+    """``novelty`` per row of one group's ``vectors`` ``[n, D]`` (float64 [n]).
+
+    A response with no other response of its outcome gets mean similarity 0 to that subset;
+    a group of one has novelty 1.
+    """
+    n = len(vectors)
+    if n == 1:
+        return torch.ones(1, dtype=torch.float64)
+    v = torch.nn.functional.normalize(vectors.double(), dim=-1)
+    sim = v @ v.T
+    other = ~torch.eye(n, dtype=torch.bool)
+    same = (correct[:, None] == correct[None, :]) & other
+    mean_same = torch.where(same, sim, 0).sum(1) / same.sum(1).clamp(min=1)
+    max_any = torch.where(other, sim, -torch.inf).max(1).values
+    return 1 - (0.5 * mean_same + 0.5 * max_any)
+
+
+def minmax_within(values: Tensor, subset: Tensor) -> Tensor:
+    """Min-max normalise ``values`` within ``subset`` (bool) to [0, 1]; 0.5 where the subset has
+    no spread (one member, or all equal); other rows untouched (0)."""
+    out = torch.zeros_like(values)
+    if subset.any():
+        x = values[subset]
+        lo, hi = x.min(), x.max()
+        out[subset] = (x - lo) / (hi - lo) if hi > lo else torch.full_like(x, 0.5)
+    return out
+
+
+def novelty_rewards(vectors: Tensor, correct: Tensor, has_box: Tensor, has_vector: Tensor) -> Tensor:
+    """EVOL-RL's reward for one group (float64 [n]). Rows without a vector take no part in the
+    similarities and get the bottom of their outcome's range; rows without a box get -1."""
+    u = torch.zeros(len(correct), dtype=torch.float64)
+    rows = has_vector.nonzero().flatten()
+    if len(rows):
+        nov = group_novelty(vectors[rows], correct[rows])
+        ok = correct[rows]
+        u[rows] = minmax_within(nov, ok) + minmax_within(nov, ~ok)
+    reward = torch.where(correct, 0.5 + 0.5 * u, -1 + 0.5 * u)
+    return torch.where(has_box, reward, torch.full_like(reward, -1.0))
+
+
+
+VECTORS = ("meds_features", "hidden_mean")
+
+
+class NoveltyBonus(Plugin):
+    """Replaces the correctness part of each score by EVOL-RL's novelty reward."""
+
+    name = "novelty"
+
+    def __init__(self, vectors: str = "meds_features", layers=14, diff: bool = False,
+                 final_norm: bool = False, feature_dtype: str = "auto") -> None:
+        if vectors not in VECTORS:
+            raise ValueError(f"novelty.vectors={vectors!r}; valid: {', '.join(VECTORS)}")
+        self.vectors = vectors
+        self.spec = FeatureSpec(layers=layers, diff=diff, final_norm=final_norm, dtype=feature_dtype)
+        self.reader: AnswerFeatureReader | None = None
+        self._norm: torch.nn.Module | None = None
+        self._rows: torch.Tensor = torch.zeros(0, dtype=torch.long)
+        self._vecs: torch.Tensor = torch.zeros(0, 0)
+        self._parts: list[torch.Tensor] = []
+        self._part_rows: list[torch.Tensor] = []
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.vectors == "meds_features" and self.reader is None:
+            self.reader = AnswerFeatureReader(pl_module.policy, pl_module.tokenizer, self.spec,
+                                              pl_module.grader_cfg.reasoning_end)
+        if self.vectors == "hidden_mean" and self._norm is None:
+            self._norm = final_norm_of(pl_module.policy)
+
+    # the scoring forward ------------------------------------------------------------------
+    def before_scoring(self, rollouts: StepRollouts, ctx: StepContext) -> None:
+        self._parts, self._part_rows = [], []
+        if self.reader is not None:
+            self.reader.begin(rollouts.response_ids, rollouts.packed.prompt_length)
+
+    def scoring_microbatch(self, rollouts: StepRollouts, rows: torch.Tensor):
+        packed = rollouts.packed
+        end = packed.columns_end(rows)
+        if self.reader is not None:
+            return self.reader.microbatch(rows, end)
+        return self._hidden_mean(rows, packed.response_mask[rows, : end - packed.prompt_length])
+
+    @contextlib.contextmanager
+    def _hidden_mean(self, rows: torch.Tensor, mask: torch.Tensor):
+        def hook(module, args, output):
+            hidden = output[0] if isinstance(output, (tuple, list)) else output
+            # the response columns come last (the forward runs none of the right padding past them)
+            resp = hidden[:, hidden.shape[1] - mask.shape[1]:].detach().float()
+            w = mask.to(resp.device).unsqueeze(-1)
+            self._parts.append(((resp * w).sum(1) / w.sum(1).clamp(min=1)).cpu())
+            self._part_rows.append(rows.cpu())
+
+        handle = self._norm.register_forward_hook(hook)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def after_scoring(self, rollouts: StepRollouts, ctx: StepContext) -> None:
+        if self.reader is not None:
+            self._vecs, self._rows = self.reader.finish()
+        else:
+            self._vecs = torch.cat(self._parts) if self._parts else torch.zeros(0, 0)
+            self._rows = torch.cat(self._part_rows) if self._part_rows else torch.zeros(0, dtype=torch.long)
+
+    # the reward ----------------------------------------------------------------------------
+    def shape_rewards(self, rollouts: StepRollouts, ctx: StepContext) -> None:
+        n = len(rollouts)
+        vecs = torch.zeros(n, max(self._vecs.shape[-1], 1), dtype=torch.float64)
+        has_vec = torch.zeros(n, dtype=torch.bool)
+        if len(self._rows):
+            vecs[self._rows] = self._vecs.double()
+            has_vec[self._rows] = True
+        correct = rollouts.acc > 0.5
+        has_box = torch.tensor([g.has_box for g in rollouts.grades], dtype=torch.bool)
+        reward = torch.zeros(n, dtype=torch.float64)
+        for g in rollouts.group_ids.unique().tolist():
+            rows = (rollouts.group_ids == g).nonzero().flatten()
+            reward[rows] = novelty_rewards(vecs[rows], correct[rows], has_box[rows], has_vec[rows])
+        delta = (reward - rollouts.acc.double()).to(rollouts.scores.dtype)
+        rollouts.shape_scores(self.name, rollouts.scores + delta)
+        ones = torch.ones(n)
+        ctx.log(self, {
+            "reward_mean": float(reward.mean()),
+            "reward_std": float(reward.std()) if n > 1 else 0.0,
+            "right_mean": float(masked_mean(reward.float(), correct.float())) if correct.any() else 0.0,
+            "wrong_mean": float(masked_mean(reward.float(), (~correct).float())) if (~correct).any() else 0.0,
+            "vector_rate": float(masked_mean(has_vec.float(), ones)),
+        })
+
+
+def final_norm_of(policy: torch.nn.Module) -> torch.nn.Module:
+    """The norm after the last decoder layer of a Hugging Face causal LM (Qwen2/3, Llama, ...)."""
+    decoder = policy.get_decoder() if hasattr(policy, "get_decoder") else getattr(policy, "model", None)
+    norm = getattr(decoder, "norm", None)
+    if norm is None:
+        raise ValueError(f"novelty.vectors=hidden_mean: no final norm found on {type(policy).__name__}")
+    return norm

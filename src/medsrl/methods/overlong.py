@@ -1,0 +1,66 @@
+"""DAPO overlong reward shaping: a soft, linear penalty as a response nears the length limit.
+
+A response cut off at the limit has no final answer; DAPO found that a hard 0 for it is noisy
+(the reasoning may have been right), so the reward instead ramps down over the last
+``buffer_length`` tokens before ``max_response_length``.
+
+DAPO's soft overlong penalty as a reward term (``methods/overlong.py`` holds the rule).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from medsrl.plugins.base import Plugin, StepContext
+from medsrl.step.rollouts import StepRollouts
+
+
+def overlong_penalty(
+    response_lengths: torch.Tensor,
+    max_response_length: int,
+    buffer_length: int,
+    penalty_factor: float = 1.0,
+) -> torch.Tensor:
+    """Penalty to *add* to the reward of each response (float tensor, same shape, values <= 0).
+
+    0 for ``len <= max - buffer``; falls linearly to ``-penalty_factor`` at ``len == max``;
+    clamped at ``-penalty_factor`` beyond. ``buffer_length == 0`` gives a step at ``max``.
+    """
+    if not 0 <= buffer_length <= max_response_length:
+        raise ValueError(
+            f"need 0 <= buffer_length <= max_response_length, got {buffer_length}, {max_response_length}"
+        )
+    lengths = response_lengths.to(torch.float32)
+    expected = max_response_length - buffer_length
+    if buffer_length == 0:
+        return torch.where(lengths > max_response_length, -penalty_factor, 0.0).to(torch.float32)
+    # (expected - len) is <= 0 once past the start of the buffer; written this way round to
+    # return +0.0 rather than -0.0 for responses that are short enough.
+    ramp = (expected - lengths).clamp(max=0.0) / buffer_length * penalty_factor
+    return ramp.clamp(min=-penalty_factor)
+
+
+
+class OverlongPenalty(Plugin):
+    """Adds ``overlong_penalty(length)`` to the reward of each response (term ``overlong``)."""
+
+    name = "overlong"
+    reads_scoring_forward = False
+
+    def __init__(self, buffer_length: int = 512, penalty_factor: float = 1.0) -> None:
+        self.buffer_length = buffer_length
+        self.penalty_factor = penalty_factor
+        self.max_new_tokens: int | None = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self.max_new_tokens = pl_module.rollout_cfg.max_new_tokens
+        if not 0 < self.buffer_length < self.max_new_tokens:
+            raise ValueError(
+                f"algorithm.plugins.{self.name}.buffer_length={self.buffer_length} must be between 0 "
+                f"and rollout.max_new_tokens={self.max_new_tokens}"
+            )
+
+    def shape_rewards(self, rollouts: StepRollouts, ctx: StepContext) -> None:
+        lengths = torch.tensor([len(r) for r in rollouts.response_ids])
+        pen = overlong_penalty(lengths, self.max_new_tokens, self.buffer_length, self.penalty_factor)
+        rollouts.add_reward(self.name, pen)

@@ -1,0 +1,350 @@
+"""R3 (arXiv 2601.19620) as one plug-in: replay, reflection and ranking over a per-prompt
+response history (``r3/``; the paper's rules and our defaults for its gaps: PAPER.md).
+
+Per step:
+- ``add_prompts`` (reflection, ISR): for each prompt whose stored mean reward is below ``tau``,
+  one extra prompt with a random stored wrong response and an instruction to fix it.
+- ``transform_groups`` (replay, CCR): a group whose responses are all right (all wrong) gets up
+  to ``k`` stored wrong (right) responses of its prompt, most recent first, so it has a signal;
+  an all-wrong group that ranking will score is marked ``kept_by`` (DAPO's filter keeps both).
+  Every sampled group is noted for the history here, before any later plug-in drops it.
+- ``shape_rewards`` (ranking, SERR): the responses of an all-wrong group get
+  ``R_max * (1 - rank / (N - 1))`` from their token entropies (the scoring forward's).
+- ``commit``: every rank's sampled responses of the step enter the replicated history, with
+  their behaviour log-probs (this step's old-policy log-probs; none for groups dropped before
+  the scoring forward).
+- ``shape_advantages``: replay's own normalisation over each mixed group, and (option) truncated
+  importance weights for the replayed rows.
+
+The mechanisms act on a prompt once it has been seen in ``min_visits`` earlier steps, from
+``start_step`` on (the paper: from epoch 2). Place R3 before ``dynamic_sampling`` so that a
+group it rescues counts as kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from medsrl.config import build
+from medsrl.methods.r3.history import ResponseHistory, StoredResponse
+from medsrl.methods.r3.length_bonus import length_bonus as correct_length_bonus
+from medsrl.methods.r3.ranking import answer_span_mask, entropy_profile, ranking_rewards
+from medsrl.methods.r3.reflection import DEFAULT_INSTRUCTION, is_reflection, reflection_prompt
+from medsrl.methods.r3.replay import (
+    mixed_group_advantages,
+    pick_replay,
+    replay_count,
+    truncated_is_weights,
+)
+from medsrl.plugins.base import Plugin, StepContext
+from medsrl.reward.answer_span import answer_starts
+from medsrl.reward.grader import GradeResult
+from medsrl.rollout.base import RolloutBatch
+from medsrl.step.rollouts import SAMPLED, Group, StepRollouts
+from medsrl.utils.run_dir import run_log_dir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReplaySettings:
+    enabled: bool = True
+    k: int | None = None  # responses mixed in; None: n // 4 (at least 1)
+    alpha: float = 1.0
+    lam: float = 1e-6
+    importance_cap: float | None = None  # None: no importance weights (paper); e.g. 2.0
+
+
+@dataclass
+class ReflectionSettings:
+    enabled: bool = True
+    tau: float | None = None  # stored mean reward below it triggers; None: 1 / n
+    instruction: str = DEFAULT_INSTRUCTION
+    max_prompts: int | None = None  # per step; None: one per qualifying prompt
+
+
+@dataclass
+class RankingSettings:
+    enabled: bool = True
+    p: float = 0.2  # share of a response's tokens whose entropies make E_peak
+    r_max: float = 0.5  # reward of the best-ranked wrong response (below a correct one's 1)
+
+
+class R3(Plugin):
+    """Replay (CCR), reflection (ISR) and ranking (SERR), each switchable, sharing one history."""
+
+    name = "r3"
+
+    def __init__(
+        self,
+        replay: dict | ReplaySettings | None = None,
+        reflection: dict | ReflectionSettings | None = None,
+        ranking: dict | RankingSettings | None = None,
+        cap_per_key: int | None = 16,
+        min_visits: int = 1,
+        start_step: int = 0,
+        snapshot_every_n_steps: int = 20,
+        panels_every_n_steps: int = 10,
+        snapshot_dir: str | None = None,
+        length_bonus: int | None = None,
+    ) -> None:
+        self.replay = build(ReplaySettings, replay, "r3.replay")
+        self.reflection = build(ReflectionSettings, reflection, "r3.reflection")
+        self.ranking = build(RankingSettings, ranking, "r3.ranking")
+        if min_visits < 0 or start_step < 0:
+            raise ValueError(f"r3.min_visits and r3.start_step must be >= 0, got {min_visits}, {start_step}")
+        if not 0 < self.ranking.p <= 1 or self.ranking.r_max < 0:
+            raise ValueError(f"r3.ranking.p must be in (0, 1] and r_max >= 0, got {self.ranking.p}, {self.ranking.r_max}")
+        if self.replay.alpha < 0 or self.replay.lam <= 0:
+            raise ValueError(f"r3.replay.alpha must be >= 0 and lam > 0, got {self.replay.alpha}, {self.replay.lam}")
+        if length_bonus is not None and length_bonus <= 0:
+            raise ValueError(f"r3.length_bonus must be a length in tokens > 0 or null, got {length_bonus}")
+        self.length_bonus = length_bonus
+        if self.replay.importance_cap is not None and self.replay.importance_cap <= 0:
+            raise ValueError(f"r3.replay.importance_cap must be > 0 or null, got {self.replay.importance_cap}")
+        self.history = ResponseHistory(cap_per_key)
+        self.min_visits, self.start_step = min_visits, start_step
+        self.snapshot_every_n_steps, self.panels_every_n_steps = snapshot_every_n_steps, panels_every_n_steps
+        self.snapshot_dir = snapshot_dir
+        self.token_stats = ("entropy",) if self.ranking.enabled else ()
+        self._step = -1
+        self._seen: list[tuple[str, Group]] = []  # this rank's sampled groups of the step
+        self._counts: dict[str, float] = {}
+        self._behaviour: dict[tuple[str, tuple[int, ...]], list] = {}  # replayed rows' log-probs
+        self._panel_step = -(10**9)
+        self._tokenizer, self._reasoning_end = None, None  # the span ranking reads (setup)
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        # Ranking reads the span the grader reads (grader.reasoning_end; reward/answer_span.py).
+        self._tokenizer, self._reasoning_end = pl_module.tokenizer, pl_module.grader_cfg.reasoning_end
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict:
+        return {"history": self.history.state_dict()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.history.load_state_dict(state_dict["history"])
+
+    def digest(self) -> str:
+        return self.history.digest()
+
+    def active(self, key: str, step: int) -> bool:
+        """Whether the mechanisms act on ``key`` at ``step`` (it has enough history)."""
+        return step >= self.start_step and self.history.visits(key) >= self.min_visits
+
+    # ------------------------------------------------------------------ the step
+
+    def _begin(self, ctx: StepContext) -> None:
+        if ctx.step != self._step:
+            self._step, self._seen, self._behaviour = ctx.step, [], {}
+            self._counts = dict.fromkeys(
+                ["replay/rescued_groups", "replay/rows", "ranking/marked_groups",
+                 "reflection/groups", "reflection/correct", "reflection/rows"], 0.0)
+
+    def add_prompts(self, prompts: list, ctx: StepContext) -> list:
+        self._begin(ctx)
+        cfg = self.reflection
+        if not cfg.enabled:
+            return []
+        tau = cfg.tau if cfg.tau is not None else 1.0 / ctx.module.rollout_cfg.n
+        render = getattr(ctx.trainer.datamodule, "render", None)
+        extra = []
+        for prompt in prompts:
+            if cfg.max_prompts is not None and len(extra) >= cfg.max_prompts:
+                break
+            if is_reflection(prompt) or not self.active(prompt.key, ctx.step):
+                continue
+            mean = self.history.mean_reward(prompt.key)
+            wrong = [r for r in self.history.responses(prompt.key) if not r.correct]
+            if mean is None or mean >= tau or not wrong:
+                continue
+            pick = wrong[_rng(ctx.module.seed, ctx.step, prompt.key).integers(len(wrong))]
+            extra.append(reflection_prompt(prompt, pick.text, cfg.instruction, render))
+        ctx.log(self, {"reflection/prompts": float(len(extra))})
+        return extra
+
+    def transform_groups(self, groups: list[Group], ctx: StepContext) -> list[Group]:
+        self._begin(ctx)
+        for g in groups:
+            if is_reflection(g.prompt):
+                self._note_reflection(g, ctx)
+            else:
+                self._seen.append((g.prompt.key, g))
+            if g.has_spread or not self.active(g.prompt.key, ctx.step):
+                continue
+            all_correct = bool(g.acc[0] > 0.5)
+            if self.replay.enabled and self._replay_into(g, all_correct, ctx):
+                continue
+            if self.ranking.enabled and not all_correct and len(g) > 1:
+                g.kept_by = self.name
+                self._counts["ranking/marked_groups"] += 1
+        c = self._counts
+        ctx.log(self, {**c, "reflection/acc": c["reflection/correct"] / max(c["reflection/rows"], 1.0)})
+        return groups
+
+    def _replay_into(self, g: Group, all_correct: bool, ctx: StepContext) -> bool:
+        """Append stored opposite-outcome responses to zero-spread group ``g``; False: none stored."""
+        picks = pick_replay(self.history, g.prompt.key, all_correct, replay_count(self.replay.k, len(g)))
+        if not picks:
+            return False
+        prompt_ids = g.rollout.prompt_ids[0]
+        rows = RolloutBatch(
+            prompt_index=[0] * len(picks),
+            prompt_ids=[list(prompt_ids) for _ in picks],
+            response_ids=[list(r.token_ids) for r in picks],
+            response_text=[r.text for r in picks],
+            finish_reason=[r.finish_reason for r in picks],
+        )
+        grades = [GradeResult(float(r.correct), r.extracted, r.has_box) for r in picks]
+        g.add_rows(rows, grades, self.name)
+        for r in picks:  # found again after packing by (key, tokens), in row order
+            self._behaviour.setdefault((g.prompt.key, r.token_ids), []).append(r.logprobs)
+        self._counts["replay/rescued_groups"] += 1
+        self._counts["replay/rows"] += len(picks)
+        return True
+
+    def _note_reflection(self, g: Group, ctx: StepContext) -> None:
+        self._counts["reflection/groups"] += 1
+        self._counts["reflection/rows"] += len(g)
+        self._counts["reflection/correct"] += float(g.acc.sum())
+        every = self.panels_every_n_steps
+        if every and ctx.step - self._panel_step >= every:  # the first one, then every `every` steps
+            self._panel_step = ctx.step
+            best = int(torch.argmax(g.acc))
+            ctx.text(self, "reflection", (
+                f"**reflection prompt** (gold `{g.prompt.answer}`):\n\n    "
+                + g.prompt.problem[:1500].replace("\n", "\n    ")
+                + f"\n\n**response** ({'right' if g.acc[best] > 0.5 else 'wrong'}, "
+                f"{int(g.acc.sum())}/{len(g)} of the group right):\n\n    "
+                + g.rollout.response_text[best][:1500].replace("\n", "\n    ")
+            ))
+
+    def shape_rewards(self, rollouts: StepRollouts, ctx: StepContext) -> None:
+        """The length bonus of correct responses (a reward term), then ranking: the score of each
+        response of an all-wrong group becomes its SERR reward."""
+        if self.length_bonus is not None:
+            lengths = torch.tensor([len(r) for r in rollouts.response_ids])
+            rollouts.add_reward("length_bonus", correct_length_bonus(lengths, rollouts.acc.cpu() > 0.5, self.length_bonus))
+        if not self.ranking.enabled:
+            return
+        bonus = torch.zeros(len(rollouts), dtype=torch.float64)
+        mask = rollouts.packed.response_mask.cpu()
+        if self._reasoning_end is not None:
+            mask = answer_span_mask(mask, answer_starts(rollouts.response_ids, self._tokenizer, self._reasoning_end))
+        entropy = rollouts.token_stats["entropy"].cpu()
+        groups = ranked = 0
+        for g, prompt in enumerate(rollouts.prompts):
+            rows = (rollouts.group_ids == g).nonzero().flatten()
+            if len(rows) < 2 or bool((rollouts.acc[rows] > 0.5).any()) or not self.active(prompt.key, ctx.step):
+                continue
+            peak, glob = entropy_profile(entropy[rows], mask[rows], self.ranking.p)
+            bonus[rows] = ranking_rewards(peak, glob, self.ranking.r_max)
+            groups, ranked = groups + 1, ranked + len(rows)
+        if groups:
+            rollouts.shape_scores("serr", rollouts.scores + bonus.to(rollouts.scores.dtype))
+        ctx.log(self, {"ranking/groups": float(groups), "ranking/rows": float(ranked)})
+
+    def step_additions(self, rollouts: StepRollouts, ctx: StepContext) -> list[tuple[str, StoredResponse]]:
+        """This rank's sampled responses of the step, with reward and behaviour log-probs where
+        they went through the scoring forward (a group dropped before it: its correctness, none)."""
+        packed: dict[tuple[str, tuple[int, ...]], int] = {}
+        keys = rollouts.keys
+        for i, ids in enumerate(rollouts.response_ids):
+            if rollouts.source[i] == SAMPLED:
+                packed.setdefault((keys[i], tuple(ids)), i)
+        old_logp = rollouts.old_logp.float().cpu() if rollouts.old_logp is not None else None
+        out = []
+        for key, g in self._seen:
+            for j in range(len(g)):
+                if g.source[j] != SAMPLED:
+                    continue
+                ids = tuple(g.rollout.response_ids[j])
+                grade = g.grades[j]
+                i = packed.get((key, ids))
+                scored = i is not None and old_logp is not None
+                out.append((key, StoredResponse(
+                    token_ids=ids,
+                    text=g.rollout.response_text[j],
+                    reward=float(rollouts.reward[i]) if scored else float(grade.score),
+                    correct=grade.score > 0.5,
+                    step=ctx.step,
+                    finish_reason=g.rollout.finish_reason[j],
+                    extracted=grade.extracted,
+                    has_box=grade.has_box,
+                    logprobs=tuple(old_logp[i, : len(ids)].tolist()) if scored else None,
+                )))
+        return out
+
+    def commit(self, additions: list, ctx: StepContext) -> None:
+        for rank_additions in additions:
+            for key, response in rank_additions:
+                self.history.add(key, response)
+        self._seen = []
+        ctx.log(self, {
+            "history/responses": float(self.history.num_responses()),
+            "history/keys": float(self.history.num_keys()),
+        })
+        if self.snapshot_every_n_steps and (ctx.step + 1) % self.snapshot_every_n_steps == 0:
+            self.snapshot(ctx.trainer, ctx.step)
+
+    def snapshot(self, trainer, step: int) -> Path | None:
+        """Write ``r3/history.parquet`` atomically (rank 0; ``pandas.read_parquet`` opens it)."""
+        if not trainer.is_global_zero:
+            return None
+        path = Path(self.snapshot_dir or run_log_dir(trainer)) / "r3" / "history.parquet"
+        self.history.snapshot(path)
+        log.info("R3 history snapshot at step %d: %s (%d responses)", step, path, self.history.num_responses())
+        return path
+
+    def shape_advantages(self, rollouts: StepRollouts, advantages: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """Replay's normalisation over each mixed group; importance weights of replayed rows."""
+        replayed = torch.tensor([s == self.name for s in rollouts.source], dtype=torch.bool)
+        if not replayed.any():
+            return advantages
+        mixed = torch.isin(rollouts.group_ids, rollouts.group_ids[replayed].unique())
+        adv = mixed_group_advantages(rollouts.scores, rollouts.group_ids, self.replay.alpha, self.replay.lam)
+        adv = adv.to(advantages.device, advantages.dtype)
+        mixed = mixed.to(advantages.device)
+        if advantages.dim() == 2:
+            adv = adv.unsqueeze(-1).expand_as(advantages)
+            mixed = mixed.unsqueeze(-1)
+        advantages = torch.where(mixed, adv, advantages)
+        if self.replay.importance_cap is not None:
+            self._importance_weights(rollouts, replayed, ctx)
+        return advantages
+
+    def _importance_weights(self, rollouts: StepRollouts, replayed: torch.Tensor, ctx: StepContext) -> None:
+        mask = rollouts.packed.response_mask
+        behaviour = rollouts.old_logp.detach().clone()  # weight 1 where none was stored
+        missing = 0
+        keys = rollouts.keys
+        for i in replayed.nonzero().flatten().tolist():
+            ids = tuple(rollouts.response_ids[i])
+            lps = self._behaviour[(keys[i], ids)].pop(0)
+            if lps is None:
+                missing += 1
+            else:
+                behaviour[i, : len(ids)] = torch.as_tensor(lps, dtype=behaviour.dtype)
+        w = truncated_is_weights(rollouts.old_logp, behaviour, mask, self.replay.importance_cap)
+        rows = replayed.to(w.device)
+        w = torch.where(rows.unsqueeze(-1), w, torch.ones_like(w))
+        rollouts.loss_weights = w if rollouts.loss_weights is None else rollouts.loss_weights * w
+        sel = mask.bool() & rows.unsqueeze(-1)
+        ctx.log(self, {
+            "replay/is_weight_mean": float(w[sel].mean()) if sel.any() else 1.0,
+            "replay/is_capped_frac": float((w[sel] >= self.replay.importance_cap).float().mean()) if sel.any() else 0.0,
+            "replay/rows_without_logprobs": float(missing),
+        })
+
+
+def _rng(seed: int, step: int, key: str) -> np.random.Generator:
+    """A generator fixed by (seed, step, prompt key): the same pick on every rank and on resume."""
+    digest = hashlib.sha256(f"{seed}:{step}:{key}".encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))

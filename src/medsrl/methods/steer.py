@@ -1,0 +1,79 @@
+"""STEER's per-token loss weight (arXiv 2510.10150): damp the tokens whose update would move the
+policy's entropy most.
+
+``Omega = |A / pi_old * pi (1 - pi) (log pi + H)|`` per token; at the start of the update
+``pi = pi_old``, so ``Omega = |A (1 - pi) (log pi + H)|`` from the old policy's token
+probability and entropy. Omega is mapped linearly over the batch's response tokens to
+``[low, high]``, the largest Omega getting ``low``.
+
+STEER as a plug-in: per-token loss weights in [0.8, 1.2] from the old policy's token
+probabilities, entropies (the scoring forward's, no extra pass) and the advantages.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from medsrl.algo.logprobs import masked_mean, per_token
+from medsrl.plugins.base import Plugin, StepContext
+from medsrl.step.rollouts import StepRollouts
+from medsrl.utils.distributed import all_gather_objects, is_distributed
+
+
+def steer_omega(advantages: Tensor, old_logp: Tensor, entropy: Tensor) -> Tensor:
+    """``|A (1 - pi) (log pi + H)|`` per token ``[B, T]`` (``A`` may be ``[B]``)."""
+    adv = per_token(advantages, old_logp)
+    lp = old_logp.detach().float()
+    return (adv.detach().float() * (1 - lp.exp()) * (lp + entropy.detach().float())).abs()
+
+
+def steer_weights(omega: Tensor, mask: Tensor, low: float = 0.8, high: float = 1.2,
+                  bounds: tuple[float, float] | None = None) -> Tensor:
+    """``high - (high - low) * (omega - min) / (max - min)`` on the masked tokens, 1 elsewhere.
+
+    ``bounds`` gives ``(min, max)`` when they come from elsewhere (every rank's tokens); without
+    spread (``max == min``) every weight is 1.
+    """
+    if not low <= high:
+        raise ValueError(f"steer weights need low <= high, got {low}, {high}")
+    m = mask.bool()
+    if bounds is None:
+        bounds = (float(omega[m].min()), float(omega[m].max())) if m.any() else (0.0, 0.0)
+    lo, hi = bounds
+    if hi <= lo:
+        return torch.ones_like(omega)
+    w = high - (high - low) * (omega - lo) / (hi - lo)
+    return torch.where(m, w, torch.ones_like(w))
+
+
+
+class Steer(Plugin):
+    """Multiplies ``rollouts.loss_weights`` by the STEER weight of each token."""
+
+    name = "steer"
+    token_stats = ("entropy",)
+
+    def __init__(self, low: float = 0.8, high: float = 1.2) -> None:
+        if not 0 <= low <= high:
+            raise ValueError(f"steer.low and steer.high need 0 <= low <= high, got {low}, {high}")
+        self.low, self.high = low, high
+
+    def shape_advantages(self, rollouts: StepRollouts, advantages: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        mask = rollouts.packed.response_mask
+        omega = steer_omega(advantages.to(mask.device), rollouts.old_logp, rollouts.token_stats["entropy"])
+        m = mask.bool()
+        local = (float(omega[m].min()), float(omega[m].max())) if m.any() else (float("inf"), float("-inf"))
+        if is_distributed():  # the batch is every rank's tokens
+            parts = all_gather_objects(local)
+            local = (min(p[0] for p in parts), max(p[1] for p in parts))
+        w = steer_weights(omega, mask, self.low, self.high, bounds=local)
+        rollouts.loss_weights = w if rollouts.loss_weights is None else rollouts.loss_weights * w
+        sel = w[m]
+        ctx.log(self, {
+            "weight_mean": float(masked_mean(w, mask)),
+            "weight_min": float(sel.min()) if len(sel) else 1.0,
+            "weight_max": float(sel.max()) if len(sel) else 1.0,
+            "omega_mean": float(masked_mean(omega, mask)),
+        })
+        return advantages

@@ -1,0 +1,204 @@
+"""The MEDS plug-in over hand-built steps: sizes, penalties, modes, checkpoints, stage resets."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from medsrl.data.example import Prompt
+from medsrl.methods.meds.plugin import Meds
+from medsrl.plugins.base import StepContext
+from medsrl.step.metrics import PhaseTimer
+from medsrl.step.rollouts import StepRollouts
+
+
+def _prompt(key: str) -> Prompt:
+    return Prompt(key=key, text=f"<{key}>", problem=f"problem {key}", answer="1", source="t")
+
+
+def _step(step: int, groups: list[tuple[str, list[tuple[np.ndarray, bool]]]], stage: str = "A") -> StepRollouts:
+    """One step: per group (prompt key, [(feature, correct), ...]); every response has a feature."""
+    prompts, gids, feats, acc = [], [], [], []
+    for g, (key, responses) in enumerate(groups):
+        prompts.append(_prompt(key))
+        for f, ok in responses:
+            gids.append(g)
+            feats.append(f)
+            acc.append(1.0 if ok else 0.0)
+    acc_t = torch.tensor(acc)
+    r = StepRollouts(
+        step=step, stage=stage, prompts=prompts, group_ids=torch.tensor(gids),
+        response_ids=[[0]] * len(acc), response_text=["r"] * len(acc), finish_reason=["stop"] * len(acc),
+        grades=[SimpleNamespace(extracted="1")] * len(acc), source=["sampled"] * len(acc), packed=None,
+        acc=acc_t, reward=acc_t.clone(), scores=acc_t.clone(),
+    )
+    r.features["test"] = torch.tensor(np.stack(feats), dtype=torch.float32)
+    return r
+
+
+def _trainer(tmp_path):
+    return SimpleNamespace(loggers=[], is_global_zero=True, log_dir=str(tmp_path), default_root_dir=str(tmp_path))
+
+
+def _plugin(tmp_path, refit="sync", **settings):
+    """A MEDS plug-in fed hand-made features (every response has one) instead of a forward."""
+    settings = {"panels_every_n_steps": 0, "snapshot_every_n_steps": 0, "mixed_groups_only": False, **settings}
+    plugin = Meds(refit=refit, snapshot_dir=str(tmp_path), **settings)
+    plugin.store.open()
+    plugin.trainer = _trainer(tmp_path)
+    return plugin
+
+
+def _run(plugin: Meds, rollouts: StepRollouts) -> torch.Tensor:
+    """One step through the plug-in's hooks, in the module's order, as one rank."""
+    ctx = StepContext(plugin.trainer, None, rollouts.step, rollouts.stage, PhaseTimer(), sample=None,
+                      num_prompts=len(rollouts.prompts))
+    plugin.enter_stage(rollouts.stage)
+    plugin.use_features(rollouts, rollouts.features["test"], torch.arange(len(rollouts)), ctx)
+    plugin.shape_rewards(rollouts, ctx)
+    plugin.commit([plugin.step_additions(rollouts, ctx)], ctx)
+    return rollouts.scores
+
+
+def _blob(center: list[float], n: int, rng, scale: float = 0.01) -> list[np.ndarray]:
+    c = np.asarray(center, dtype=np.float32)
+    return [c + scale * rng.standard_normal(c.shape).astype(np.float32) for _ in range(n)]
+
+
+def test_first_visit_only_fills_memory_then_sizes_give_the_penalty(tmp_path):
+    rng = np.random.default_rng(0)
+    mem = _plugin(tmp_path)
+    e1, e2 = [1, 0, 0, 0], [0, 1, 0, 0]
+    step0 = _step(0, [("k", [(f, False) for f in _blob(e1, 4, rng) + _blob(e2, 2, rng)])])
+    scores0 = _run(mem, step0)
+    assert torch.equal(scores0, torch.zeros(6))  # empty memory: size 0, no penalty
+    assert mem.store.memory.num_entries() == 6
+    labels = mem.store.labels_for("k", False).labels
+    assert sorted(np.bincount(labels[labels >= 0]).tolist()) == [2, 4]  # two clusters
+
+    queries = [(_blob(e1, 1, rng)[0], False), (_blob(e2, 1, rng)[0], False), (_blob(e1, 1, rng)[0], True)]
+    step1 = _step(1, [("k", queries)])
+    scores1 = _run(mem, step1)
+    torch.testing.assert_close(step1.terms["meds"], scores1 - step1.reward)  # GDPO's "meds" term
+    # near the 4-blob: 0.1 * ln(5); near the 2-blob: 0.1 * ln(3); the right answer: untouched
+    assert scores1[0].item() == pytest.approx(-0.1 * math.log(5), abs=1e-6)
+    assert scores1[1].item() == pytest.approx(-0.1 * math.log(3), abs=1e-6)
+    assert scores1[2].item() == 1.0
+    assert mem.store.memory.num_entries() == 9  # 8 wrong + 1 right, stored apart
+
+
+def test_penalty_cap_and_noise_policy(tmp_path):
+    rng = np.random.default_rng(1)
+    mem = _plugin(tmp_path, alpha=1.0, beta=0.5)
+    _run(mem, _step(0, [("k", [(f, False) for f in _blob([1, 0, 0], 4, rng)])]))
+    s = _run(mem, _step(1, [("k", [(_blob([1, 0, 0], 1, rng)[0], False)])]))
+    assert s[0].item() == pytest.approx(-0.5)  # 1.0 * ln(5) = 1.61, capped at beta = 0.5
+
+    spread = [np.eye(6, dtype=np.float32)[i] for i in range(6)]  # orthogonal: all noise
+    for noise_is_cluster, expected in [(True, -0.1 * math.log(7)), (False, 0.0)]:
+        mem = _plugin(tmp_path / str(noise_is_cluster), noise_is_cluster=noise_is_cluster)
+        _run(mem, _step(0, [("n", [(f, False) for f in spread])]))
+        s = _run(mem, _step(1, [("n", [(np.ones(6, np.float32), False)])]))
+        assert s[0].item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_single_mode_counts_the_whole_history(tmp_path):
+    rng = np.random.default_rng(2)
+    mem = _plugin(tmp_path, mode="single")
+    _run(mem, _step(0, [("k", [(f, False) for f in _blob([1, 0], 3, rng) + _blob([0, 1], 2, rng)])]))
+    s = _run(mem, _step(1, [("k", [(np.array([1, 0], np.float32), False)])]))
+    assert s[0].item() == pytest.approx(-0.1 * math.log(6), abs=1e-6)
+
+
+def test_right_target_divides_by_one_plus_penalty(tmp_path):
+    rng = np.random.default_rng(3)
+    mem = _plugin(tmp_path, target="right")
+    _run(mem, _step(0, [("k", [(f, True) for f in _blob([1, 0, 0], 4, rng)])]))
+    s = _run(mem, _step(1, [("k", [(_blob([1, 0, 0], 1, rng)[0], True), (np.ones(3, np.float32), False)])]))
+    assert s[0].item() == pytest.approx(1.0 / (1.0 + 0.1 * math.log(5)), abs=1e-6)
+    assert s[1].item() == 0.0  # wrong ones are not targeted
+
+
+def _random_steps(seed: int, steps: int) -> list[list[tuple[str, list[tuple[np.ndarray, bool]]]]]:
+    rng = np.random.default_rng(seed)
+    centers = rng.standard_normal((3, 8)).astype(np.float32)
+    out = []
+    for _ in range(steps):
+        groups = []
+        for key in ["a", "b", "c"]:
+            resp = [(centers[rng.integers(3)] + 0.05 * rng.standard_normal(8).astype(np.float32),
+                     bool(rng.random() < 0.3)) for _ in range(6)]
+            groups.append((key, resp))
+        out.append(groups)
+    return out
+
+
+def test_background_refits_give_the_same_penalties_as_sync(tmp_path):
+    steps = _random_steps(4, 5)
+    results = {}
+    for mode in ["sync", "background"]:
+        mem = _plugin(tmp_path / mode, refit=mode)
+        results[mode] = [_run(mem, _step(i, g)).clone() for i, g in enumerate(steps)]
+        mem.teardown(None, None, "fit")
+    for a, b in zip(results["sync"], results["background"], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert any((s < 0).any() for s in results["sync"])  # shaping did act
+
+
+def test_checkpoint_round_trip_restores_memory_and_next_penalties(tmp_path):
+    steps = _random_steps(5, 4)
+    mem = _plugin(tmp_path / "a", refit="background")
+    for i, g in enumerate(steps[:3]):
+        _run(mem, _step(i, g))
+    path = tmp_path / "state.pt"
+    torch.save(mem.state_dict(), path)  # what Lightning puts in the checkpoint
+    expected = _run(mem, _step(3, steps[3])).clone()
+    mem.teardown(None, None, "fit")
+
+    mem2 = _plugin(tmp_path / "b", refit="background")
+    mem2.load_state_dict(torch.load(path))
+    saved = torch.load(path)["memory"]["entries"]  # loads with weights_only=True
+    assert len(saved) == mem2.store.memory.num_keys() == 6
+    for e in saved:  # the memory came back exactly
+        got = mem2.store.memory.get(e["key"], e["correct"])
+        np.testing.assert_array_equal(got.features, e["features"].numpy())
+        np.testing.assert_array_equal(got.steps, e["steps"].numpy())
+        np.testing.assert_array_equal(got.labels, e["labels"].numpy())
+        assert got.fitted_upto == e["fitted_upto"]
+    got = _run(mem2, _step(3, steps[3]))
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    mem2.teardown(None, None, "fit")
+
+
+def test_reset_on_stage_change_and_atomic_snapshot(tmp_path):
+    rng = np.random.default_rng(6)
+    mem = _plugin(tmp_path, reset_on_stage_change=True, snapshot_every_n_steps=1)
+    _run(mem, _step(0, [("k", [(f, False) for f in _blob([1, 0], 3, rng)])], stage="A"))
+    snap = np.load(tmp_path / "memory" / "memory.npz")
+    assert len(snap.files) > 0
+    assert mem.store.memory.num_entries() == 3
+    s = _run(mem, _step(1, [("k", [(np.array([1, 0], np.float32), False)])], stage="B"))
+    assert s[0].item() == 0.0  # memory was reset at the stage change: an empty store again
+    assert mem.store.memory.num_entries() == 1
+
+
+def test_mixed_groups_only_skips_groups_whose_answers_are_all_alike(tmp_path):
+    """The reference never sees all-right / all-wrong groups (DAPO drops them); without dynamic
+    sampling that is mixed_groups_only=true: such groups are neither shaped nor remembered."""
+    rng = np.random.default_rng(7)
+    for mixed_only, entries in [(True, 2), (False, 5)]:
+        mem = _plugin(tmp_path / str(mixed_only), mixed_groups_only=mixed_only)
+        mixed = ("m", [(_blob([1, 0], 1, rng)[0], False), (_blob([0, 1], 1, rng)[0], True)])
+        all_wrong = ("w", [(f, False) for f in _blob([1, 0], 3, rng)])
+        _run(mem, _step(0, [mixed, all_wrong]))
+        assert mem.store.memory.num_entries() == entries
+
+
+def test_state_key_names_the_plugin():
+    plugin = Meds()
+    plugin.name = "meds_a"
+    assert plugin.state_key == "plugin:meds_a"
