@@ -106,9 +106,9 @@ def policy_dir(cfg) -> Path:
         return Path(model["name_or_path"])
     if not model.get("warm_start"):
         raise SystemExit("peer_trl: model.warm_start is null and no model.name_or_path: nothing on disk for TRL to load")
-    from medsrl.models.warmstart import WarmStartConfig, ensure_warm_start
+    from medsrl.warmstart import warm_started
 
-    return ensure_warm_start(cfg.paths.cache_dir, dict(model.get("tiny") or {}), WarmStartConfig(**model["warm_start"]))
+    return Path(warm_started(model, cfg.paths.cache_dir)["name_or_path"])
 
 
 def settings(cfg) -> dict:

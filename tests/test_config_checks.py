@@ -6,12 +6,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from medsrl.config_checks import (
-    check_eval_config,
-    check_train_config,
-    collect_problems,
-    train_rules,
-)
+from medsrl.config import RolloutConfig, TrainConfig, check_eval_config, check_train_config
+from medsrl.config import problems as schema_problems
+from medsrl.train import check_config
 from run_helpers import ROOT, compose_train
 
 MEDS = "medsrl.methods.meds.plugin.Meds"
@@ -157,10 +154,12 @@ def test_a_generator_source_names_its_dataset_and_generator():
     assert msg == f"data.stages.0.datasets.0.source.num must be an int >= 1, got 0 (dataset 'easy', {ARITHMETIC})"
 
 
-def test_rules_are_plain_data():
-    rules = train_rules()
-    assert rules["rollout.n"].ok(1) and not rules["rollout.n"].ok(0)
-    assert collect_problems(OmegaConf.create({"rollout": {"n": 4}}), rules) == []
+def test_the_schema_is_plain_pydantic():
+    with pytest.raises(ValueError, match="must be an int >= 1"):
+        RolloutConfig(n=0)
+    assert RolloutConfig(n=4).n == 4
+    assert schema_problems(TrainConfig, {"rollout": {"n": 0}}) == ["rollout.n must be an int >= 1, got 0"]
+    assert schema_problems(TrainConfig, {"rollout": {"n": 4}}) == []
 
 
 def test_eval_rules():
@@ -281,8 +280,8 @@ def test_bad_lora_settings_are_named_before_the_model_is_built(tmp_path, no_mode
 
 def test_lora_targets_of_a_real_architecture_are_checked_from_its_shape(tmp_path):
     cfg = compose_train(tmp_path, ["experiment=qwen3-8b_dapo", "model.lora.r=16"], debug=None)
-    check_train_config(cfg)  # the default targets exist in Qwen3
+    check_config(cfg)  # the default targets exist in Qwen3
     cfg = compose_train(tmp_path, ["experiment=qwen3-8b_dapo", "model.lora.r=16", "model.lora.target_modules=[c_attn]"],
                         debug=None)
     with pytest.raises(ValueError, match="'c_attn' matches no module of Qwen3ForCausalLM"):
-        check_train_config(cfg)
+        check_config(cfg)

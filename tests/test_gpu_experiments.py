@@ -161,7 +161,7 @@ def test_pure_bf16_loses_most_updates(tmp_path, monkeypatch):
 
 
 def test_pure_bf16_is_refused_unless_asked_for_by_name(tmp_path):
-    from medsrl.config_checks import check_train_config
+    from medsrl.config import check_train_config
 
     cfg = compose_train(tmp_path, [f"experiment={gpu_experiments()[0]}", "model.dtype=bfloat16",
                                    "trainer.precision=bf16-true"], debug=None)

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
 
-from medsrl.config_checks import check_eval_config  # noqa: E402
+from medsrl.config import GraderConfig, check_eval_config  # noqa: E402
 from medsrl.data.loaders import default_name  # noqa: E402
 from medsrl.evaluation.responses import (  # noqa: E402
     EvalSettings,
@@ -65,10 +65,7 @@ def load_for_eval(model_path: str, tokenizer: str | None, dtype: str):
             )
         cfg = OmegaConf.load(run_cfg)
         model_cfg = OmegaConf.to_container(cfg.model, resolve=False)
-        # The checkpoint holds every weight: build the architecture only, never a warm start.
-        model_cfg["warm_start"] = None
-        cache = Path(os.environ["MEDSRL_ROOT"]) / "data" / "cache"
-        policy, tok = build_policy(model_cfg, cache)
+        policy, tok = build_policy(model_cfg)  # the architecture: the checkpoint holds every weight
         state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
         policy.load_state_dict(
             {k.removeprefix("policy."): v for k, v in state.items() if k.startswith("policy.")}
@@ -269,13 +266,14 @@ def evaluate(cfg: DictConfig) -> list[dict]:
     template = settings.extra["template"]
     benchmarks = build_benchmarks(cfg)
     models = models_to_evaluate(cfg)
+    grader_cfg = GraderConfig.model_validate(OmegaConf.to_container(cfg.grader, resolve=True))
     out_dir.mkdir(parents=True, exist_ok=True)
     device = cfg.device if cfg.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
     with (
         GenerationStore(out_dir / "generations.jsonl") as store,
-        MathGrader(timeout_s=cfg.grader.timeout_s, num_workers=_grader_workers(cfg),
-                   reasoning_end=cfg.grader.get("reasoning_end")).start() as grader,
+        MathGrader(timeout_s=grader_cfg.timeout_s, num_workers=grader_cfg.workers(),
+                   reasoning_end=grader_cfg.reasoning_end).start() as grader,
     ):
         for run, path in models:
             policy, tok = load_for_eval(path, cfg.tokenizer, cfg.dtype)
@@ -319,14 +317,6 @@ def evaluate(cfg: DictConfig) -> list[dict]:
         "(results.md / .csv / .json, pass_at_k.png, generations.jsonl)"
     )
     return rows
-
-
-def _grader_workers(cfg: DictConfig) -> int:
-    """``grader.num_workers``; null: one per core (``medsrl.config.grader_workers``)."""
-    from medsrl.config import grader_workers
-
-    n = cfg.grader.num_workers
-    return grader_workers() if n is None else int(n)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="eval")

@@ -3,9 +3,10 @@ phases in ``medsrl.step``, the training methods in ``medsrl.plugins``. One step
 (``trainer.global_step`` counts these; ``docs/ARCHITECTURE.md`` draws it):
 
     prompts (+ plug-ins' extra prompts) -> generate -> grade -> groups -> plug-ins transform the
-    groups (DAPO filter, replay) -> pack -> one no-grad scoring forward (old log-probs; plug-ins'
-    hooks and token stats) -> plug-ins shape rewards -> replicated plug-in state committed ->
-    advantage estimator -> plug-ins shape advantages -> policy update -> sync the engine
+    groups (replay; DAPO's filter, refilled by more rounds: plugins/rounds.py) -> pack -> one no-grad
+    scoring forward (old log-probs; plug-ins' hooks and token stats) -> plug-ins shape rewards ->
+    replicated plug-in state committed -> advantage estimator -> plug-ins shape advantages ->
+    policy update -> sync the engine
 
 Several processes (``trainer=ddp`` / ``fsdp``): each rank generates, grades and scores a
 contiguous shard of the step's prompts (a group never spans ranks); ``step/schedule.py`` keeps
@@ -16,7 +17,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
+from functools import partial
 from typing import Any
 
 import lightning as L
@@ -24,16 +26,13 @@ import torch
 
 from medsrl.algo import AdvantageInputs, compute_advantages, sampling_mismatch
 from medsrl.algo.engine_correction import check_engine_correction
-from medsrl.algo.guard import (
-    NONFINITE_SAMPLING,
-    RunawayError,
-    runaway_message,
-)
 from medsrl.algo.policy_loss import policy_loss_reducers
-from medsrl.config import AlgorithmConfig, GraderConfig, OptimConfig, RolloutConfig, build, to_dict
+from medsrl.config import AlgorithmConfig, GraderConfig, OptimConfig, RolloutConfig, parse_section
 from medsrl.models import lora
 from medsrl.models.export import save_policy
+from medsrl.models.sharding import full_weights, is_sharded, shard_policy
 from medsrl.plugins import Plugin, PluginHost, StepContext
+from medsrl.plugins.rounds import fill_batch
 from medsrl.reward.grader import MathGrader
 from medsrl.rollout.base import SamplingParams
 from medsrl.rollout.factory import BACKENDS, build_engine
@@ -47,7 +46,7 @@ from medsrl.step.metrics import (
 )
 from medsrl.step.rollouts import Group, StepRollouts, split_groups
 from medsrl.step.scoring import padding_metrics, scoring_forward_needed, scoring_pass
-from medsrl.step.update import policy_update
+from medsrl.step.update import UpdateConfig, policy_update
 from medsrl.utils.distributed import (
     all_gather_objects,
     all_reduce_sum,
@@ -55,7 +54,7 @@ from medsrl.utils.distributed import (
     rank_and_size,
     shard_bounds,
 )
-from medsrl.utils.sharding import full_weights, is_sharded, shard_policy
+from medsrl.utils.guard import NONFINITE_SAMPLING, RunawayError, RunawayGuard, param_norm
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +78,10 @@ class RLModule(L.LightningModule):
         self.automatic_optimization = False
         self.policy = policy
         self.tokenizer = tokenizer
-        self.algorithm = build(AlgorithmConfig, algorithm, "algorithm")
-        self.rollout_cfg = build(RolloutConfig, rollout, "rollout")
-        self.optim_cfg = build(OptimConfig, optim, "optim")
-        self.grader_cfg = build(GraderConfig, grader, "grader")
+        self.algorithm = parse_section(AlgorithmConfig, algorithm, "algorithm")
+        self.rollout_cfg = parse_section(RolloutConfig, rollout, "rollout")
+        self.optim_cfg = parse_section(OptimConfig, optim, "optim")
+        self.grader_cfg = parse_section(GraderConfig, grader, "grader")
         self.plugins = list(plugins or [])
         self.host = PluginHost(self.plugins)
         self.reducers = _scoring_reducers(self.host, self.algorithm)
@@ -95,21 +94,18 @@ class RLModule(L.LightningModule):
         r = self.rollout_cfg
         check_engine_correction(self.algorithm.engine_is_cap, r.logprobs, r.temperature, r.top_p)
         self.save_hyperparameters({
-            "algorithm": to_dict(self.algorithm), "plugins": [p.name for p in self.plugins],
-            "rollout": to_dict(self.rollout_cfg), "optim": to_dict(self.optim_cfg),
-            "grader": to_dict(self.grader_cfg), "seed": seed,
+            "algorithm": self.algorithm.model_dump(), "plugins": [p.name for p in self.plugins],
+            "rollout": self.rollout_cfg.model_dump(), "optim": self.optim_cfg.model_dump(),
+            "grader": self.grader_cfg.model_dump(), "seed": seed,
         })
         self.ref_policy: torch.nn.Module | None = None
         self.engine = None
         self.grader: MathGrader | None = None
         self.last_rollouts: StepRollouts | None = None
-        # the runaway guard (algo/guard.py): the weights' norm at this fit's first update, and the
-        # growth allowed from it (optim.max_param_norm_growth)
-        self.param_norm_at_start: float | None = None
+        self.guard: RunawayGuard | None = None  # the runaway guard, built at each fit's start
         # how many times each prompt key was sampled (every rank counts the whole step's prompts):
         # per-prompt methods (MEDS's memory) act only on prompts that come back
         self.prompt_visits = PromptVisits()
-        self.max_param_norm_growth = float(self.optim_cfg.max_param_norm_growth)
 
     # ------------------------------------------------------------------ setup
 
@@ -131,7 +127,7 @@ class RLModule(L.LightningModule):
             self.engine = build_engine(self.rollout_cfg, self.policy, self.tokenizer, seed=self.seed)
 
     def configure_model(self) -> None:
-        """Under ``trainer=fsdp``: shard the policy (an FSDP unit per decoder layer; see ``utils/sharding.py``)."""
+        """Under ``trainer=fsdp``: shard the policy (an FSDP unit per decoder layer; see ``models/sharding.py``)."""
         from lightning.pytorch.strategies import FSDPStrategy
 
         strategy = self.trainer.strategy
@@ -140,12 +136,10 @@ class RLModule(L.LightningModule):
             if self.ref_policy is not None:  # FSDP moves only what it wraps
                 self.ref_policy.to(strategy.root_device)
 
-    @contextmanager
     def full_policy(self):
         """The policy with all its weights, for generation and scoring (FSDP: gathered for the
         block, on every rank together; otherwise the policy itself)."""
-        with full_weights(self.policy) as policy:
-            yield policy
+        return full_weights(self.policy)
 
     def sync_engine(self, *, stale_only: bool = False) -> None:
         """Copy the policy's weights into an engine that holds its own (vLLM; HF generates with
@@ -163,6 +157,9 @@ class RLModule(L.LightningModule):
         return self.full_policy() if self.engine.uses_policy_weights else nullcontext()
 
     def on_train_start(self) -> None:
+        o, params = self.optim_cfg, [p for p in self.policy.parameters() if p.requires_grad]
+        self.guard = RunawayGuard(float(o.max_param_norm_growth), param_norm(params, is_sharded(self.policy)),
+                                  o.lr, str(self.trainer.precision))
         # A resumed fit restores the weights after setup built the engine: serve those, not the base.
         with self.full_policy() as policy:
             self.engine.sync_weights(policy)
@@ -214,19 +211,23 @@ class RLModule(L.LightningModule):
             log.warning("data step %s != trainer step %s", batch.get("step"), step)
         timer = PhaseTimer()
         self.prompt_visits.begin_step()
-        ctx = StepContext(self.trainer, self, step, batch.get("stage"), timer,
-                          sample=lambda prompts, round_: self._sample(prompts, step, round_, timer),
-                          num_prompts=len(batch["prompts"]))
+        ctx = StepContext.for_trainer(self.trainer, step, batch.get("stage"), timer, len(batch["prompts"]))
         prompts = self.host.add_prompts(batch["prompts"], ctx)
         ctx.num_prompts = len(prompts)
-        groups = self._sample(prompts, step, 0, timer)
+
+        sample = partial(self._sample, step, timer)  # (prompts, round) -> this rank's groups
+        groups = sample(prompts, 0)
         ctx.metrics["zero_spread_group_frac"] = zero_spread_group_frac(groups)
-        with timer("groups"):
-            groups = self.host.transform_groups(groups, ctx)
+        groups = fill_batch(groups, sample, self.trainer.datamodule, self.plugins, ctx)
         self.engine.release()  # sampling is over: the engine's memory goes to scoring and the update
+        stepper = _LightningStepper(self)
         if min(all_gather_objects(len(groups))) == 0:
             # Nothing to learn from (on some rank): advance the step without touching the weights.
-            return self._skip_update(step, ctx)
+            log.warning("step %d: no rollouts left to train on; step skipped", step)
+            stepper.step(last=True)  # no gradients (freed after every optimiser step): no change
+            stepper.end_step()
+            ctx.metrics.update(timer.as_metrics(), skipped=1.0)
+            return self._log_step(ctx.metrics, None)
 
         rollouts = StepRollouts.from_groups(groups, step, ctx.stage, self.tokenizer.pad_token_id, self.device)
         packed = rollouts.packed
@@ -259,7 +260,8 @@ class RLModule(L.LightningModule):
             advantages = self.host.shape_advantages(rollouts, advantages, ctx)
             ctx.metrics.update(shaping_metrics(self.algorithm, inputs, rollouts, advantages))
         with timer("update"):
-            ctx.metrics.update(policy_update(self, rollouts, advantages, step))
+            cfg = UpdateConfig(self.algorithm, self.optim_cfg.grad_clip, self.rollout_cfg.max_new_tokens)
+            ctx.metrics.update(policy_update(self.policy, stepper, rollouts, advantages, cfg, self.guard))
         with timer("sync"):
             self.sync_engine()
         self.last_rollouts = rollouts
@@ -273,7 +275,7 @@ class RLModule(L.LightningModule):
         """Whether a step runs the no-grad scoring forward (``step/scoring.py``)."""
         return scoring_forward_needed(self.algorithm, self.plugins, self.reducers, self.rollout_cfg.logprobs)
 
-    def _sample(self, prompts: list, step: int, round_: int, timer: PhaseTimer) -> list[Group]:
+    def _sample(self, step: int, timer: PhaseTimer, prompts: list, round_: int) -> list[Group]:
         """Generate for this rank's contiguous shard of ``prompts`` and grade: one group each.
 
         Seeded by (seed, step, round) and the shard's first prompt ``s`` (the engine continues
@@ -294,25 +296,10 @@ class RLModule(L.LightningModule):
             try:
                 rollout = self.engine.generate([p.text for p in shard], params)
             except RunawayError as e:  # inf/nan sampling probabilities: say at which step
-                raise self.runaway_error(step, NONFINITE_SAMPLING) from e
+                raise self.guard.error(step, NONFINITE_SAMPLING) from e
         with timer("grade"):
             grades = self.grader.grade_batch(rollout.response_text, [shard[i].answer for i in rollout.prompt_index])
         return split_groups(shard, rollout, grades, round_)
-
-    def _skip_update(self, step: int, ctx: StepContext) -> None:
-        log.warning("step %d: no rollouts left to train on; step skipped", step)
-        opt = self.optimizers()
-        opt.zero_grad(set_to_none=True)
-        opt.step()
-        self.lr_schedulers().step()
-        ctx.metrics.update(ctx.timer.as_metrics())
-        ctx.metrics["skipped"] = 1.0
-        self._log_step(ctx.metrics, None)
-
-    def runaway_error(self, step: int, what: str) -> RunawayError:
-        """The error that stops a run whose weights ran away at ``step`` (``algo/guard.py``)."""
-        precision = str(self.trainer.precision) if self._trainer is not None else None
-        return RunawayError(runaway_message(step, what, self.optim_cfg.lr, precision))
 
     # ------------------------------------------------------------ logging
 
@@ -338,6 +325,30 @@ class RLModule(L.LightningModule):
         with self.full_policy() as full:
             if rank_and_size()[0] == 0:
                 save_policy(full, self.tokenizer, path, dtype=dtype, merge_on_export=self.merge_on_export)
+
+
+class _LightningStepper:
+    """``policy_update``'s optimiser calls through Lightning: only the last of an RL step goes
+    through Lightning's optimizer wrapper, so ``global_step`` advances once per RL step."""
+
+    def __init__(self, module: RLModule) -> None:
+        self.module, self.opt, self.sched = module, module.optimizers(), module.lr_schedulers()
+
+    def zero_grad(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.module.manual_backward(loss)
+
+    def step(self, last: bool) -> None:
+        if last:
+            self.opt.step()  # counts one global step
+        else:
+            self.module.trainer.strategy.optimizer_step(self.opt.optimizer, closure=lambda: None)
+
+    def end_step(self) -> float:
+        self.sched.step()
+        return float(self.sched.get_last_lr()[0])
 
 
 def _scoring_reducers(host: PluginHost, algo: AlgorithmConfig) -> dict:

@@ -26,20 +26,23 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from pydantic import ValidationError  # noqa: E402
 
 from medsrl.callbacks.hparams import WandbRunConfig, log_final_hparams, run_config  # noqa: E402
 from medsrl.callbacks.pass_at_k import _NOT_LOGGED, PassAtKValidation  # noqa: E402
 from medsrl.callbacks.progress import StepProgressBar  # noqa: E402
-from medsrl.config_checks import check_train_config  # noqa: E402
-from medsrl.models.lora import lora_settings  # noqa: E402
+from medsrl.config import LoraSettings, check_train_config  # noqa: E402
+from medsrl.models.lora import lora_settings, target_problems  # noqa: E402
 from medsrl.models.policy import build_policy  # noqa: E402
 from medsrl.module import RLModule  # noqa: E402
+from medsrl.plan.model_size import meta_model  # noqa: E402
 from medsrl.plugins import Plugin  # noqa: E402
 from medsrl.utils.atomic_file import atomic_write  # noqa: E402
 from medsrl.utils.checkpoint_io import AtomicCheckpointIO  # noqa: E402
 from medsrl.utils.wandb_log import describe as describe_wandb  # noqa: E402
 from medsrl.utils.wandb_log import finish as finish_wandb  # noqa: E402
 from medsrl.utils.wandb_log import wandb_loggers  # noqa: E402
+from medsrl.warmstart import warm_started  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -51,15 +54,26 @@ warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)"
 warnings.filterwarnings("ignore", message="Found .* module\\(s\\) in eval mode at the start of training")
 
 
+def lora_target_problems(run: dict) -> list[str]:
+    """With ``model.lora.r > 0``, every ``target_modules`` name must match a module of the model,
+    checked on the model built on the ``meta`` device (as medsrl-plan builds it) before any weight
+    loads; a model that cannot be built so is checked after load (apply_lora)."""
+    try:
+        lora = LoraSettings.model_validate((run.get("model") or {}).get("lora") or {})
+    except ValidationError:  # reported by the schema
+        return []
+    if not lora.enabled:
+        return []
+    try:
+        model = meta_model(run.get("model"))
+    except Exception:  # no shape or config.json to build from: apply_lora checks after load
+        return []
+    return target_problems(model, lora.target_modules)
+
+
 def check_config(cfg: DictConfig) -> None:
-    """Fail at start, before the model is built, naming the keys: a required value (``???``)
-    missing, or any value of the wrong type or out of range (``medsrl.config_checks``)."""
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:
-        raise ValueError(f"missing required config value(s): {missing}")
-    if cfg.resume_mode not in ("full", "weights"):
-        raise ValueError(f"resume_mode must be 'full' or 'weights', got {cfg.resume_mode!r}")
-    check_train_config(cfg)
+    """Fails at start, before the model is built, naming every missing or bad value by its key."""
+    check_train_config(cfg, lora_target_problems)
 
 
 def instantiate_group(group: DictConfig | None) -> list[Any]:
@@ -118,7 +132,7 @@ def build_run(cfg: DictConfig) -> Run:
     torch.set_float32_matmul_precision("high")
 
     datamodule = instantiate(cfg.data, _convert_="object")
-    policy, tokenizer = build_policy(OmegaConf.to_container(cfg.model, resolve=True), cfg.paths.cache_dir)
+    policy, tokenizer = build_policy(warm_started(OmegaConf.to_container(cfg.model, resolve=True), cfg.paths.cache_dir))
     datamodule.use_tokenizer(tokenizer)  # data.template.kind=chat renders with its chat template
     algorithm = OmegaConf.to_container(cfg.algorithm, resolve=True)
     module = RLModule(

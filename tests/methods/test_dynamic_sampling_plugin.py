@@ -1,12 +1,14 @@
-"""DAPO's filter and refill as a plug-in, with generation faked by hand-made groups."""
+"""DAPO's filter (a plug-in) and its refill rounds (a loop of the step, ``plugins/rounds.py``), with
+generation faked by hand-made groups."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 from medsrl.data.example import Prompt
-from medsrl.methods.dynamic_sampling import DynamicSampling, batch_share
+from medsrl.methods.dynamic_sampling import DynamicSampling
 from medsrl.plugins.base import StepContext
+from medsrl.plugins.rounds import batch_share, fill_batch
 from medsrl.reward.grader import GradeResult
 from medsrl.rollout.base import RolloutBatch
 from medsrl.step.metrics import PhaseTimer
@@ -23,10 +25,12 @@ def _group(key: str, scores: list[float], round_: int = 0) -> Group:
 def _ctx(rounds: dict[int, list[Group]], num_prompts: int):
     asked = []
     dm = SimpleNamespace(extra_prompts=lambda step, r, n: asked.append((step, r, n)) or [f"x{r}"] * n)
-    trainer = SimpleNamespace(datamodule=dm)
-    ctx = StepContext(trainer, None, 7, "A", PhaseTimer(), sample=lambda prompts, r: rounds[r],
-                      num_prompts=num_prompts)
-    return ctx, asked
+    ctx = StepContext(7, "A", PhaseTimer(), num_prompts)
+    return ctx, asked, (lambda prompts, r: rounds[r]), dm
+
+
+def _fill(first: list[Group], max_rounds: int, ctx, sample, dm) -> list[Group]:
+    return fill_batch(first, sample, dm, [DynamicSampling(max_rounds=max_rounds)], ctx)
 
 
 def test_spread_means_both_right_and_wrong():
@@ -38,18 +42,19 @@ def test_keeps_mixed_groups_and_refills_from_extra_rounds_until_full():
     first = [_group("a", [1, 0]), _group("b", [0, 0]), _group("c", [1, 1]), _group("d", [0, 1])]
     extra = {1: [_group("e", [0, 0], 1), _group("f", [1, 0], 1)],
              2: [_group("g", [0, 1], 2), _group("h", [1, 0], 2)]}
-    ctx, asked = _ctx(extra, num_prompts=4)
-    kept = DynamicSampling(max_rounds=5).transform_groups(first, ctx)
+    ctx, asked, *gen = _ctx(extra, num_prompts=4)
+    kept = _fill(first, 5, ctx, *gen)
     # round 0 keeps a, d; round 1 adds f (3 of 4); round 2 fills the batch with g, h cut off
     assert [g.prompt.key for g in kept] == ["a", "d", "f", "g"]
     assert asked == [(7, 1, 4), (7, 2, 4)]
+    assert [g.prompt.key for g in ctx.dropped] == ["b", "c", "e"]  # the surplus h is not dropped
     assert ctx.metrics == {"dynamic_sampling/extra_rounds": 2.0, "dynamic_sampling/kept_groups": 4.0,
                            "dynamic_sampling/batch_fill": 1.0}
 
 
 def test_stops_after_max_rounds_with_a_partial_batch():
-    ctx, asked = _ctx({1: [_group("e", [0, 0], 1)]}, num_prompts=2)
-    kept = DynamicSampling(max_rounds=1).transform_groups([_group("a", [1, 0]), _group("b", [1, 1])], ctx)
+    ctx, asked, *gen = _ctx({1: [_group("e", [0, 0], 1)]}, num_prompts=2)
+    kept = _fill([_group("a", [1, 0]), _group("b", [1, 1])], 1, ctx, *gen)
     assert [g.prompt.key for g in kept] == ["a"] and len(asked) == 1
     assert ctx.metrics["dynamic_sampling/batch_fill"] == 0.5
 

@@ -16,7 +16,7 @@ def test_bonus_is_capped_at_half_the_advantage_and_zero_on_padding():
     entropy = torch.tensor([[1.0, 0.5, 2.0], [0.25, 3.0, 9.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     rollouts = SimpleNamespace(token_stats={"entropy": entropy}, packed=SimpleNamespace(response_mask=mask))
-    ctx = StepContext(None, None, 0, None, PhaseTimer(), sample=None, num_prompts=2)
+    ctx = StepContext(0, None, PhaseTimer(), 2)
     adv = torch.tensor([0.6, -1.0])
     out = EntropyBonus(coef=0.4, cap_ratio=0.5).shape_advantages(rollouts, adv, ctx)
     # row 0, A = 0.6, cap 0.3: 0.4*1.0=0.4 -> 0.3; 0.4*0.5=0.2; 0.4*2.0=0.8 -> 0.3

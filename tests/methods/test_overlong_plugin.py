@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import pytest
-
+from medsrl.config import plugin_problems
 from medsrl.data.example import Prompt
 from medsrl.methods.overlong import OverlongPenalty
 from medsrl.reward.grader import GradeResult
@@ -32,5 +31,7 @@ def test_adds_the_penalty_to_reward_and_scores_as_its_own_term():
 
 
 def test_a_buffer_as_long_as_the_budget_fails_at_start_naming_the_key():
-    with pytest.raises(ValueError, match=r"algorithm.plugins.overlong.buffer_length=16 .*max_new_tokens=16"):
-        OverlongPenalty(buffer_length=16).setup(None, _module(16), "fit")
+    overlong = {"_target_": "medsrl.methods.overlong.OverlongPenalty", "buffer_length": 16}
+    run = {"rollout": {"max_new_tokens": 16}, "algorithm": {"plugins": {"overlong": overlong}}}
+    assert plugin_problems(run) == [
+        "algorithm.plugins.overlong.buffer_length must be less than rollout.max_new_tokens (16), got 16"]

@@ -28,8 +28,8 @@ from medsrl.models.lora import (
     unwrap_peft,
 )
 from medsrl.models.policy import enable_activation_checkpointing
+from medsrl.models.sharding import layer_classes
 from medsrl.models.tiny import build_tiny_model
-from medsrl.utils.sharding import layer_classes
 
 SETTINGS = LoraSettings(r=4, alpha=8.0)
 

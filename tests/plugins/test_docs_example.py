@@ -43,7 +43,7 @@ def test_the_rule_on_a_hand_made_step(example):
     from answer_repeat import RepeatedAnswerPenalty
 
     plugin = RepeatedAnswerPenalty(coef=0.1)
-    ctx = StepContext(None, None, 0, None, PhaseTimer(), sample=None, num_prompts=1)
+    ctx = StepContext(0, None, PhaseTimer(), 1)
 
     def step(answers):
         grades = [SimpleNamespace(score=1.0 if a == "4" else 0.0, extracted=a) for a in answers]

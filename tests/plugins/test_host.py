@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from medsrl.plugins import Plugin, PluginHost, StepContext
+from medsrl.plugins.rounds import fill_batch
 from medsrl.step.metrics import PhaseTimer
 
 
@@ -41,7 +42,7 @@ class KeyCounter(Plugin):
 
 
 def _ctx(step=0):
-    return StepContext(None, None, step, None, PhaseTimer(), sample=None, num_prompts=1)
+    return StepContext(step, None, PhaseTimer(), 1)
 
 
 def test_hooks_run_in_order_and_additions_commit_once_per_step():
@@ -55,8 +56,8 @@ def test_hooks_run_in_order_and_additions_commit_once_per_step():
             calls.append(self.name)
             return groups + [self.name]
 
-    host = PluginHost([Tag("a"), Tag("b")])
-    assert host.transform_groups([], _ctx()) == ["a", "b"] and calls == ["a", "b"]
+    assert fill_batch([], None, None, PluginHost([Tag("a"), Tag("b")]).plugins, _ctx()) == ["a", "b"]
+    assert calls == ["a", "b"]
     counter = KeyCounter()
     PluginHost([counter]).commit(SimpleNamespace(keys=["x", "x", "y"]), _ctx())
     assert counter.counts == {"x": 2, "y": 1}

@@ -1,4 +1,5 @@
-"""StepContext: a plug-in's histograms and text reach W&B beside TensorBoard (rank 0 only)."""
+"""StepContext: a plug-in's histograms and text reach W&B beside TensorBoard (rank 0 only: the
+other ranks' contexts get no loggers)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ from medsrl.utils.wandb_log import finish
 from run_helpers import wandb_run_contents
 
 
-def _ctx(loggers, step=3, rank_zero=True):
-    trainer = SimpleNamespace(loggers=loggers, is_global_zero=rank_zero)
-    return StepContext(trainer, None, step, None, PhaseTimer(), sample=None, num_prompts=1)
+def _ctx(loggers, step=3):
+    return StepContext(step, None, PhaseTimer(), 1, loggers=loggers)
 
 
 def test_histogram_and_text_go_to_wandb(tmp_path, wandb_offline):
@@ -54,5 +54,11 @@ def test_other_ranks_and_other_loggers_log_nothing():
     _ctx([csv_like]).histogram(plugin, "h", torch.ones(3))  # not a W&B (nor TensorBoard) logger
     _ctx([csv_like]).text(plugin, "t", "x")
     assert csv_like.calls == []
-    # a WandbLogger on another rank is never touched (its experiment would be a dummy there)
-    _ctx([object()], rank_zero=False).histogram(plugin, "h", torch.ones(3))
+    # another rank's context has no loggers (a WandbLogger's experiment would be a dummy there)
+    # and no run directory (snapshots are rank 0's)
+    trainer = SimpleNamespace(loggers=[object()], is_global_zero=False)
+    other = StepContext.for_trainer(trainer, 3, None, PhaseTimer(), 1)
+    assert other.loggers == [] and other.run_dir is None
+    other.histogram(plugin, "h", torch.ones(3))
+    trainer = SimpleNamespace(loggers=[csv_like], is_global_zero=True, default_root_dir="/run")
+    assert StepContext.for_trainer(trainer, 3, None, PhaseTimer(), 1).run_dir == "/run"

@@ -15,7 +15,6 @@ import torch
 
 pytest.importorskip("vllm", reason="vllm is not installed: `make test-vllm` builds an env with it")
 
-from medsrl.algo.guard import RunawayError  # noqa: E402
 from medsrl.data.template import render_prompt  # noqa: E402
 from medsrl.models.char_tokenizer import build_char_tokenizer  # noqa: E402
 from medsrl.models.tiny import build_tiny_model  # noqa: E402
@@ -23,6 +22,7 @@ from medsrl.module import RLModule  # noqa: E402
 from medsrl.rollout.base import SamplingParams  # noqa: E402
 from medsrl.rollout.hf import HFRolloutEngine  # noqa: E402
 from medsrl.rollout.vllm import VLLMRolloutEngine  # noqa: E402
+from medsrl.utils.guard import RunawayError  # noqa: E402
 
 PROBLEMS = ["1+1?", "What is 7*6?", "Solve x^2 = 4 for x > 0."]
 # head_dim 32: the CPU attention kernels do not take 16 (the debug preset's size).

@@ -1,7 +1,7 @@
 """The RL math: advantages, policy loss, loss aggregation, KL, log-probs, dynamic sampling.
 
-Small pure functions on tensors, each tested on its own with hand-computed values. Advantage
-estimators and policy losses are also reachable by name through their registries.
+Small pure functions on tensors, each tested with hand-computed values; estimators and losses
+are also reachable by name through their registries.
 """
 
 from medsrl.algo.advantages import (
@@ -15,11 +15,11 @@ from medsrl.algo.advantages import (
     rloo_advantages,
 )
 from medsrl.algo.aggregation import LOSS_AGG_MODES, aggregate_loss
-from medsrl.algo.covariance_losses import clip_cov_loss, kl_cov_loss, token_covariance
+from medsrl.algo.covariance_losses import token_covariance  # also registers clip_cov, kl_cov
 from medsrl.algo.group_spread import keep_mask_by_group_spread, zero_spread_groups
 from medsrl.algo.kl import kl_estimate, sampling_mismatch
 from medsrl.algo.logprobs import masked_mean, per_token, token_entropy, token_logprobs
-from medsrl.algo.lp_reg import lowest_fraction, lp_reg_loss, proxy_logprobs
+from medsrl.algo.lp_reg import lowest_fraction, proxy_logprobs  # also registers lp_reg
 from medsrl.algo.policy_loss import (
     POLICY_LOSSES,
     PolicyLossOutput,
@@ -30,10 +30,7 @@ from medsrl.algo.policy_loss import (
 
 __all__ = [
     "per_token",
-    "clip_cov_loss",
-    "kl_cov_loss",
     "lowest_fraction",
-    "lp_reg_loss",
     "proxy_logprobs",
     "token_covariance",
     "ADVANTAGE_ESTIMATORS",

@@ -1,8 +1,7 @@
-"""Advantage estimators (GRPO, Dr.GRPO, RLOO, GDPO), their registry, and the GRPO+Entropy bonus.
+"""Advantage estimators (GRPO, Dr.GRPO, RLOO, GDPO) and their registry.
 
-Estimators are registered by name (verl style) so the config picks one with
-``algorithm.advantage`` and passes its keyword options from
-``algorithm.advantage_options``; the math itself lives in the pure functions below.
+Registered by name (verl style): ``algorithm.advantage`` picks one, ``algorithm.advantage_options``
+are its keyword options; the math lives in the pure functions below.
 """
 
 from __future__ import annotations
@@ -23,21 +22,13 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 @dataclass
 class AdvantageInputs:
-    """Everything an estimator may need; one object so estimators share one call signature.
+    """Everything an estimator may need; one object so estimators share one call signature."""
 
-    - ``scores`` [B]: the shaped sequence scores (what GRPO normalises).
-    - ``group_ids`` long [B]: responses with the same id answer the same prompt.
-    - ``terms``: named reward components, each [B], summing to ``scores`` (e.g. ``correct``,
-      ``overlong``, ``meds``), for estimators that treat components separately (GDPO).
-    - ``response_mask`` [B,T]: for token-level estimators.
-    - ``reduce_sum``: sums a python float over distributed ranks (None: a single process), for
-      estimators with batch-wide statistics; every rank must make the same calls in order.
-    """
-
-    scores: Tensor
-    group_ids: Tensor
-    terms: dict[str, Tensor]
-    response_mask: Tensor
+    scores: Tensor  # [B] shaped sequence scores (what GRPO normalises)
+    group_ids: Tensor  # long [B]: the same id answers the same prompt
+    terms: dict[str, Tensor]  # named reward components [B] summing to scores (what GDPO splits)
+    response_mask: Tensor  # [B,T], for token-level estimators
+    # sums a float over ranks (None: one process) for batch-wide statistics; same calls on every rank
     reduce_sum: Callable[[float], float] | None = None
 
 
@@ -45,10 +36,8 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {}
 
 
 def register_advantage(name: str) -> Callable[[_F], _F]:
-    """Decorator adding ``fn(inputs: AdvantageInputs, **options) -> Tensor`` as ``name``.
-
-    A duplicate name is refused so a second estimator cannot silently replace the first.
-    """
+    """Decorator adding ``fn(inputs: AdvantageInputs, **options) -> Tensor`` as ``name``; a
+    duplicate name is refused (no silent replacement)."""
 
     def deco(fn: _F) -> _F:
         if name in ADVANTAGE_ESTIMATORS:
@@ -61,10 +50,8 @@ def register_advantage(name: str) -> Callable[[_F], _F]:
 
 def compute_advantages(name: str, inputs: AdvantageInputs, **options: Any) -> Tensor:
     """Advantages from the estimator registered as ``name``: [B], or [B,T] for token-level ones.
-
-    Options are checked against the estimator's signature before the call, so a misspelt option
-    is reported as a config error, while a TypeError raised inside the estimator stays one.
-    """
+    Options are bound to its signature first: a misspelt option is a config error, while a
+    TypeError raised inside the estimator stays one."""
     fn = ADVANTAGE_ESTIMATORS.get(name)
     if fn is None:
         valid = ", ".join(sorted(ADVANTAGE_ESTIMATORS))
@@ -79,12 +66,6 @@ def compute_advantages(name: str, inputs: AdvantageInputs, **options: Any) -> Te
     return fn(inputs, **options)
 
 
-def _group_index(group_ids: Tensor) -> tuple[Tensor, int]:
-    """Map arbitrary group ids to 0..G-1 so groups can be reduced with index_add."""
-    uniq, inv = torch.unique(group_ids, return_inverse=True)
-    return inv, uniq.numel()
-
-
 def _group_sum(values: Tensor, inv: Tensor, num_groups: int) -> Tensor:
     """Per-group sum of ``values`` [B] for group indices ``inv`` in 0..num_groups-1."""
     return values.new_zeros(num_groups).index_add_(0, inv, values)
@@ -95,7 +76,8 @@ def _group_deviation(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor,
     if scores.dim() != 1 or scores.shape != group_ids.shape:
         raise ValueError(f"scores {tuple(scores.shape)} and group_ids must both be [B]")
     x = scores if scores.is_floating_point() else scores.float()
-    inv, g = _group_index(group_ids)
+    uniq, inv = torch.unique(group_ids, return_inverse=True)  # arbitrary ids -> 0..G-1
+    g = uniq.numel()
     counts = _group_sum(torch.ones_like(x), inv, g)
     return x - (_group_sum(x, inv, g) / counts)[inv], counts, inv, g
 
@@ -105,10 +87,9 @@ def group_advantages(
 ) -> Tensor:
     """Per-response advantage ``(score - group mean) / (group std + eps)`` (GRPO).
 
-    ``norm_by_std=False`` gives Dr.GRPO's ``score - group mean``, which drops the std division
-    that up-weights near-uniform groups. The std is the *unbiased* (Bessel, n-1) std, like
-    ``torch.std``. Groups may be ragged and their ids arbitrary and shuffled. A group of size 1
-    gets advantage 0 (its own mean), and so does any group whose scores are all equal.
+    ``norm_by_std=False`` gives Dr.GRPO's ``score - group mean``, dropping the division that
+    up-weights near-uniform groups. The std is unbiased (n-1), like ``torch.std``. Groups may be
+    ragged, with arbitrary shuffled ids; a singleton or all-equal group gets 0.
     """
     dev, counts, inv, g = _group_deviation(scores, group_ids)
     if not norm_by_std:
@@ -118,11 +99,10 @@ def group_advantages(
 
 
 def rloo_advantages(scores: Tensor, group_ids: Tensor) -> Tensor:
-    """RLOO: ``r_i - mean of the other responses of its group`` = ``n/(n-1) (r_i - mean)``.
+    """RLOO: ``r_i - mean of the others in its group`` = ``n/(n-1) (r_i - mean)``; no std.
 
-    Leaving the response out keeps the baseline independent of its own reward, so the gradient
-    estimate is unbiased (the plain group mean biases it by a factor (n-1)/n). No std division.
-    A group of size 1 has no other response to compare with and gets 0.
+    A baseline free of the response's own reward keeps the gradient unbiased (the plain group
+    mean scales it by (n-1)/n). A group of size 1 gets 0.
     """
     dev, counts, inv, _ = _group_deviation(scores, group_ids)
     # n = 1: dev is already 0, the clamp only avoids 1/0
@@ -139,16 +119,10 @@ def gdpo_advantages(
 ) -> Tensor:
     """GDPO (arXiv 2601.05242): normalise each reward term within its group, then combine.
 
-    Why: GRPO normalises the *sum* of the terms, so a term's influence depends on its raw scale
-    against correctness (a small MEDS penalty is drowned, a large one swamps correctness), and
-    distinct term combinations can collapse to the same advantage. Normalising each term on its
-    own (``(r_k - mean_k) / (std_k + eps)``, as ``group_advantages``) decouples the scale: a
-    term's influence is set only by its ``weights`` entry (default 1.0). A term constant within
-    every group contributes nothing. The weighted sum is then whitened over the whole batch,
-    ``(x - mean) / (std + eps)`` (unbiased std), so the advantage scale does not grow with the
-    number of terms. With ``reduce_sum`` the batch sum, sum of squares and row count are summed
-    over ranks (three calls, in that order, on every rank), so under DDP the whitening covers
-    all ranks' rows. Returns [B] in the dtype of the terms.
+    GRPO normalises the *sum*, so a term's influence depends on its raw scale (a small MEDS
+    penalty is drowned, a large one swamps correctness); here only its ``weights`` entry (default
+    1.0) sets it. The weighted sum is whitened over the batch (unbiased std; ``reduce_sum`` sums
+    the sum, sum of squares and row count over ranks, in that order). [B], in the terms' dtype.
     """
     if not terms:
         raise ValueError("gdpo_advantages needs at least one reward term")
@@ -202,11 +176,8 @@ def _gdpo(
 
 def advantage_change_fraction(shaped: Tensor, base: Tensor, response_mask: Tensor) -> float:
     """How much of the policy-gradient signal shaping rewrote: mean |shaped - base| over mean
-    |base|, per response token (``[B]`` advantages count once per token of their response).
-
-    ``base``: the advantages of the unshaped reward, no advantage shaping; ``shaped``: the ones
-    the update uses. 0 when shaping changed nothing; 1 when the change is as large as the signal
-    itself. NaN when there was no signal to change and shaping made some.
+    |base| per response token (``base``: advantages of the unshaped reward). NaN when there was
+    no signal to change and shaping made some.
     """
     mask = response_mask.to(torch.float64)
     shaped, base = per_token(shaped, response_mask).double(), per_token(base, response_mask).double()

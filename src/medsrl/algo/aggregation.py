@@ -5,12 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-LOSS_AGG_MODES = (
-    "token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def aggregate_loss(
@@ -32,9 +27,9 @@ def aggregate_loss(
     - ``seq-mean-token-sum-norm`` (Dr.GRPO): ``sum(loss*mask) / (num_seqs * norm_length)`` with a
       constant ``norm_length`` (default ``T = mask.shape[-1]``), removing the length bias.
 
-    Defaults: ``num_tokens = mask.sum()``, ``num_seqs = B``. For micro-batch gradient
-    accumulation pass the *mini-batch* totals (and a fixed ``norm_length``): the micro-batch
-    results then sum exactly to the full-batch value. Masked-out positions may hold NaN/inf.
+    Defaults: ``num_tokens = mask.sum()``, ``num_seqs = B``; pass the *mini-batch* totals (and
+    a fixed ``norm_length``) so micro-batch results sum to the full-batch value. Masked-out
+    positions may hold NaN/inf.
     """
     m = mask.to(loss_mat.dtype)
     masked = torch.where(m != 0, loss_mat, 0) * m

@@ -1,11 +1,9 @@
 """Entropy-covariance policy losses, ``clip_cov`` and ``kl_cov`` ("The Entropy Mechanism of
 Reinforcement Learning for Reasoning Language Models"; verl's ``loss_mode`` of the same names).
 
-Entropy falls fastest through the tokens whose log-probability and advantage covary most: a
-confident token with a positive advantage grows more confident. Both losses find, per token,
-``cov = (A - mean A) * (logp - mean logp)`` over the micro-batch's response tokens and act on a
-small share of them: ``clip_cov`` takes those tokens out of the gradient, ``kl_cov`` adds a KL
-penalty ``coef * |logp - old_logp|`` to them. Defaults are verl's.
+Entropy falls fastest through the tokens whose log-prob and advantage covary most (a confident
+token with a positive advantage grows more confident); both losses act on a small share of them
+(docs/NEIGHBOURS.md). Defaults are verl's.
 """
 
 from __future__ import annotations
@@ -47,11 +45,9 @@ def clip_cov_loss(
     clip_cov_ub: float = 5.0,
     seed: int = 0,
 ) -> PolicyLossOutput:
-    """The clipped surrogate, with ``max(1, int(clip_cov_ratio * tokens))`` tokens whose
-    covariance lies in ``(clip_cov_lb, clip_cov_ub)`` (and that the PPO clip did not already
-    take) drawn at random and given zero loss and zero gradient. The draw is seeded by ``seed``
-    and the number of candidates, so a run is reproducible.
-    """
+    """The clipped surrogate, with ``max(1, int(clip_cov_ratio * tokens))`` unclipped tokens of
+    covariance in ``(clip_cov_lb, clip_cov_ub)`` drawn at random (seeded by ``seed`` and the
+    candidate count) and given zero loss and gradient."""
     if clip_cov_ratio <= 0 or clip_cov_lb >= clip_cov_ub:
         raise ValueError(f"clip_cov needs clip_cov_ratio > 0 and lb < ub, got {clip_cov_ratio}, {clip_cov_lb}, {clip_cov_ub}")
     base = clipped_surrogate(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high,

@@ -1,11 +1,10 @@
 """Truncated importance sampling (TIS) against the rollout engine's own sampling distribution.
 
-vLLM in bf16 samples from a distribution a little off the trainer's (other kernels, other
-rounding, a KV cache), so rollouts are slightly off-policy even on the first update. The
-policy-gradient term of each token is weighted by ``min(pi_old / pi_engine, cap)`` (detached),
-as verl's ``tis_imp_ratio_cap`` and TRL's ``vllm_importance_sampling_cap`` do; the cap keeps a
-token the engine found unlikely from dominating the batch. The KL and entropy terms are not
-weighted: they are not estimates over the engine's samples.
+vLLM in bf16 samples from a distribution a little off the trainer's, so rollouts are slightly
+off-policy even on the first update. Each token's policy-gradient term is weighted by
+``min(pi_old / pi_engine, cap)`` (detached), as verl's ``tis_imp_ratio_cap`` and TRL's
+``vllm_importance_sampling_cap``; the KL and entropy terms are not estimates over the engine's
+samples and stay unweighted.
 """
 
 from __future__ import annotations

@@ -7,11 +7,8 @@ from torch import Tensor
 
 
 def zero_spread_groups(scores: Tensor, group_ids: Tensor, *, atol: float = 0.0) -> Tensor:
-    """Bool [B]: True where the response's group has ``max - min <= atol`` (std == 0 for atol=0).
-
-    Such groups get zero advantage for every response, so they add no policy gradient and only
-    dilute the batch; DAPO drops them. A group of size 1 has zero spread.
-    """
+    """Bool [B]: True where the response's group has ``max - min <= atol`` (a singleton too):
+    zero advantage everywhere, no policy gradient, so DAPO drops them."""
     if scores.dim() != 1 or scores.shape != group_ids.shape:
         raise ValueError(f"scores {tuple(scores.shape)} and group_ids must both be [B]")
     x = scores if scores.is_floating_point() else scores.float()
@@ -24,4 +21,3 @@ def zero_spread_groups(scores: Tensor, group_ids: Tensor, *, atol: float = 0.0) 
 def keep_mask_by_group_spread(scores: Tensor, group_ids: Tensor, *, atol: float = 0.0) -> Tensor:
     """Bool [B]: True for responses in groups with spread > ``atol`` (the ones DAPO keeps)."""
     return ~zero_spread_groups(scores, group_ids, atol=atol)
-

@@ -29,14 +29,10 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
 
 
 def sampling_mismatch(engine_logp: Tensor, trainer_logp: Tensor, mask: Tensor) -> dict[str, float]:
-    """How far the distribution the rollouts were drawn from is from the one being trained.
-
-    ``engine_logp`` are the engine's sampling log-probs (after temperature / top-p), ``trainer_logp``
-    the trainer's log-probs of the same tokens (the old-policy forward). The gap holds the
-    engine's numerics (vLLM kernels, bf16, KV cache) and, when they are not 1, temperature and
-    top-p. As verl's ``rollout_probs_diff`` it is a diagnostic: a jump flags a broken weight sync
-    or a precision problem. Returns token means over ``mask`` (and the max of ``|diff|``).
-    """
+    """How far the engine's sampling log-probs are from the trainer's (old-policy forward) for
+    the same tokens: its numerics (vLLM kernels, bf16, KV cache) and any temperature / top-p. As
+    verl's ``rollout_probs_diff``, a diagnostic: a jump flags a broken weight sync or a precision
+    problem. Token means over ``mask`` (and the max of ``|diff|``)."""
     m = mask.bool()
     if not m.any():
         return {}

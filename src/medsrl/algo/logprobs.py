@@ -1,13 +1,10 @@
 """Per-token log-probabilities, entropies and masked means, in fp32 and light on memory.
 
-The ``[b, R, V]`` logits are the largest tensors of an RL step (V = 151,936 for Qwen): at a
-micro-batch of 8 x 3072 tokens one bf16 copy is 7 GiB. Two ways here:
-
-* :func:`head_logprobs`, what the step uses: the LM head and the log-softmax fused, over chunks
-  of ``CHUNK_TOKENS`` tokens, from the hidden states at the response positions. Only one chunk's
-  logits ever exist; the backward recomputes them chunk by chunk instead of keeping any.
-* :func:`token_logprobs` / :func:`token_entropy` on logits already computed (tests' references,
-  tools): chunked the same way, so no full fp32 copy or ``[B, T, V]`` log-softmax is made.
+The ``[b, R, V]`` logits are the largest tensors of an RL step (V = 151,936 for Qwen: 7 GiB in
+bf16 at 8 x 3072 tokens). :func:`head_logprobs`, what the step uses, fuses the LM head and the
+log-softmax over chunks of ``CHUNK_TOKENS`` tokens, so only one chunk's logits ever exist (the
+backward recomputes them). :func:`token_logprobs` / :func:`token_entropy` work on logits already
+made (tests' references, tools), chunked the same way.
 """
 
 from __future__ import annotations
@@ -42,11 +39,8 @@ def _chunk_rows(logits: Tensor) -> int:
 
 
 class _TokenLogprob(torch.autograd.Function):
-    """log_softmax(logits)[label] = logit[label] - logsumexp(logits), chunked in fp32.
-
-    Saves only the input logits (already alive) and the small [B,T] logsumexp for backward,
-    where the gradient ``onehot(label) - softmax`` is rebuilt chunk by chunk.
-    """
+    """log_softmax(logits)[label] = logit[label] - logsumexp(logits), chunked in fp32. Saves only
+    the logits (alive anyway) and the [B,T] logsumexp; backward rebuilds ``onehot - softmax``."""
 
     @staticmethod
     def forward(ctx, logits: Tensor, labels: Tensor) -> Tensor:
@@ -75,12 +69,8 @@ class _TokenLogprob(torch.autograd.Function):
 
 
 def token_logprobs(logits: Tensor, labels: Tensor) -> Tensor:
-    """Log-probability of each label under softmax(logits): [B,T,V], [B,T] -> [B,T] in fp32
-    (fp64 for fp64 input).
-
-    Works for bf16/fp16 logits (computed in fp32 per chunk, gradient returned in the logits'
-    dtype). Labels must be valid vocabulary indices; mask padding afterwards.
-    """
+    """Log-probability of each label under softmax(logits): [B,T,V], [B,T] -> [B,T] in fp32 (fp64
+    for fp64 input); the gradient comes back in the logits' dtype. Mask padding afterwards."""
     if logits.dim() < 2 or labels.shape != logits.shape[:-1]:
         raise ValueError(f"labels {tuple(labels.shape)} must be logits {tuple(logits.shape)}[:-1]")
     return _TokenLogprob.apply(logits, labels.long())
@@ -89,9 +79,8 @@ def token_logprobs(logits: Tensor, labels: Tensor) -> Tensor:
 def token_entropy(logits: Tensor) -> Tensor:
     """Entropy of softmax(logits) per position, ``logsumexp(x) - sum(p * x)``: [B,T,V] -> [B,T].
 
-    fp32, chunked like ``token_logprobs``. Differentiable through plain autograd (which keeps
-    each fp32 chunk for backward), so call under ``torch.no_grad()`` when it is only a metric.
-    Logits must be finite.
+    fp32, chunked like ``token_logprobs``; plain autograd keeps each fp32 chunk for backward, so
+    call under ``torch.no_grad()`` when it is only a metric. Logits must be finite.
     """
     parts = []
     for c in logits.split(_chunk_rows(logits), dim=-2):
@@ -101,8 +90,8 @@ def token_entropy(logits: Tensor) -> Tensor:
 
 
 class HeadLogprobs(NamedTuple):
-    """What :func:`head_logprobs` gives per token: the label's log-prob, the entropy (when asked)
-    and each reducer's value, all shaped like the labels."""
+    """Per token, shaped like the labels: the label's log-prob, the entropy (when asked) and each
+    reducer's value."""
 
     logp: Tensor
     entropy: Tensor | None
@@ -122,15 +111,12 @@ def head_logprobs(
 ) -> HeadLogprobs:
     """``log_softmax(hidden @ weight.T + bias)[label]`` per token, without the full logits.
 
-    ``hidden`` ``[..., H]`` holds the states that predict ``labels`` ``[...]`` (the response
-    positions only), ``weight`` ``[V, H]`` and ``bias`` ``[V]`` are the LM head's. The logits are
-    made ``chunk_tokens`` (default ``CHUNK_TOKENS``) tokens at a time, as the model's head makes
-    them (``F.linear`` under the active autocast, so bf16 under bf16-mixed), and upcast to fp32
-    per chunk: the numbers of ``token_logprobs(head(hidden), labels)``.
-
-    ``entropy``: also the entropy of each token's distribution; differentiable when
-    ``entropy_grad``, else a detached metric (no backward work). ``reducers`` (no-grad only, the
-    scoring forward) are called on each chunk's logits, ``[1, n, V]``, while they exist.
+    ``hidden`` ``[..., H]``: the states predicting ``labels`` ``[...]``; ``weight`` ``[V, H]``,
+    ``bias`` ``[V]``: the LM head's. Logits are made ``chunk_tokens`` tokens at a time as the head
+    makes them (``F.linear`` under the active autocast) and upcast to fp32 per chunk: the numbers
+    of ``token_logprobs(head(hidden), labels)``. ``entropy`` is differentiable when
+    ``entropy_grad``, else a detached metric. ``reducers`` (no-grad only) see each chunk's
+    logits, ``[1, n, V]``, while they exist.
     """
     reducers = reducers or {}
     chunk = chunk_tokens or CHUNK_TOKENS
@@ -156,12 +142,9 @@ def head_logprobs(
 
 
 def _autocast_head(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """The head's weight and bias as autocast casts them, made once for all the chunks.
-
-    Lightning's autocast runs with its weight-cast cache off, so each chunk's ``F.linear`` (and
-    each of the backward's two matmuls) would cast the fp32 ``[V, H]`` weight again: as much
-    memory traffic as the chunk's matmul itself. The same numbers, one cast per pass; nothing
-    of it is kept between the forward and the backward."""
+    """The head's weight and bias as autocast casts them, once for all chunks: Lightning's
+    autocast has its weight-cast cache off, so every chunk's matmul would cast the fp32 ``[V, H]``
+    weight again (as much memory traffic as the matmul). Not kept from forward to backward."""
     device_type = hidden.device.type
     if not torch.is_autocast_enabled(device_type):
         return weight, bias
@@ -171,8 +154,7 @@ def _autocast_head(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> tuple
 
 
 def _chunks(n: int, size: int) -> list[slice]:
-    """Row slices of ``size`` covering ``0..n``; one empty slice when ``n`` is 0 (so empty inputs
-    go through the same code and give empty outputs)."""
+    """Row slices of ``size`` covering ``0..n``; one empty slice when ``n`` is 0 (empty in, empty out)."""
     return [slice(s, min(s + size, n)) for s in range(0, n, size)] or [slice(0, 0)]
 
 
@@ -181,8 +163,7 @@ def _head_forward(
     reducers: dict[str, TokenReducer], chunk: int,
 ) -> tuple[Tensor, Tensor, Tensor | None, dict[str, Tensor]]:
     """Log-probs, logsumexps, entropies (or None) and reducer values of ``[N, H]`` hidden states,
-    one chunk of logits at a time. Each chunk holds its logits in the head's output dtype and
-    at most two fp32 ``[chunk, V]`` buffers (the upcast, and ``logsumexp``'s or ``exp``'s)."""
+    one chunk of logits at a time (at most two fp32 ``[chunk, V]`` buffers beside the logits)."""
     weight, bias = _autocast_head(hidden, weight, bias)
     logps, lses, ents = [], [], []
     stats: dict[str, list[Tensor]] = {name: [] for name in reducers}
@@ -209,11 +190,10 @@ def _head_forward(
 class _FusedHeadLogprob(torch.autograd.Function):
     """The LM head and the log-softmax (and entropy) of :func:`head_logprobs`, with recompute.
 
-    Saves the inputs (alive anyway) and ``[N]`` logsumexps / entropies. The backward makes each
-    chunk's logits again, under the autocast state of the forward, and turns them into the
-    gradient at the logits, ``g_logp * (onehot - p) + g_H * (-p * (log p + H))``, handed to the
-    head's two matmuls in the logits' dtype, as autograd would. The weight's (and bias's)
-    gradient is summed over chunks in fp32 and returned in its own dtype.
+    Saves the inputs (alive anyway) and ``[N]`` logsumexps / entropies. Backward remakes each
+    chunk's logits under the forward's autocast state; their gradient
+    ``g_logp * (onehot - p) + g_H * (-p * (log p + H))`` goes to the head's two matmuls in the
+    logits' dtype, as autograd would; the weight and bias gradients are summed in fp32.
     """
 
     @staticmethod
@@ -265,8 +245,7 @@ def _logits_grad(
     logits: Tensor, labels: Tensor, lse: Tensor, g_logp: Tensor, entropy: tuple[Tensor, Tensor] | None
 ) -> Tensor:
     """The gradient at one chunk's logits, in their dtype: ``g_logp * (onehot - p)``, plus
-    ``g_H * (-p * (log p + H))`` when ``entropy = (H, g_H)``. Worked in fp32 in place on the
-    upcast logits (two fp32 ``[chunk, V]`` buffers at most)."""
+    ``g_H * (-p * (log p + H))`` when ``entropy = (H, g_H)``; in fp32, in place on the upcast."""
     x = _acc(logits)
     out_dtype = logits.dtype
     del logits
@@ -299,11 +278,8 @@ def per_token(advantages: Tensor, like: Tensor) -> Tensor:
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """Mean of ``x`` over positions where ``mask`` (0/1 or weights) is non-zero.
-
-    Returns 0 (not NaN, with finite gradients) where the mask sums to 0, and ignores NaN/inf
-    values at masked-out positions (e.g. padding).
-    """
+    """Mean of ``x`` over positions where ``mask`` (0/1 or weights) is non-zero: 0 (with finite
+    gradients) where the mask sums to 0; NaN/inf at masked-out positions are ignored."""
     m = mask.to(x.dtype) if x.is_floating_point() else mask.float()
     num = torch.where(m != 0, x, 0) * m
     num = num.sum() if dim is None else num.sum(dim)

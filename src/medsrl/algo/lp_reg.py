@@ -1,17 +1,9 @@
 """Lp-Reg, low-probability regularisation (arXiv 2510.03222) as the policy loss ``lp_reg``.
 
-RL keeps pushing down the rare tokens of failed responses, and with them the "reasoning
-sparks" that exploration needs. Lp-Reg protects them with a soft target, a proxy of the old
-policy with the noise removed: ``pi_proxy = pi_old`` restricted to the tokens above ``tau``
-and renormalised. So a plausible rare token gets *more* probability in the proxy, and noise
-gets none. Among the negative-advantage tokens of a micro-batch, the ``bottom_frac`` with the
-lowest current log-prob whose ``log pi_theta < log pi_proxy`` have their loss replaced by
-``-A * ratio + beta * KL_k3(pi_theta || pi_proxy)``. Every other token keeps the clipped
-surrogate.
-
-The proxy's log-prob of each sampled token is a token stat of the scoring forward (the one
-old-log-prob forward), read chunk by chunk from each micro-batch's logits, so no ``[B, T, V]``
-tensor outlives its micro-batch.
+RL keeps pushing down the rare tokens of failed responses, and with them the "reasoning sparks"
+exploration needs. Lp-Reg pulls such tokens towards ``pi_proxy``, the old policy restricted to the
+tokens above ``tau`` and renormalised (docs/NEIGHBOURS.md). The proxy's log-probs are a token stat
+of the scoring forward, read chunk by chunk, so no ``[B, T, V]`` tensor outlives its micro-batch.
 """
 
 from __future__ import annotations
@@ -81,11 +73,9 @@ def lp_reg_loss(
     bottom_frac: float = 0.01,
     beta: float = 1.0,
 ) -> PolicyLossOutput:
-    """The clipped surrogate, except on the regularised tokens: ``A < 0``, among the
-    ``bottom_frac`` of the micro-batch's negative-advantage tokens by current log-prob, and
-    ``logp < proxy_logp``. Those get ``-A * ratio + beta * k3(logp, proxy_logp)`` (unclipped,
-    as in the authors' code). Tokens outside the proxy's support (``-inf``) are never chosen.
-    """
+    """The clipped surrogate, except on the lowest ``bottom_frac`` of negative-advantage tokens
+    by current log-prob with ``logp < proxy_logp`` (never ``-inf``): those get
+    ``-A * ratio + beta * k3(logp, proxy_logp)``, unclipped as in the authors' code."""
     if not 0 < bottom_frac <= 1 or beta < 0:
         raise ValueError(f"lp_reg needs 0 < bottom_frac <= 1 and beta >= 0, got {bottom_frac}, {beta}")
     base = clipped_surrogate(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high,

@@ -1,8 +1,7 @@
 """Policy losses and their registry: PPO clipped surrogate (DAPO clip-higher, dual-clip).
 
-Losses are registered by name (verl style) so the config picks one with
-``algorithm.policy_loss`` and passes extra keyword options from
-``algorithm.policy_loss_options``.
+Registered by name (verl style): ``algorithm.policy_loss`` picks one, with the keyword options
+of ``algorithm.policy_loss_options``.
 """
 
 from __future__ import annotations
@@ -20,29 +19,16 @@ from medsrl.algo.logprobs import TokenReducer, masked_mean, per_token
 
 @dataclass
 class PolicyLossOutput:
-    """Per-token loss plus detached scalar diagnostics (fractions are over masked tokens).
+    """Per-token loss plus detached scalar diagnostics (fractions are over masked tokens)."""
 
-    - ``loss_mat`` [B,T]: per-token loss, unmasked values (the caller aggregates).
-    - ``clipfrac``: tokens where the clipped branch was chosen, i.e. the PPO ``max`` picked
-      ``-A * clip(ratio)`` strictly over ``-A * ratio``; equals ``clipfrac_low + clipfrac_high``.
-    - ``clipfrac_low``: ``A < 0`` and ``ratio < 1 - clip_low`` (low bound active).
-    - ``clipfrac_high``: ``A > 0`` and ``ratio > 1 + clip_high`` (high bound active).
-    - ``dual_clipfrac``: ``A < 0`` and the dual-clip cap ``-A * dual_clip`` is active
-      (``ratio > dual_clip``); 0 without dual-clip.
-    - ``approx_kl``: masked mean of ``old_logp - logp`` (k1 estimate of KL(old || new)).
-    - ``extra``: the loss's own diagnostics (logged as ``train/<loss name>/<key>``).
-    - ``clipped_tokens`` [B,T] bool: where the clipped branch won (what ``clipfrac`` counts), for
-      a loss built on this one; None where the loss does not clip.
-    """
-
-    loss_mat: Tensor
-    clipfrac: Tensor
-    clipfrac_low: Tensor
-    clipfrac_high: Tensor
-    dual_clipfrac: Tensor
-    approx_kl: Tensor
-    extra: dict[str, Tensor] = field(default_factory=dict)
-    clipped_tokens: Tensor | None = None
+    loss_mat: Tensor  # [B,T] per-token loss, unmasked (the caller aggregates)
+    clipfrac: Tensor  # the PPO max picked -A * clip(ratio) strictly: clipfrac_low + clipfrac_high
+    clipfrac_low: Tensor  # A < 0 and ratio < 1 - clip_low
+    clipfrac_high: Tensor  # A > 0 and ratio > 1 + clip_high
+    dual_clipfrac: Tensor  # A < 0 and the cap -A * dual_clip active (0 without dual-clip)
+    approx_kl: Tensor  # masked mean of old_logp - logp (k1 estimate of KL(old || new))
+    extra: dict[str, Tensor] = field(default_factory=dict)  # logged as train/<loss name>/<key>
+    clipped_tokens: Tensor | None = None  # [B,T] bool, what clipfrac counts (None: no clipping)
 
 
 _F = TypeVar("_F", bound=Callable[..., PolicyLossOutput])
@@ -61,12 +47,8 @@ def _accepts_keywords(fn: Callable[..., Any], names: tuple[str, ...]) -> bool:
     params = inspect.signature(fn).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return True
-    by_kw = {
-        p.name
-        for p in params
-        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    }
-    return set(names) <= by_kw
+    by_keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return set(names) <= {p.name for p in params if p.kind in by_keyword}
 
 
 def register_policy_loss(
@@ -75,14 +57,12 @@ def register_policy_loss(
     """Decorator adding ``fn(logp, old_logp, advantages, mask, *, clip_low, clip_high,
     dual_clip, **options) -> PolicyLossOutput`` as ``name``.
 
-    ``token_stats`` names per-token quantities of the old policy the loss needs, each built by
-    a factory from the loss options its signature names (those options go to the factory, not
-    to the loss). The scoring forward computes them; the loss gets each, sliced to the
-    micro-batch, as a keyword argument of the stat's name.
+    ``token_stats``: per-token quantities of the old policy the loss needs, each built by a
+    factory from the loss options its signature names (those go to the factory, not the loss);
+    the scoring forward computes them and the loss gets each as a keyword argument.
 
-    A duplicate name is refused so a second loss cannot silently replace the first. A loss that
-    cannot take the clip keywords (which the caller always passes) or its stats is refused here,
-    rather than failing later with an error that would blame ``algorithm.policy_loss_options``.
+    Refused here: a duplicate name (no silent replacement) and a loss that cannot take the clip
+    keywords or its stats (a later error would wrongly blame ``algorithm.policy_loss_options``).
     """
     stats = dict(token_stats or {})
 
@@ -133,13 +113,11 @@ def _lookup(name: str) -> Callable[..., PolicyLossOutput]:
 def compute_policy_loss(
     name: str, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, **options: Any
 ) -> PolicyLossOutput:
-    """Per-token loss from the policy loss registered as ``name``.
+    """Per-token loss from the policy loss registered as ``name``; ``advantages`` [B] or [B,T].
 
-    ``options`` holds ``clip_low``, ``clip_high``, ``dual_clip``, the loss's own options and
-    its token stats (:func:`policy_loss_reducers`), if any. Options of the stats' factories are
-    set aside. The rest are checked against the loss's signature before the call, so a misspelt
-    option is reported as a config error, while a TypeError raised inside the loss stays one.
-    ``advantages`` is [B] or [B,T].
+    ``options``: the clip keywords, the loss's own options and token stats; the stats'
+    factory options are set aside. The rest are bound to the signature before the call, so a
+    misspelt option is a config error while a TypeError raised inside the loss stays one.
     """
     fn = _lookup(name)
     options = _loss_options(name, options)
@@ -172,11 +150,9 @@ def clipped_surrogate(
 ) -> PolicyLossOutput:
     """Per-token PPO loss ``max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))``.
 
-    ``r = exp(logp - old_logp)`` with the log-ratio clamped to [-20, 20] so ``exp`` stays finite.
     A larger ``clip_high`` (DAPO clip-higher) lets low-probability tokens grow, against entropy
     collapse. ``dual_clip`` (> 1) caps the loss of ``A < 0`` tokens at ``-A * dual_clip``, so a
-    huge ratio on a bad token cannot dominate the update. ``advantages`` is [B] (broadcast over
-    tokens) or [B,T]. Clipped tokens get zero gradient.
+    huge ratio on a bad token cannot dominate the update. ``advantages``: [B] or [B,T].
     """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
@@ -195,13 +171,9 @@ def clipped_surrogate(
         dual = (adv < 0) & (loss > cap).detach()
         loss = torch.where(adv < 0, torch.minimum(loss, cap), loss)
     return PolicyLossOutput(
-        loss_mat=loss,
-        clipfrac=_frac(clipped, mask),
-        clipfrac_low=_frac(low, mask),
-        clipfrac_high=_frac(high, mask),
-        dual_clipfrac=_frac(dual, mask),
-        approx_kl=masked_mean((old_logp - logp).detach(), mask),
-        clipped_tokens=clipped.expand_as(mask),
+        loss_mat=loss, clipfrac=_frac(clipped, mask), clipfrac_low=_frac(low, mask),
+        clipfrac_high=_frac(high, mask), dual_clipfrac=_frac(dual, mask),
+        approx_kl=masked_mean((old_logp - logp).detach(), mask), clipped_tokens=clipped.expand_as(mask),
     )
 
 

@@ -1,9 +1,7 @@
-"""Weights-only milestones of the policy, lighter than the checkpoints kept for resume.
-
-A full checkpoint holds fp32 master weights and both AdamW moments (about 12 bytes a parameter:
-~90 GB for a 7B policy), so only the last few are kept (``callbacks.model_checkpoint``). A
-milestone is the policy alone in bf16 (2 bytes a parameter), saved the Hugging Face way with its
-tokenizer, so ``medsrl-eval model_path=<run>/milestones/step_000100`` or any HF tool loads it.
+"""Weights-only milestones of the policy, all kept: a full checkpoint (fp32 weights and both AdamW
+moments, ~12 bytes a parameter: ~90 GB for a 7B policy) is kept only for the last few steps. A
+milestone is bf16 (2 bytes a parameter), saved the Hugging Face way with its tokenizer, so
+``medsrl-eval model_path=<run>/milestones/step_000100`` or any HF tool loads it.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ log = logging.getLogger(__name__)
 
 class WeightMilestones(Callback):
     """Every ``every_n_steps`` RL steps (0: never), the policy in ``dtype`` under
-    ``<dirpath>/step_<step>``; all kept. Written to a temporary folder and renamed, so a crash
-    mid-save leaves no half milestone."""
+    ``<dirpath>/step_<step>``, via a temporary folder so a crash mid-save leaves no half one."""
 
     def __init__(self, every_n_steps: int = 0, dtype: str = "bfloat16", dirpath: str | None = None) -> None:
         if every_n_steps < 0:

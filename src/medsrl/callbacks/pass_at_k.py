@@ -1,17 +1,7 @@
 """Held-out validation during training: accuracy, pass@k and diversity, as medsrl-eval measures them.
 
-Before the first step, every ``every_n_steps`` RL steps and after the last one, the policy samples
-``n`` responses for the held-out prompts of the DataModule (the first ``num_problems``; all when
-None) and the callback logs ``val/accuracy`` (the mean score of all samples, which is pass@1),
-``val/pass@k`` for k = 1, 2, 4 .. n, ``val/maj@n`` and the diversity figures (distinct answers,
-distinct wrong answers, top-1 eigen ratio of the MEDS features, error clusters), per data set too
-when there are several. The sampling seed is the same at every evaluation, so successive points
-differ by the policy, not the dice. ``history`` keeps ``(step, accuracy)`` for the run summary.
-
-This is the only validation: the module has no ``validation_step``. With several processes each
-rank samples a contiguous share of whole sampling chunks (``batch_size // n`` problems, each
-seeded by its first problem) and the records are all-gathered, so every rank logs exactly the
-numbers of one process.
+The only validation: the module has no ``validation_step``. The sampling seed is the same at every
+evaluation, so successive points differ by the policy, not the dice.
 """
 
 from __future__ import annotations
@@ -36,39 +26,23 @@ _NOT_LOGGED = ("run", "benchmark", "problems", "n", "mean@n")  # mean@n == pass@
 
 
 class PassAtKValidation(Callback):
-    """Logs ``val/accuracy``, ``val/pass@k`` and diversity at start, every N steps and at the end.
+    """Logs ``val/accuracy`` (= pass@1), ``val/pass@k``, ``val/maj@n`` and diversity, per data set
+    too, on the first ``num_problems`` held-out prompts (None: all): before the first step
+    (``at_start``), every ``every_n_steps`` (0: off) and after the last."""
 
-    ``every_n_steps=0`` turns validation off; ``at_start=False`` skips the evaluation before the
-    first step.
-    """
-
-    def __init__(
-        self,
-        every_n_steps: int = 20,
-        n: int = 8,
-        num_problems: int | None = None,
-        at_start: bool = True,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        max_new_tokens: int | None = None,
-        features: str | dict | None = "run",
-        batch_size: int = 128,
-        seed: int = 1234,
-    ) -> None:
+    def __init__(self, every_n_steps: int = 20, n: int = 8, num_problems: int | None = None,
+                 at_start: bool = True, temperature: float = 1.0, top_p: float = 1.0,
+                 max_new_tokens: int | None = None, features: str | dict | None = "run",
+                 batch_size: int = 128, seed: int = 1234) -> None:
         self.every_n_steps = every_n_steps
         self.num_problems = num_problems
         self.at_start = at_start
         self.max_new_tokens = max_new_tokens
-        self.settings = EvalSettings(
-            n=n,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            batch_size=batch_size,
-        )
+        self.settings = EvalSettings(n=n, temperature=temperature, top_p=top_p, seed=seed,
+                                     batch_size=batch_size)
         self.features = features
         self.last_rows: list[dict] = []
-        self.history: list[tuple[int, float]] = []  # (step, val/accuracy)
+        self.history: list[tuple[int, float]] = []  # (step, val/accuracy) for the run summary
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         """The diversity features: ``"run"`` = the MEDS plug-in's feature spec when the run has
@@ -85,8 +59,7 @@ class PassAtKValidation(Callback):
             self._evaluate(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step
-        if self.every_n_steps > 0 and step % self.every_n_steps == 0:
+        if self.every_n_steps > 0 and trainer.global_step % self.every_n_steps == 0:
             self._evaluate(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
@@ -100,7 +73,7 @@ class PassAtKValidation(Callback):
             return
         set_progress_status(trainer, "validating")  # the step bar, instead of looking stuck
         max_new = self.max_new_tokens or pl_module.rollout_cfg.max_new_tokens
-        settings = EvalSettings(**{**self.settings.__dict__, "max_new_tokens": max_new})
+        settings = dataclasses.replace(self.settings, max_new_tokens=max_new)
         problems = [EvalProblem(p.key, p.text, p.problem, p.answer) for p in prompts]
         # whole sampling chunks per rank (each seeded by its first problem): the numbers of one process
         chunk = settings.chunk_size
@@ -112,9 +85,8 @@ class PassAtKValidation(Callback):
         # the whole weights (FSDP) when the policy module runs: HF generation, MEDS features
         needs_policy = engine.uses_policy_weights or settings.features is not None
         with pl_module.full_policy() if needs_policy else nullcontext(pl_module.policy) as policy:
-            mine = sample_problems(
-                policy, pl_module.tokenizer, engine, pl_module.grader, problems[start:stop], share
-            )
+            mine = sample_problems(policy, pl_module.tokenizer, engine, pl_module.grader,
+                                   problems[start:stop], share)
         engine.release()
         records = [rec for part in all_gather_objects(mine) for rec in part]
         by_source = defaultdict(list)
@@ -124,8 +96,9 @@ class PassAtKValidation(Callback):
         if len(by_source) > 1:
             rows += [summarize_records("", source, recs) for source, recs in by_source.items()]
         self.last_rows = rows
-        self.history.append((trainer.global_step, float(rows[0]["pass@1"])))
-        metrics = {"val/accuracy": float(rows[0]["pass@1"]), "val/num_samples": float(len(records) * settings.n)}
+        accuracy = float(rows[0]["pass@1"])
+        self.history.append((trainer.global_step, accuracy))
+        metrics = {"val/accuracy": accuracy, "val/num_samples": float(len(records) * settings.n)}
         for row in rows:
             prefix = "val/" if row["benchmark"] == "all" else f"val/{row['benchmark']}/"
             for name, value in row.items():

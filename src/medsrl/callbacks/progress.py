@@ -1,23 +1,10 @@
 """A progress bar that counts RL steps: ``step 37/60 |████▉   | [01:54<01:11, 3.1s/step, reward=0.412, acc=0.375]``.
 
-Lightning's default bar counts epochs and batches per second, which for an RL run (no epochs,
-``max_epochs=-1``, one batch = one step of tens of seconds) reads "Epoch 0/-2 ... 0.03it/s". This
-one counts optimiser steps against ``trainer.max_steps`` (from the resumed step on a resume) and
-shows:
-
-- the seconds per step: the mean of the last ``window`` steps, each as the module times its
-  ``training_step`` (``train/time/step``; a held-out validation at that step is not counted);
-- the elapsed time since the first step started (the validation before it is not counted) and
-  the remaining time at the rate so far, later validations included;
-- the metrics the module logs with ``prog_bar=True`` (``train/reward``, ``train/acc``) without
-  their ``train/`` prefix, and no ``v_num``.
-
-While ``PassAtKValidation`` samples the held-out problems the bar says so (``validating``)
-instead of looking stuck, from the validation before the first step on; there is no second bar
-(this run has no Lightning validation loop, and a Lightning sanity check or validation bar is
-never shown). The bar closes at the last step, so Lightning's "`Trainer.fit` stopped" line comes
-under it. Placed last among the callbacks, it redraws after their step-end work. Only rank 0
-draws it.
+Lightning's bar counts epochs and batches per second, which for an RL run (no epochs, one batch =
+one step of tens of seconds) reads "Epoch 0/-2 ... 0.03it/s". The clock starts with the first step,
+so the validation before it is not counted; while ``PassAtKValidation`` samples, the bar says
+``validating`` instead of looking stuck. It closes at the last step, so Lightning's "`Trainer.fit`
+stopped" line comes under it. Only rank 0 draws it.
 """
 
 from __future__ import annotations
@@ -35,13 +22,9 @@ BAR_FORMAT_NO_TOTAL = "step {n_fmt} [{elapsed}{postfix}]"  # max_steps=-1: no to
 
 
 class StepProgressBar(TQDMProgressBar):
-    """``step <n>/<max_steps>`` with seconds per step and the ``prog_bar`` metrics.
-
-    ``refresh_rate``: redraw every N steps (0: no bar); ``window``: steps averaged for the
-    seconds per step; ``prefix``: stripped from the metric names (``train/reward`` -> ``reward``);
-    ``step_time_metric``: the logged metric that times a step (the module's ``train/time/step``:
-    its ``training_step`` alone); without it the bar times its own step hooks.
-    """
+    """``step <n>/<max_steps>`` with seconds per step and the ``prog_bar`` metrics, ``prefix``
+    stripped. ``step_time_metric`` times a step as the module logs it (its ``training_step``
+    alone, a validation excluded); without it the bar times its own step hooks."""
 
     def __init__(self, refresh_rate: int = 1, process_position: int = 0, window: int = 10,
                  prefix: str = "train/", step_time_metric: str | None = "train/time/step",
@@ -56,30 +39,21 @@ class StepProgressBar(TQDMProgressBar):
         self._closed = False
         self._status = ""
 
-    # ------------------------------------------------------------ text
-
     def seconds_per_step(self) -> float | None:
         """The mean duration of the last ``window`` steps; None before the first."""
         return sum(self._step_times) / len(self._step_times) if self._step_times else None
 
     def postfix(self, trainer) -> str:
         """``3.1s/step, reward=0.412, acc=0.375`` (and ``validating`` while it runs)."""
-        parts = []
         sps = self.seconds_per_step()
-        if sps is not None:
-            parts.append(f"{sps:.{2 if sps < 1 else 1 if sps < 100 else 0}f}s/step")
+        parts = [] if sps is None else [f"{sps:.{2 if sps < 1 else 1 if sps < 100 else 0}f}s/step"]
         for name, value in self.get_metrics(trainer, trainer.lightning_module).items():
-            parts.append(f"{name}={_fmt(value)}")
-        if self._status:
-            parts.append(self._status)
-        return ", ".join(parts)
+            parts.append(f"{name}={value:.3f}" if isinstance(value, float) else f"{name}={value}")
+        return ", ".join([*parts, self._status] if self._status else parts)
 
     def get_metrics(self, trainer, pl_module) -> dict[str, Any]:
-        """The ``prog_bar=True`` metrics, ``train/`` prefix dropped; no ``v_num``."""
-        out = {}
-        for name, value in trainer.progress_bar_metrics.items():
-            out[name.removeprefix(self.prefix) if self.prefix else name] = value
-        return out
+        """The ``prog_bar=True`` metrics, ``prefix`` dropped; no ``v_num``."""
+        return {k.removeprefix(self.prefix or ""): v for k, v in trainer.progress_bar_metrics.items()}
 
     def set_status(self, text: str) -> None:
         """A word after the metrics (``validating``), ``""`` to clear it; redraws at once. Before
@@ -93,28 +67,19 @@ class StepProgressBar(TQDMProgressBar):
         if not bar.disable:
             if not self._started:
                 self._restart_clock(bar)  # the clock runs from the first step on
-            bar.n = self._trainer.global_step
-            bar.set_postfix_str(self.postfix(self._trainer), refresh=True)
+            self._draw(self._trainer)
 
-    # ------------------------------------------------------------ bars
+    def _draw(self, trainer, refresh: bool = True) -> None:
+        bar = self.train_progress_bar
+        bar.n = trainer.global_step
+        bar.set_postfix_str(self.postfix(trainer), refresh=refresh)
 
     def init_train_tqdm(self) -> Tqdm:
-        total = self._total_steps()
-        return Tqdm(
-            total=total,
-            initial=self.trainer.global_step,
-            position=2 * self.process_position,
-            disable=self.is_disabled,
-            leave=self._leave,
-            dynamic_ncols=True,
-            file=sys.stdout,
-            smoothing=0,
-            bar_format=BAR_FORMAT if total is not None else BAR_FORMAT_NO_TOTAL,
-        )
-
-    def _total_steps(self) -> int | None:
         max_steps = self.trainer.max_steps
-        return max_steps if max_steps is not None and max_steps > 0 else None
+        total = max_steps if max_steps is not None and max_steps > 0 else None
+        return Tqdm(total=total, initial=self.trainer.global_step, position=2 * self.process_position,
+                    disable=self.is_disabled, leave=self._leave, dynamic_ncols=True, file=sys.stdout,
+                    smoothing=0, bar_format=BAR_FORMAT if total is not None else BAR_FORMAT_NO_TOTAL)
 
     def init_sanity_tqdm(self) -> Tqdm:
         return Tqdm(disable=True)  # no second bar: the module has no validation_step
@@ -134,12 +99,9 @@ class StepProgressBar(TQDMProgressBar):
         bar = self.train_progress_bar
         self._status = ""
         if not bar.disable:
-            bar.n = trainer.global_step
-            bar.set_postfix_str(self.postfix(trainer), refresh=False)
+            self._draw(trainer, refresh=False)
         bar.close()  # leave=True: the last line stays, then a new line
         self._closed = True
-
-    # ------------------------------------------------------------ hooks
 
     def on_train_start(self, trainer, pl_module) -> None:
         if self._train_progress_bar is None or self._closed:
@@ -171,10 +133,8 @@ class StepProgressBar(TQDMProgressBar):
         n = trainer.global_step
         if n == bar.total:
             self._close(trainer)  # before Lightning's "`Trainer.fit` stopped" line, not under it
-        elif self._should_update(n, bar.total):
-            bar.n = n
-            bar.set_postfix_str(self.postfix(trainer), refresh=False)
-            bar.refresh()
+        elif self.is_enabled and n % self.refresh_rate == 0:
+            self._draw(trainer)
 
     def _step_seconds(self, trainer) -> float:
         """The step's own duration: the module's logged step time, else this bar's hooks' span."""
@@ -185,15 +145,6 @@ class StepProgressBar(TQDMProgressBar):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._close(trainer)
-
-    def _should_update(self, current: int, total: int | None) -> bool:
-        return self.is_enabled and (current % self.refresh_rate == 0 or current == total)
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return str(value)
 
 
 def set_progress_status(trainer, text: str) -> None:

@@ -16,10 +16,9 @@ TABLE_COLUMNS = ("step", "key", "problem", "gold", "response", "extracted", "rew
 
 
 class SampleLogger(Callback):
-    """Shows what the policy writes: TensorBoard text panel ``samples``, ``samples.jsonl`` and,
-    with a ``WandbLogger`` (``logger=wandb`` / ``many``), a W&B table ``samples`` that grows by
-    these rows each time (one table for the run), from the rollouts the step trained on (raw
-    reward and shaped score)."""
+    """Shows what the policy writes, from the rollouts the step trained on (raw reward and shaped
+    score): TensorBoard text ``samples``, ``samples.jsonl`` and, with a ``WandbLogger``, one W&B
+    table ``samples`` for the run."""
 
     def __init__(self, every_n_steps: int = 10, num_samples: int = 4, max_chars: int = 2000) -> None:
         self.every_n_steps = every_n_steps
@@ -33,38 +32,29 @@ class SampleLogger(Callback):
             return  # a skipped step trained on nothing
         if self.every_n_steps <= 0 or rollouts.step % self.every_n_steps:
             return
-        rows = list(range(min(self.num_samples, len(rollouts))))
         records = []
-        for i in rows:
+        for i in range(min(self.num_samples, len(rollouts))):
             prompt = rollouts.prompts[int(rollouts.group_ids[i])]
-            records.append(
-                {
-                    "step": rollouts.step,
-                    "key": prompt.key,
-                    "problem": prompt.problem,
-                    "gold": prompt.answer,
-                    "response": rollouts.response_text[i][: self.max_chars],
-                    "extracted": rollouts.grades[i].extracted,
-                    "reward": float(rollouts.reward[i]),
-                    "score": float(rollouts.scores[i]),
-                }
-            )
-        if trainer.is_global_zero:
-            path = Path(run_log_dir(trainer)) / "samples.jsonl"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a") as f:
-                for r in records:
-                    f.write(json.dumps(r) + "\n")
+            records.append({
+                "step": rollouts.step, "key": prompt.key, "problem": prompt.problem, "gold": prompt.answer,
+                "response": rollouts.response_text[i][: self.max_chars],
+                "extracted": rollouts.grades[i].extracted,
+                "reward": float(rollouts.reward[i]), "score": float(rollouts.scores[i]),
+            })
         text = "\n\n---\n\n".join(_markdown(r) for r in records)
         for lg in trainer.loggers:
             if isinstance(lg, TensorBoardLogger):
                 lg.experiment.add_text("samples", text, global_step=rollouts.step)
         if trainer.is_global_zero:
+            path = Path(run_log_dir(trainer)) / "samples.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
             self._log_table(wandb_loggers(trainer.loggers), records, rollouts.step)
 
     def _log_table(self, loggers: list, records: list[dict], step: int) -> None:
-        """The rows into each W&B logger's table, logged at ``step``. An ``INCREMENTAL`` table:
-        each log sends only the rows added since the last, and the run's ``samples`` holds them all."""
+        """An ``INCREMENTAL`` table per W&B logger: each log sends only the rows added since the
+        last, and the run's ``samples`` holds them all."""
         if not loggers or not records:
             return
         import wandb
@@ -72,7 +62,8 @@ class SampleLogger(Callback):
         for lg in loggers:
             table = self._tables.get(id(lg))
             if table is None:
-                table = self._tables[id(lg)] = wandb.Table(columns=list(TABLE_COLUMNS), log_mode="INCREMENTAL")
+                table = wandb.Table(columns=list(TABLE_COLUMNS), log_mode="INCREMENTAL")
+                self._tables[id(lg)] = table
             for r in records:
                 table.add_data(*(r[c] for c in TABLE_COLUMNS))
             lg.log_metrics({"samples": table}, step=step)

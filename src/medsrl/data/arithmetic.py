@@ -6,27 +6,13 @@ A problem chains a few operations on a running number::
     solution: 5 * 2 = 10. 10 - 4 = 6. 6 * 2 = 12. \\boxed{12}
 
 Every intermediate result is written out, so a ~1M-parameter char-level model only has to learn
-one small operation per step (and to copy the running value), which it can do in a few minutes
-of supervised warm start on a CPU. Solutions stay short (30-70 characters), so RL rollouts are
-cheap.
+one small operation per step, in minutes of supervised warm start on a CPU (docs/WARMSTART.md).
+Levels (``LEVELS``): **1** - 2 operations, start and operands 1-9; **2** - 2 or 3 operations;
+**3** - 3 or 4 operations, start 1-20. The running value stays in 0-99, and multiplication is
+offered only while it is a single digit (a times-table fact). Operation, operand and phrasing
+("add 3" / "plus 3", "Start at" / "Start with") are drawn uniformly.
 
-Difficulty levels (see ``LEVELS``):
-
-* **1** - 2 operations, start 1-9, operands 1-9 (add / subtract / multiply).
-* **2** - 2 or 3 operations, otherwise as level 1.
-* **3** - 3 or 4 operations, start 1-20.
-
-In every level the running value stays within 0-99 (never negative), and multiplication is only
-offered while the running value is a single digit (so every product is a times-table fact).
-Operations are drawn uniformly from those allowed at the current value, then the operand
-uniformly from the allowed ones; the phrasing of each operation is drawn from two variants
-("add 3" / "plus 3", "take away 4" / "subtract 4", "multiply by 2" / "times 2") and the opening
-from two ("Start at 5" / "Start with 5").
-
-Splits are disjoint by construction: a problem belongs to ``test`` if sha1(problem) % 10 == 0,
-to ``val`` if it is 1, and to ``train`` otherwise. ``generate_arithmetic`` draws problems (in an
-order fixed by ``seed`` and ``level``) and keeps the first ``num`` distinct ones that fall into the
-requested split; it raises ``ValueError`` when the split cannot hold ``num`` distinct problems.
+Splits are disjoint by construction: sha1(problem) % 10 is 0 for ``test``, 1 for ``val``.
 """
 
 from __future__ import annotations
@@ -36,7 +22,7 @@ import random
 from dataclasses import dataclass
 from functools import cache, lru_cache
 
-from medsrl.data.example import MathExample, prompt_key
+from medsrl.data.example import MathExample
 
 # Bump when the generated text changes, so cached warm starts are rebuilt.
 GENERATOR_VERSION = 1
@@ -49,7 +35,6 @@ OP_PHRASES = {
     "-": ("take away {d}", "subtract {d}"),
     "*": ("multiply by {d}", "times {d}"),
 }
-OPS = ("+", "-", "*")
 
 
 @dataclass(frozen=True)
@@ -82,24 +67,19 @@ def split_of(problem: str) -> str:
     return "test" if bucket == 0 else "val" if bucket == 1 else "train"
 
 
-def _apply(op: str, a: int, d: int) -> int:
+def apply_op(op: str, a: int, d: int) -> int:
     return a + d if op == "+" else a - d if op == "-" else a * d
 
 
 def _choices(spec: Level, value: int) -> list[tuple[str, list[int]]]:
     """Operations (with their allowed operands) available at ``value``."""
-    out = []
-    add = [d for d in range(1, spec.operand_max + 1) if value + d <= spec.value_max]
-    if add:
-        out.append(("+", add))
-    sub = [d for d in range(1, spec.operand_max + 1) if value - d >= 0]
-    if sub:
-        out.append(("-", sub))
-    if value <= spec.mul_value_max:
-        mul = [d for d in range(2, spec.mul_max + 1) if value * d <= spec.value_max]
-        if mul:
-            out.append(("*", mul))
-    return out
+    mul = value <= spec.mul_value_max  # a times-table fact only
+    ops = [
+        ("+", [d for d in range(1, spec.operand_max + 1) if value + d <= spec.value_max]),
+        ("-", [d for d in range(1, spec.operand_max + 1) if value - d >= 0]),
+        ("*", [d for d in range(2, spec.mul_max + 1) if mul and value * d <= spec.value_max]),
+    ]
+    return [(op, operands) for op, operands in ops if operands]
 
 
 def _render(
@@ -111,7 +91,7 @@ def _render(
     value = start
     for op, d, phrase in steps:
         parts.append(OP_PHRASES[op][phrase].format(d=d))
-        new = _apply(op, value, d)
+        new = apply_op(op, value, d)
         lines.append(f"{value} {op} {d} = {new}.")
         value = new
     problem = ", ".join(parts) + "."
@@ -129,7 +109,7 @@ def _draw(spec: Level, rng: random.Random) -> tuple[str, str, int]:
         op, operands = rng.choice(_choices(spec, value))
         d = rng.choice(operands)
         steps.append((op, d, rng.randrange(len(OP_PHRASES[op]))))
-        value = _apply(op, value, d)
+        value = apply_op(op, value, d)
     return _render(start, start_phrase, steps)
 
 
@@ -145,7 +125,7 @@ def space_size(level: int) -> int:
         total = 0
         for op, operands in _choices(spec, value):
             for d in operands:
-                total += len(OP_PHRASES[op]) * paths(_apply(op, value, d), remaining - 1)
+                total += len(OP_PHRASES[op]) * paths(apply_op(op, value, d), remaining - 1)
         return total
 
     return sum(
@@ -170,19 +150,22 @@ def _enumerate_split(level: int, split: str) -> tuple[tuple[str, str, int], ...]
         for op, operands in _choices(spec, value):
             for d in operands:
                 for phrase in range(len(OP_PHRASES[op])):
-                    walk(
-                        start,
-                        start_phrase,
-                        _apply(op, value, d),
-                        [*steps, (op, d, phrase)],
-                        remaining - 1,
-                    )
+                    step = (op, d, phrase)
+                    walk(start, start_phrase, apply_op(op, value, d), [*steps, step], remaining - 1)
 
     for start in range(spec.start_min, spec.start_max + 1):
         for start_phrase in range(len(START_PHRASES)):
             for n in range(spec.min_ops, spec.max_ops + 1):
                 walk(start, start_phrase, start, [], n)
     return tuple(out)
+
+
+def check_request(num: int, split: str) -> None:
+    """Refuse an unknown split or a negative count (both generators)."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    if num < 0:
+        raise ValueError(f"num must be >= 0, got {num}")
 
 
 def _level(level: int) -> Level:
@@ -194,18 +177,11 @@ def _level(level: int) -> Level:
 def generate_arithmetic(
     num: int, level: int = 1, seed: int = 0, split: str = "train"
 ) -> list[MathExample]:
-    """``num`` distinct arithmetic problems of ``level`` from ``split``, deterministic in ``seed``.
-
-    Each example has ``source="arithmetic-l{level}"``, ``row`` = its index in the returned list,
-    ``answer`` = the final value as a string and ``solution`` = the worked solution ending in
-    ``\\boxed{answer}``. Raises ``ValueError`` for an unknown level or split, a negative ``num``,
-    or when the split holds fewer than ``num`` distinct problems.
-    """
+    """``num`` distinct arithmetic problems of ``level`` from ``split``, deterministic in ``seed``
+    (``source="arithmetic-l{level}"``, ``row``: the index in the list, ``solution`` ending in
+    ``\\boxed{answer}``). ``ValueError`` when the split holds fewer than ``num`` problems."""
     spec = _level(level)
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-    if num < 0:
-        raise ValueError(f"num must be >= 0, got {num}")
+    check_request(num, split)
     total = space_size(level)
     enumerable = total <= _ENUMERATE_LIMIT
     if num > total:
@@ -248,15 +224,7 @@ def generate_arithmetic(
         rng.shuffle(rest)
         items.extend(rest[: num - len(items)])
 
-    source = f"arithmetic-l{level}"
     return [
-        MathExample(
-            key=prompt_key(problem),
-            problem=problem,
-            answer=str(answer),
-            source=source,
-            row=i,
-            solution=solution,
-        )
+        MathExample.make(problem, str(answer), f"arithmetic-l{level}", i, solution)
         for i, (problem, solution, answer) in enumerate(items)
     ]

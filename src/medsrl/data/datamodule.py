@@ -37,10 +37,6 @@ log = logging.getLogger(__name__)
 ExampleSource = Sequence[MathExample] | Callable[[], Sequence[MathExample]]
 
 
-# --------------------------------------------------------------------------------------------
-# specs
-
-
 @dataclass
 class DatasetSpec:
     """A named dataset of a stage. ``source`` is a list of examples or a zero-arg callable
@@ -110,24 +106,32 @@ def _as_example(item: Any, dataset: str, i: int) -> MathExample:
 
 def _plain(obj: Any) -> Any:
     """An OmegaConf container -> plain python, leaving instantiated objects alone."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-    except ImportError:  # pragma: no cover
-        return obj
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
     if isinstance(obj, (DictConfig, ListConfig)):
         return OmegaConf.to_container(obj, resolve=True)
     return obj
 
 
+def _check_unique(names: list[str], what: str) -> None:
+    if len(set(names)) != len(names):
+        raise ValueError(f"{what} must be unique, got {names}")
+
+
+def _fields(obj: Any, where: str, what: str, keys: set[str]) -> dict[str, Any]:
+    """``obj`` as a dict, refusing anything but a mapping with known keys."""
+    if not isinstance(obj, Mapping):
+        raise ValueError(f"{where}: expected {what}, got {type(obj).__name__}")
+    unknown = set(obj) - keys
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+    return dict(obj)
+
+
 def _dataset_spec(obj: Any, where: str) -> DatasetSpec:
     if isinstance(obj, DatasetSpec):
         return obj
-    if not isinstance(obj, Mapping):
-        raise ValueError(f"{where}: expected a dataset mapping, got {type(obj).__name__}")
-    d = dict(obj)
-    unknown = set(d) - {"name", "weight", "source", "examples"}
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+    d = _fields(obj, where, "a dataset mapping", {"name", "weight", "source", "examples"})
     if "name" not in d:
         raise ValueError(f"{where}: dataset needs a 'name'")
     source = d.get("source", d.get("examples"))
@@ -146,12 +150,7 @@ def _dataset_spec(obj: Any, where: str) -> DatasetSpec:
 def _stage_spec(obj: Any, i: int) -> StageSpec:
     if isinstance(obj, StageSpec):
         return obj
-    if not isinstance(obj, Mapping):
-        raise ValueError(f"stage {i}: expected a mapping, got {type(obj).__name__}")
-    d = dict(obj)
-    unknown = set(d) - {"name", "start_step", "datasets"}
-    if unknown:
-        raise ValueError(f"stage {i}: unknown keys {sorted(unknown)}")
+    d = _fields(obj, f"stage {i}", "a mapping", {"name", "start_step", "datasets"})
     for k in ("name", "start_step", "datasets"):
         if k not in d:
             raise ValueError(f"stage {i}: missing {k!r}")
@@ -165,10 +164,6 @@ def _stage_spec(obj: Any, i: int) -> StageSpec:
             _dataset_spec(ds, f"stage {d['name']!r} dataset {j}") for j, ds in enumerate(datasets)
         ],
     )
-
-
-# --------------------------------------------------------------------------------------------
-# deterministic helpers
 
 
 def largest_remainder_quotas(weights: Sequence[float], total: int) -> list[int]:
@@ -205,7 +200,6 @@ def _permutation(n: int, *seed_parts: object) -> np.ndarray:
     return perm
 
 
-# --------------------------------------------------------------------------------------------
 # iterables handed to Lightning (not lists: Lightning would read a list as several loaders)
 
 
@@ -218,8 +212,7 @@ class _TrainSteps:
         self.start = start
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        start = self.start if self.start is not None else self.dm._trainer_step()
-        step = start
+        step = self.start if self.start is not None else self.dm._trainer_step()
         previous: str | None = None
         while True:
             stage = self.dm.stage_at(step)
@@ -233,25 +226,15 @@ class _TrainSteps:
             step += 1
 
 
-# --------------------------------------------------------------------------------------------
-
-
 class MathDataModule(lightning.LightningDataModule):
     """Prompts for RL training, in stages, as a stateless function of ``(seed, step)``.
 
-    Args:
-        stages: list of :class:`StageSpec` or mappings ``{name, start_step, datasets: [{name,
-            weight, source}]}``; ``source`` is a list of :class:`MathExample` (what Hydra's
-            ``instantiate`` gives) or a zero-arg callable returning one.
-        val: datasets ``{name, source}`` whose union is the held-out set; None: no validation.
-        prompts_per_step: prompts per training step.
-        val_size: keep the first ``val_size`` held-out prompts after a seeded shuffle (None: all).
-        template: the prompt format, :class:`~medsrl.data.template.PromptTemplate` settings
-            (``kind`` qwen_math / chat / plain, ``system_prompt``, ``instruction``, ...);
-            ``kind=chat`` renders with the tokenizer given to :meth:`use_tokenizer`.
-        seed: the data seed.
-
-    ``Prompt.source`` is the dataset's name from this config (not the file's).
+    ``stages``: :class:`StageSpec` s or mappings ``{name, start_step, datasets: [{name, weight,
+    source}]}``, a ``source`` being a list of :class:`MathExample` (what Hydra's ``instantiate``
+    gives) or a zero-arg callable returning one. ``val``: datasets ``{name, source}`` whose union,
+    shuffled with the seed and cut to ``val_size``, is the held-out set. ``template``:
+    :class:`~medsrl.data.template.PromptTemplate` settings (``kind=chat`` renders with the
+    tokenizer of :meth:`use_tokenizer`). ``Prompt.source`` is the dataset's name in this config.
     """
 
     def __init__(
@@ -259,7 +242,7 @@ class MathDataModule(lightning.LightningDataModule):
         stages: Sequence[Mapping[str, Any] | StageSpec],
         val: Sequence[Mapping[str, Any] | DatasetSpec] | None = None,
         prompts_per_step: int = 16,
-        val_size: int | None = 64,
+        val_size: int | None = 64,  # None: every held-out prompt
         template: Mapping[str, Any] | None = None,
         seed: int = 0,
     ):
@@ -285,16 +268,11 @@ class MathDataModule(lightning.LightningDataModule):
             for s in self.stages
         }
         for s in self.stages:
-            starved = [
-                d.name for d, q in zip(s.datasets, self._quotas[s.name], strict=True) if q == 0
-            ]
+            quotas = zip(s.datasets, self._quotas[s.name], strict=True)
+            starved = [d.name for d, q in quotas if q == 0]
             if starved:
-                log.warning(
-                    "stage %s: prompts_per_step=%d is too small to give datasets %s a slot",
-                    s.name,
-                    self.prompts_per_step,
-                    starved,
-                )
+                log.warning("stage %s: prompts_per_step=%d is too small to give datasets %s a slot",
+                            s.name, self.prompts_per_step, starved)
 
         val = _plain(val)
         self.val: list[DatasetSpec] | None = None
@@ -302,22 +280,16 @@ class MathDataModule(lightning.LightningDataModule):
             if isinstance(val, Mapping) or not isinstance(val, Sequence):
                 raise ValueError("val must be a list of datasets or None")
             self.val = [_dataset_spec(d, f"val dataset {j}") for j, d in enumerate(val)]
-            names = [d.name for d in self.val]
-            if len(set(names)) != len(names):
-                raise ValueError(f"val dataset names must be unique, got {names}")
+            _check_unique([d.name for d in self.val], "val dataset names")
             for d in self.val:
                 if d.is_loaded:
                     _ = d.examples  # eager sources: an empty one fails now, not at validation
         self._val_prompts: list[Prompt] | None = None
 
-    # ----------------------------------------------------------------------------------------
-
     def _validate_stages(self) -> None:
         if not self.stages:
             raise ValueError("stages must be a non-empty list of stages")
-        names = [s.name for s in self.stages]
-        if len(set(names)) != len(names):
-            raise ValueError(f"stage names must be unique, got {names}")
+        _check_unique([s.name for s in self.stages], "stage names")
         if self.stages[0].start_step != 0:
             raise ValueError(
                 f"the first stage ({self.stages[0].name!r}) must start at step 0, "
@@ -332,9 +304,7 @@ class MathDataModule(lightning.LightningDataModule):
         for s in self.stages:
             if not s.datasets:
                 raise ValueError(f"stage {s.name!r} has no datasets")
-            dnames = [d.name for d in s.datasets]
-            if len(set(dnames)) != len(dnames):
-                raise ValueError(f"stage {s.name!r}: dataset names must be unique, got {dnames}")
+            _check_unique([d.name for d in s.datasets], f"stage {s.name!r}: dataset names")
             for d in s.datasets:
                 if not (math.isfinite(d.weight) and d.weight > 0):
                     raise ValueError(
@@ -344,10 +314,7 @@ class MathDataModule(lightning.LightningDataModule):
                     _ = d.examples  # eager sources: check they are non-empty now
 
     def _trainer_step(self) -> int:
-        trainer = getattr(self, "trainer", None)
-        if trainer is None:
-            return 0
-        return int(getattr(trainer, "global_step", 0) or 0)
+        return int(getattr(getattr(self, "trainer", None), "global_step", 0) or 0)
 
     def use_tokenizer(self, tokenizer) -> None:
         """The policy's tokenizer: ``template.kind=chat`` renders prompts with its chat template."""
@@ -359,13 +326,7 @@ class MathDataModule(lightning.LightningDataModule):
         return self.template.render(problem, self.tokenizer)
 
     def _render(self, ex: MathExample, source: str) -> Prompt:
-        return Prompt(
-            key=ex.key,
-            text=self.render(ex.problem),
-            problem=ex.problem,
-            answer=ex.answer,
-            source=source,
-        )
+        return Prompt(ex.key, self.render(ex.problem), ex.problem, ex.answer, source)
 
     def _item(self, stage: StageSpec, ds: DatasetSpec, i: int) -> int:
         """Index (into ``ds.examples``) of item ``i`` of the dataset's infinite sequence."""
@@ -376,13 +337,8 @@ class MathDataModule(lightning.LightningDataModule):
     def _step_indices(self, step: int) -> tuple[StageSpec, list[tuple[DatasetSpec, list[int]]]]:
         stage = self.stage_at(step)
         k = step - stage.start_step
-        out = []
-        for ds, q in zip(stage.datasets, self._quotas[stage.name], strict=True):
-            out.append((ds, [self._item(stage, ds, k * q + j) for j in range(q)]))
-        return stage, out
-
-    # ----------------------------------------------------------------------------------------
-    # public API
+        quotas = zip(stage.datasets, self._quotas[stage.name], strict=True)
+        return stage, [(ds, [self._item(stage, ds, k * q + j) for j in range(q)]) for ds, q in quotas]
 
     def quotas(self, stage: str) -> dict[str, int]:
         """Prompts per step of each dataset of ``stage``."""
@@ -395,13 +351,7 @@ class MathDataModule(lightning.LightningDataModule):
         """The stage whose ``start_step`` is the largest ``<= step``."""
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
-        current = self.stages[0]
-        for s in self.stages:
-            if s.start_step <= step:
-                current = s
-            else:
-                break
-        return current
+        return [s for s in self.stages if s.start_step <= step][-1]  # start steps increase from 0
 
     def prompts_for_step(self, step: int) -> list[Prompt]:
         """The prompts of training step ``step`` (a pure function of ``seed`` and ``step``)."""
@@ -411,10 +361,9 @@ class MathDataModule(lightning.LightningDataModule):
     def extra_prompts(self, step: int, round: int, n: int) -> list[Prompt]:
         """``n`` more prompts of step ``step``'s stage for DAPO dynamic sampling round ``round``.
 
-        Deterministic in ``(seed, step, round)``; none of them is one of
-        ``prompts_for_step(step)`` and none repeats within the call, as far as the datasets are
-        large enough. Datasets share the ``n`` slots by weight (floors first, the remaining slots
-        drawn in proportion to the fractional parts).
+        Deterministic in ``(seed, step, round)``; none is one of ``prompts_for_step(step)`` or
+        repeats within the call, as far as the datasets are large enough. Datasets share the
+        slots by weight (floors first, the rest drawn in proportion to the fractional parts).
         """
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
@@ -468,7 +417,6 @@ class MathDataModule(lightning.LightningDataModule):
             self._val_prompts = [self._render(*pool[int(i)]) for i in perm]
         return self._val_prompts
 
-    # ----------------------------------------------------------------------------------------
     # checkpointing: the schedule is stateless; this only detects a changed schedule
 
     def state_dict(self) -> dict[str, Any]:
@@ -479,12 +427,7 @@ class MathDataModule(lightning.LightningDataModule):
         saved_stages = [tuple(s) for s in state_dict.get("stages", [])]
         current = [(s.name, s.start_step) for s in self.stages]
         if saved_seed != self.seed:
-            log.warning(
-                "data seed changed since the checkpoint: %s -> %s (the prompt order differs)",
-                saved_seed,
-                self.seed,
-            )
+            log.warning("data seed changed since the checkpoint: %s -> %s (the prompt order differs)",
+                        saved_seed, self.seed)
         if saved_stages != current:
-            log.warning(
-                "stage schedule changed since the checkpoint: %s -> %s", saved_stages, current
-            )
+            log.warning("stage schedule changed since the checkpoint: %s -> %s", saved_stages, current)

@@ -27,22 +27,10 @@ class MathExample:
 
     @classmethod
     def make(
-        cls,
-        problem: str,
-        answer: str,
-        source: str,
-        row: int,
-        solution: str | None = None,
+        cls, problem: str, answer: str, source: str, row: int, solution: str | None = None
     ) -> MathExample:
         """Build an example, computing its key from the problem text."""
-        return cls(
-            key=prompt_key(problem),
-            problem=problem,
-            answer=answer,
-            source=source,
-            row=row,
-            solution=solution,
-        )
+        return cls(prompt_key(problem), problem, answer, source, row, solution)
 
 
 @dataclass

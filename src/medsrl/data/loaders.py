@@ -1,21 +1,16 @@
 """Read math problem files (.jsonl, .json, .parquet) into :class:`MathExample` lists.
 
-Fields are found automatically for every file under ``shared/data`` or named explicitly with
-dotted paths (``reward_model.ground_truth``, ``prompt.0.content``).
+Fields are named with dotted paths (``reward_model.ground_truth``, ``prompt.0.content``) or
+found per row, the first key the row has:
 
-Automatic detection, per row, takes the first of these keys that the row has:
-
-- problem: ``problem``, ``question``, ``prompt[0].content`` (a list of chat messages: the first
-  ``user`` message). Known instruction suffixes and prefixes (verl's "Let's think step by step
-  and output the final answer within \\boxed{}.", Qwen's "Please reason step by step...", DAPO's
-  "Answer:" wrapper) are stripped so the stored problem is bare; a ready chat string
-  (``<|im_start|>user ...``) is reduced to its user turn.
-- answer: ``answer``, ``final_answer``, ``gt_answer``, ``reward_model.ground_truth``, else the last
-  ``\\boxed{...}`` of ``solution``. A GSM8K rationale ("... #### 18") gives the number after the
-  last ``####``. Lists are joined with ", ", integral floats lose their ".0" (27.0 -> "27").
-- solution: ``solution`` when it is a worked solution (a list of solutions gives its first; a
-  "solution" that is just the final answer, as in verl files, is dropped). For GSM8K the
-  rationale before ``####`` is the solution.
+- problem: ``problem``, ``question``, the first ``user`` message of ``prompt``. Known instruction
+  suffixes and prefixes (verl's, Qwen's "Please reason step by step...", DAPO's "Answer:"
+  wrapper) are stripped, and a ready chat string is reduced to its user turn.
+- answer: ``ANSWER_FIELDS``, else the last ``\\boxed{...}`` of ``solution``; a GSM8K rationale
+  ("... #### 18") gives the number after the last ``####``. Lists are joined with ", ", integral
+  floats lose their ".0".
+- solution: ``solution`` when it is a worked one (the first of a list; verl's final-answer-only
+  "solution" is dropped), or a GSM8K rationale.
 
 A key that is present decides the field even when its value is empty: such a row is a bad row
 (skipped and counted, or raised), it never silently falls back to another field.
@@ -34,16 +29,10 @@ from typing import Any
 from medsrl.data.example import MathExample
 from medsrl.reward.extract import extract_last_boxed
 
-__all__ = [
-    "DataError",
-    "default_name",
-    "load_math_file",
-    "strip_instructions",
-]
+__all__ = ["DataError", "default_name", "load_math_file", "strip_instructions"]
 
 log = logging.getLogger(__name__)
 
-PROBLEM_FIELDS = ("problem", "question", "prompt.0.content")
 ANSWER_FIELDS = ("answer", "final_answer", "gt_answer", "reward_model.ground_truth")
 BOXED_PREFIX = "boxed:"  # answer_field="boxed:solution" -> last \boxed{} of that field
 
@@ -68,18 +57,8 @@ class DataError(ValueError):
     """A data file cannot be read, or one of its rows is unusable. Names the file and row/line."""
 
 
-class _Missing:
-    """Marker for a dotted path that does not exist in a row (distinct from a None value)."""
-
-    def __repr__(self) -> str:
-        return "<missing>"
-
-
-MISSING: Any = _Missing()
-
-
-# --------------------------------------------------------------------------------------------
-# small text helpers
+MISSING: Any = object()  # a dotted path that does not exist in a row (not a None value)
+Rows = Iterator[tuple[int, int | None, Any]]  # (row index, line number or None, row)
 
 
 def strip_instructions(problem: str) -> str:
@@ -110,22 +89,14 @@ def _user_turn(text: str) -> str:
     return body if end < 0 else body[:end]
 
 
-def _format_number(value: float | int) -> str:
-    if isinstance(value, float):
-        if math.isfinite(value) and value.is_integer():
-            return str(int(value))
-        return repr(value)
-    return str(value)
-
-
 def _answer_to_str(value: Any) -> str | None:
     """Gold answer as a string; None for missing/empty."""
     if value is None or value is MISSING:
         return None
-    if isinstance(value, bool):
+    if isinstance(value, float):
+        return str(int(value)) if math.isfinite(value) and value.is_integer() else repr(value)
+    if isinstance(value, int):  # a bool too: "True"
         return str(value)
-    if isinstance(value, (int, float)):
-        return _format_number(value)
     if isinstance(value, str):
         text = value.strip()
         if "####" in text:  # GSM8K rationale: the answer is the number after the last ####
@@ -169,10 +140,6 @@ def _get_path(row: Any, path: str) -> Any:
     return node
 
 
-# --------------------------------------------------------------------------------------------
-# per-row field resolution
-
-
 def _auto_problem(row: Mapping[str, Any]) -> tuple[str, Any]:
     for field in ("problem", "question"):
         if field in row:
@@ -199,19 +166,41 @@ def _auto_answer(row: Mapping[str, Any]) -> tuple[str, Any]:
     return "answer", MISSING
 
 
+def _row_fields(
+    obj: Any, problem_field: str | None, answer_field: str | None
+) -> tuple[str, str, str | None] | str:
+    """``(problem, answer, solution)`` of a row, or why the row is unusable."""
+    if not isinstance(obj, Mapping):
+        return f"expected an object, got {type(obj).__name__}"
+    if problem_field is None:
+        p_name, p_value = _auto_problem(obj)
+    else:
+        p_name, p_value = problem_field, _get_path(obj, problem_field)
+    if answer_field is None:
+        a_name, a_value = _auto_answer(obj)
+    elif answer_field.startswith(BOXED_PREFIX):
+        a_path = answer_field.removeprefix(BOXED_PREFIX)
+        a_name, a_value = answer_field, extract_last_boxed(_get_path(obj, a_path))
+    else:
+        a_name, a_value = answer_field, _get_path(obj, answer_field)
+    problem, answer = _problem_text(p_value), _answer_to_str(a_value)
+    if problem is None:
+        return f"{'missing' if p_value is MISSING else 'empty'} problem (field {p_name!r})"
+    if answer is None:
+        return f"{'missing' if a_value is MISSING else 'empty'} answer (field {a_name!r})"
+    solution = obj.get("solution")
+    if isinstance(a_value, str) and "####" in a_value and solution is None:
+        solution = a_value.rsplit("####", 1)[0]  # GSM8K: the rationale before the answer
+    return problem, answer, _solution_to_str(solution, answer)
+
+
 def _problem_text(value: Any) -> str | None:
     if value is MISSING or value is None:
         return None
-    if not isinstance(value, str):
-        value = str(value)
-    return strip_instructions(_user_turn(value)) or None
+    return strip_instructions(_user_turn(str(value))) or None
 
 
-# --------------------------------------------------------------------------------------------
-# file readers: yield (row_index, line_number_or_None, row)
-
-
-def _read_jsonl(path: Path) -> Iterator[tuple[int, int | None, Any]]:
+def _read_jsonl(path: Path) -> Rows:
     row = 0
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -235,7 +224,7 @@ def _parses(line: str) -> bool:
     return True
 
 
-def _read_json(path: Path) -> Iterator[tuple[int, int | None, Any]]:
+def _read_json(path: Path) -> Rows:
     text = path.read_text(encoding="utf-8")
     try:
         data = json.loads(text)
@@ -258,9 +247,7 @@ def _read_json(path: Path) -> Iterator[tuple[int, int | None, Any]]:
         yield i, None, obj
 
 
-def _read_parquet(
-    path: Path, columns: set[str] | None = None
-) -> Iterator[tuple[int, int | None, Any]]:
+def _read_parquet(path: Path, columns: set[str] | None = None) -> Rows:
     try:
         import pyarrow.parquet as pq
 
@@ -273,22 +260,19 @@ def _read_parquet(
         yield i, None, obj
 
 
-_READERS: dict[str, Callable[..., Iterator[tuple[int, int | None, Any]]]] = {
-    ".jsonl": _read_jsonl,
-    ".json": _read_json,
-    ".parquet": _read_parquet,
+_READERS: dict[str, Callable[..., Rows]] = {
+    ".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet
 }
 
 
 def _columns_needed(problem_field: str | None, answer_field: str | None) -> set[str]:
     """Top-level columns the field mapping can touch (parquet reads only these: much faster)."""
-    fields = [problem_field or "", answer_field or ""]
     cols = {"solution"}
     if problem_field is None:
         cols |= {"problem", "question", "prompt"}
     if answer_field is None:
         cols |= {f.split(".")[0] for f in ANSWER_FIELDS}
-    for f in fields:
+    for f in (problem_field, answer_field):
         if f:
             cols.add(f.removeprefix(BOXED_PREFIX).split(".")[0])
     return cols
@@ -303,14 +287,14 @@ def default_name(path: str | Path) -> str:
     return path.stem
 
 
-def _no_examples(path: Path, total: int, bad_rows: list[int], bad_reasons: list[str]) -> DataError:
+def _no_examples(path: Path, total: int, bad: list[tuple[int, str]]) -> DataError:
     """The error for a file that gives no problem at all: empty, or every row unusable. A run
     or benchmark built on it would fail later and far from the file (or score nothing)."""
     if total == 0:
         return DataError(f"{path}: the file holds no rows (empty)")
     return DataError(
         f"{path}: none of its {total} rows is usable (missing or empty problem/answer; "
-        f"first: row {bad_rows[0]}: {bad_reasons[0]})"
+        f"first: row {bad[0][0]}: {bad[0][1]})"
     )
 
 
@@ -318,36 +302,18 @@ def _where(path: Path, row: int, lineno: int | None) -> str:
     return f"{path}: row {row}" + (f" (line {lineno})" if lineno is not None else "")
 
 
-# --------------------------------------------------------------------------------------------
-
-
 def load_math_file(
-    path: str | Path,
-    *,
-    name: str | None = None,
-    problem_field: str | None = None,
-    answer_field: str | None = None,
-    limit: int | None = None,
-    on_bad_row: str = "skip",
+    path: str | Path, *, name: str | None = None, problem_field: str | None = None,
+    answer_field: str | None = None, limit: int | None = None, on_bad_row: str = "skip",
 ) -> list[MathExample]:
     """Read a .jsonl / .json (list of objects) / .parquet file of math problems.
 
-    Args:
-        path: the file.
-        name: dataset name stored in ``MathExample.source``; default from the path
-            (``math500/test.jsonl`` -> ``math500``, ``deepscaler_eval/aime.json`` -> ``aime``).
-        problem_field: dotted path of the problem (``prompt.0.content``); default: auto-detect.
-        answer_field: dotted path of the answer (``reward_model.ground_truth``), or
-            ``boxed:<path>`` for the last ``\\boxed{}`` of a field; default: auto-detect.
-        limit: keep at most this many examples (the first ones); rows after are not read.
-            ``0`` gives an empty list.
-        on_bad_row: ``"skip"`` (count them, log one warning) or ``"raise"`` (:class:`DataError`)
-            for rows whose problem or answer is missing or empty.
-
-    Raises:
-        DataError: the file is missing, cannot be parsed (names the line), has an unknown
-            extension, gives no usable row at all (empty, or every row bad), or (with
-            ``on_bad_row="raise"``) a row is unusable (names the row).
+    ``name``: ``MathExample.source``, default ``default_name(path)``. ``problem_field`` /
+    ``answer_field``: dotted paths (``answer_field="boxed:<path>"``: the last ``\\boxed{}`` of a
+    field), default auto-detected. ``limit``: the first examples only (rows after are not read).
+    ``on_bad_row``: rows with a missing or empty problem or answer are ``"skip"``ped (one warning)
+    or ``"raise"`` a :class:`DataError`. A file that is missing, unparsable (the line is named), of
+    an unknown extension or without a single usable row raises :class:`DataError` too.
     """
     if on_bad_row not in ("skip", "raise"):
         raise ValueError(f"on_bad_row must be 'skip' or 'raise', got {on_bad_row!r}")
@@ -364,71 +330,29 @@ def load_math_file(
     source = name if name is not None else default_name(path)
 
     examples: list[MathExample] = []
-    bad_rows: list[int] = []
-    bad_reasons: list[str] = []
+    bad: list[tuple[int, str]] = []  # (row, why it is unusable)
     total = 0
-    rows = (
-        _read_parquet(path, _columns_needed(problem_field, answer_field))
-        if reader is _read_parquet
-        else reader(path)
-    )
-    for row, lineno, obj in rows:
+    cols = _columns_needed(problem_field, answer_field)
+    for row, lineno, obj in _read_parquet(path, cols) if reader is _read_parquet else reader(path):
         if limit is not None and len(examples) >= limit:
             break
         total += 1
-        reason = None
-        problem = answer = solution = None
-        if not isinstance(obj, Mapping):
-            reason = f"expected an object, got {type(obj).__name__}"
-        else:
-            if problem_field is not None:
-                p_name, p_value = problem_field, _get_path(obj, problem_field)
-            else:
-                p_name, p_value = _auto_problem(obj)
-            problem = _problem_text(p_value)
-
-            if answer_field is not None and answer_field.startswith(BOXED_PREFIX):
-                a_path = answer_field[len(BOXED_PREFIX) :]
-                a_name, a_value = answer_field, extract_last_boxed(_get_path(obj, a_path))
-            elif answer_field is not None:
-                a_name, a_value = answer_field, _get_path(obj, answer_field)
-            else:
-                a_name, a_value = _auto_answer(obj)
-            answer = _answer_to_str(a_value)
-
-            if problem is None:
-                what = "missing" if p_value is MISSING else "empty"
-                reason = f"{what} problem (field {p_name!r})"
-            elif answer is None:
-                what = "missing" if a_value is MISSING else "empty"
-                reason = f"{what} answer (field {a_name!r})"
-            else:
-                raw_solution = obj.get("solution")
-                if isinstance(a_value, str) and "####" in a_value and raw_solution is None:
-                    raw_solution = a_value.rsplit("####", 1)[0]
-                solution = _solution_to_str(raw_solution, answer)
-
-        if reason is not None:
+        fields = _row_fields(obj, problem_field, answer_field)
+        if isinstance(fields, str):
             if on_bad_row == "raise":
-                raise DataError(f"{_where(path, row, lineno)}: {reason}")
-            bad_rows.append(row)
-            bad_reasons.append(reason)
+                raise DataError(f"{_where(path, row, lineno)}: {fields}")
+            bad.append((row, fields))
             continue
-        assert problem is not None and answer is not None
+        problem, answer, solution = fields
         examples.append(MathExample.make(problem, answer, source, row, solution))
 
-    if bad_rows:
-        shown = ", ".join(str(r) for r in bad_rows[:_MAX_ROWS_SHOWN])
-        more = ", ..." if len(bad_rows) > _MAX_ROWS_SHOWN else ""
+    if bad:
+        shown = ", ".join(str(r) for r, _ in bad[:_MAX_ROWS_SHOWN])
+        more = ", ..." if len(bad) > _MAX_ROWS_SHOWN else ""
         log.warning(
             "%s: skipped %d of %d rows with a missing or empty problem/answer (rows %s%s; first: %s)",
-            path,
-            len(bad_rows),
-            total,
-            shown,
-            more,
-            bad_reasons[0],
+            path, len(bad), total, shown, more, bad[0][1],
         )
     if not examples and limit != 0:
-        raise _no_examples(path, total, bad_rows, bad_reasons)
+        raise _no_examples(path, total, bad)
     return examples

@@ -1,28 +1,17 @@
 """Order-of-operations problems with a tempting shortcut: the study task (docs/STUDY.md).
 
-A problem is an expression of small numbers with ``+``, ``-`` and ``*``; a worked solution
-writes one operation per sentence, multiplications first (the correct route)::
+The correct route works multiplications first, one operation per sentence; the *shortcut* works
+strictly left to right::
 
     problem:  Compute 3 + 4 * 2.
     solution: 4 * 2 = 8. 3 + 8 = 11. \\boxed{11}
-
-The *shortcut* route works strictly left to right::
-
     shortcut: 3 + 4 = 7. 7 * 2 = 14. \\boxed{14}
 
-The routes agree unless a ``*`` follows a ``+`` or ``-``; a problem where they disagree is a
-**trap**. The warm-start corpus solves a fraction ``shortcut_rate`` of its trap problems by the
-shortcut, so the warm-started policy has a recurring error mode: on a trap it often gives the
-*same* wrong answer (the shortcut's), on top of the scattered slips of its arithmetic. That is
-the kind of repeated mistake MEDS's memory is meant to see, and the one RL can escape (or fall
-deeper into). ``error_mode_report`` measures it.
-
-Levels: **1** - two operators (three numbers); **2** - three operators (four numbers). Numbers
-are 1-9 (multiplication operands 2-9); every intermediate value of both routes stays in 0..99.
-``trap_fraction`` of the drawn problems are traps (drawn by rejection), the rest are not.
-
-Splits are disjoint by construction (sha1 of the text, as ``medsrl.data.arithmetic.split_of``):
-``test`` if the bucket is 0, ``val`` if 1, ``train`` otherwise.
+A problem where the routes disagree (a ``*`` after a ``+`` or ``-``) is a **trap**. The
+warm-start corpus solves a fraction ``shortcut_rate`` of its traps by the shortcut, which plants
+a recurring wrong answer (``error_mode_report`` measures it). Levels: **1** - two operators,
+**2** - three; numbers 1-9 (multiplication operands 2-9), every intermediate value in 0..99.
+Splits as in ``medsrl.data.arithmetic.split_of``.
 """
 
 from __future__ import annotations
@@ -33,8 +22,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from medsrl.data.arithmetic import SPLITS, split_of
-from medsrl.data.example import MathExample, prompt_key
+from medsrl.data.arithmetic import apply_op, check_request, split_of
+from medsrl.data.example import MathExample
 
 OPENINGS = ("Compute", "Evaluate")
 LEVEL_OPERATORS = {1: 2, 2: 3}
@@ -53,10 +42,6 @@ class Route:
         return " ".join(self.lines) + f" \\boxed{{{self.value}}}"
 
 
-def _apply(op: str, a: int, b: int) -> int:
-    return a + b if op == "+" else a - b if op == "-" else a * b
-
-
 def _in_range(v: int) -> bool:
     return 0 <= v <= VALUE_MAX
 
@@ -65,7 +50,7 @@ def shortcut_route(nums: Sequence[int], ops: Sequence[str]) -> Route:
     """Strictly left to right, ignoring that ``*`` binds tighter."""
     value, lines = nums[0], []
     for op, b in zip(ops, nums[1:], strict=True):
-        new = _apply(op, value, b)
+        new = apply_op(op, value, b)
         lines.append(f"{value} {op} {b} = {new}.")
         if not _in_range(new):
             return Route(tuple(lines), None)
@@ -121,27 +106,18 @@ def _draw(n_ops: int, want_trap: bool, rng: random.Random) -> tuple[str, Route, 
 
 
 def generate_precedence(
-    num: int,
-    level: int = 1,
-    seed: int = 0,
-    split: str = "train",
-    trap_fraction: float = 0.5,
+    num: int, level: int = 1, seed: int = 0, split: str = "train", trap_fraction: float = 0.5,
     shortcut_rate: float = 0.0,
 ) -> list[MathExample]:
     """``num`` distinct problems of ``level`` from ``split``, deterministic in ``seed``.
 
-    ``answer`` is always the correct route's value. ``solution`` is the correct route, except
-    that a trap is solved by the shortcut with probability ``shortcut_rate`` (the warm-start
-    corpus's planted habit; evaluation and RL data leave it at 0). ``source`` is
-    ``precedence-l{level}``. Raises ``ValueError`` for a bad argument or when the split cannot
-    give ``num`` distinct problems.
+    ``answer`` is the correct route's value; ``solution`` the correct route, except that a trap
+    is solved by the shortcut with probability ``shortcut_rate`` (the warm-start corpus's planted
+    habit; evaluation and RL data leave it at 0). ``ValueError`` when the split is exhausted.
     """
     if level not in LEVEL_OPERATORS:
         raise ValueError(f"unknown precedence level {level!r}; known: {sorted(LEVEL_OPERATORS)}")
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-    if num < 0:
-        raise ValueError(f"num must be >= 0, got {num}")
+    check_request(num, split)
     for name, p in (("trap_fraction", trap_fraction), ("shortcut_rate", shortcut_rate)):
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"{name} must be in [0, 1], got {p}")
@@ -152,43 +128,26 @@ def generate_precedence(
     rng.shuffle(want)
     seen: set[str] = set()
     out: list[MathExample] = []
-    # Give up when one problem takes this many draws (the split is then nearly exhausted).
-    stall_limit = 200_000
     for trap in want:
-        attempts = 0
-        while True:
-            attempts += 1
-            if attempts > stall_limit:
-                raise ValueError(
-                    f"could not draw {num} distinct precedence level-{level} problems in split "
-                    f"{split!r} (got {len(out)}); ask for fewer"
-                )
+        for _ in range(200_000):  # draws for one problem before the split counts as exhausted
             drawn = _draw(LEVEL_OPERATORS[level], trap, rng)
-            if drawn is None or drawn[0] in seen or split_of(drawn[0]) != split:
-                continue
-            break
+            if drawn is not None and drawn[0] not in seen and split_of(drawn[0]) == split:
+                break
+        else:
+            raise ValueError(
+                f"could not draw {num} distinct precedence level-{level} problems in split "
+                f"{split!r} (got {len(out)}); ask for fewer"
+            )
         problem, right, short = drawn
         seen.add(problem)
         by_shortcut = trap and habit.random() < shortcut_rate
-        out.append(
-            MathExample(
-                key=prompt_key(problem),
-                problem=problem,
-                answer=str(right.value),
-                source=f"precedence-l{level}",
-                row=len(out),
-                solution=(short if by_shortcut else right).solution(),
-            )
-        )
+        solution = (short if by_shortcut else right).solution()
+        out.append(MathExample.make(problem, str(right.value), f"precedence-l{level}", len(out), solution))
     return out
 
 
 def generate_precedence_mix(
-    num: int,
-    levels: dict[int, float],
-    seed: int = 0,
-    split: str = "train",
-    **options,
+    num: int, levels: dict[int, float], seed: int = 0, split: str = "train", **options
 ) -> list[MathExample]:
     """``num`` problems split over ``levels`` (level -> share of ``num``), level by level.
 

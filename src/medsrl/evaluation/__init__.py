@@ -1,6 +1,3 @@
-"""Offline evaluation metrics: pass@k, majority vote, answer/feature diversity, and reports.
-
-Small pure functions on lists and numpy arrays (no torch, no model): ``passk`` (unbiased pass@k,
-maj@n), ``diversity`` (distinct answers, eigen ratio, error clusters) and ``report`` (tidy rows
-written as Markdown / CSV / JSON tables and a pass@k plot). Import the submodules directly.
-"""
+"""Offline evaluation: ``passk`` (unbiased pass@k, maj@n), ``diversity``, ``tables`` (tidy rows as
+Markdown / CSV / JSON and a pass@k plot), and ``responses`` / ``store`` / ``response_features``
+(sampling n graded responses per problem, resumably). Import the submodules directly."""

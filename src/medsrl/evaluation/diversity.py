@@ -39,10 +39,9 @@ def distinct_wrong_answers(answers: Sequence[str | None], scores: Sequence[float
 def feature_eigen_ratio(features: np.ndarray) -> float:
     """Top-1 eigen ratio ``lambda_1 / sum(lambda)`` of the covariance of the feature rows [N, D].
 
-    Near 1: the responses vary along one direction (collapsed); towards ``1/D`` when many rows
-    spread evenly over all D directions. Raw (not normalised) rows, as the training metric ``meds/top1_eigen_ratio``. ``nan``
-    when undefined: fewer than 2 rows, or all rows equal (zero variance); average with
-    ``np.nanmean``.
+    Near 1: the responses vary along one direction (collapsed); towards ``1/D`` when they spread
+    evenly. Raw rows, as the training metric ``meds/top1_eigen_ratio``; ``nan`` for fewer than 2
+    rows or zero variance.
     """
     return top1_eigen_ratio(features)
 
@@ -52,10 +51,8 @@ def wrong_cluster_count(
 ) -> int:
     """Number of error modes among the wrong responses' feature rows [N, D], counted as MEDS does.
 
-    Clustering as in MEDS training (``fit_cluster_labels``: L2-normalised rows, Euclidean,
-    ``min_cluster_size=2``, ``min_samples=1``), and, as in the reference penalty, the noise points
-    together count as one cluster. So 0 rows give 0, errors that are all alike give 1 (HDBSCAN
-    never returns the whole set as one cluster: it calls it noise), two separate modes give 2.
+    Clustering as in MEDS training (``fit_cluster_labels``), the noise points together one cluster
+    as in the reference penalty: errors all alike give 1 (HDBSCAN calls a single mode noise).
     """
     x = np.asarray(features, dtype=np.float64)
     if x.ndim != 2:
@@ -71,10 +68,8 @@ def problem_diversity(
 ) -> dict[str, float]:
     """All diversity figures of one problem, keyed by ``DIVERSITY_KEYS``.
 
-    ``features`` [n, D] is aligned with ``answers``/``scores`` (row i = response i); a response
-    without a feature (e.g. its answer could not be located) has a row of NaN and is left out.
-    The eigen ratio uses every present row, the cluster count the present rows of wrong
-    responses (score < 1). Without features both are ``nan``.
+    ``features`` [n, D]: row i is response i's, NaN where it has none (left out). The eigen ratio
+    uses every present row, the cluster count those of wrong responses; both ``nan`` without.
     """
     out = {
         "distinct_answers": float(distinct_answers(answers)),

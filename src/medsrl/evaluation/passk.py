@@ -31,17 +31,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def pass_at_k_array(n: int, correct_counts: np.ndarray | Sequence[int], k: int) -> np.ndarray:
-    """pass@k [P] (float64) of each problem, from its number of correct samples out of ``n``.
-
-    Counts must be integers (a float count raises ``TypeError`` rather than being truncated).
-    """
+    """pass@k [P] (float64) of each problem from its correct count out of ``n``; a float count
+    raises ``TypeError`` rather than being truncated."""
     counts = np.asarray(correct_counts).ravel().tolist()
     return np.array([pass_at_k(n, c, k) for c in counts], dtype=np.float64)
 
 
-def mean_pass_at_k(
-    n: int, correct_counts: np.ndarray | Sequence[int], ks: Sequence[int]
-) -> dict[int, float]:
+def mean_pass_at_k(n: int, correct_counts: np.ndarray | Sequence[int], ks: Sequence[int]) -> dict[int, float]:
     """``{k: pass@k averaged over problems}``; the benchmark-level figure a paper reports."""
     if len(correct_counts) == 0:
         raise ValueError("no problems: pass@k of an empty benchmark is undefined")
@@ -49,10 +45,8 @@ def mean_pass_at_k(
 
 
 def default_ks(n: int) -> list[int]:
-    """``[1, 2, 4, ..., n]``: the powers of 2 up to ``n``, plus ``n`` itself if it is not one.
-
-    Why powers of 2: pass@k curves are read on a log-2 k axis.
-    """
+    """``[1, 2, 4, ..., n]``: the powers of 2 up to ``n`` (curves are read on a log-2 k axis),
+    plus ``n`` itself if it is not one."""
     n = operator.index(n)
     if n < 1:
         raise ValueError(f"need n >= 1, got {n}")
@@ -61,11 +55,9 @@ def default_ks(n: int) -> list[int]:
 
 
 def answer_key(answer: str | None) -> str | None:
-    """Grouping key of an extracted answer: the string with outer whitespace stripped.
-
-    ``None`` (nothing extracted) and an empty or whitespace-only answer (e.g. ``\\boxed{}``) are
-    no answer and give ``None``. Only exact strings are merged: ``1/2`` and ``\\frac{1}{2}`` are
-    two different answers here, even though the grader would accept both.
+    """Grouping key of an extracted answer: the string with outer whitespace stripped, ``None``
+    for no answer (``None``, empty or blank). Only exact strings are merged: ``1/2`` and
+    ``\\frac{1}{2}`` are two answers here, though the grader accepts both.
     """
     if answer is None:
         return None
@@ -76,11 +68,9 @@ def answer_key(answer: str | None) -> str | None:
 def majority_vote_correct(answers: Sequence[str | None], scores: Sequence[float]) -> float:
     """1.0 if the most frequent answer among the samples of one problem is correct, else 0.0.
 
-    Answers are grouped by ``answer_key`` (exact string after stripping; equivalent but
-    differently written answers are not merged, so they split the vote). Samples with no answer do
-    not vote; if none answered, 0.0. A tie in count goes to the answer that occurs first. A group
-    is correct if its first member's score is 1; members of one group share one string, so they
-    share one grade.
+    Answers are grouped by ``answer_key`` (equivalent but differently written answers split the
+    vote); samples with no answer do not vote (none: 0.0); a tie goes to the answer seen first,
+    and a group's grade is its first member's (they share one string).
     """
     if len(answers) != len(scores):
         raise ValueError(f"{len(answers)} answers but {len(scores)} scores")

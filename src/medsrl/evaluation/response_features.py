@@ -1,9 +1,7 @@
 """MEDS features of evaluation responses, for the diversity metrics.
 
-The same feature as in training: :class:`medsrl.methods.meds.features.AnswerFeatureReader` (per-layer
-logit of the first answer token, read by hooks at the ``{`` of the last ``\\boxed{``, with the
-spec's layers, differences and rounding), here around one no-grad forward over the packed
-responses. Responses without a box get no feature (``None``).
+The same feature as in training (:class:`medsrl.methods.meds.features.AnswerFeatureReader`),
+read around one no-grad forward over the packed responses; a response without a box gets none.
 """
 
 from __future__ import annotations
@@ -16,13 +14,8 @@ from medsrl.rollout.base import RolloutBatch, pack_rollouts
 
 @torch.no_grad()
 def response_features(
-    policy: torch.nn.Module,
-    tokenizer,
-    rollout: RolloutBatch,
-    *,
-    spec: FeatureSpec,
-    micro_batch_size: int = 32,
-    reasoning_end: str | None = None,
+    policy: torch.nn.Module, tokenizer, rollout: RolloutBatch, *, spec: FeatureSpec,
+    micro_batch_size: int = 32, reasoning_end: str | None = None,
 ) -> list[list[float] | None]:
     """One feature vector (a list of floats) per response of ``rollout``, or ``None``
     (``reasoning_end``: the answer is read after it, as the grader reads it)."""
@@ -44,13 +37,9 @@ def response_features(
             if not bool(((answer_rows >= start) & (answer_rows < stop)).any()):
                 continue  # no answer in these rows: skip their forward altogether
             with reader.microbatch(range(start, stop)):
-                policy(
-                    input_ids=packed.input_ids[start:stop],
-                    attention_mask=packed.attention_mask[start:stop],
-                    position_ids=packed.position_ids[start:stop],
-                    use_cache=False,
-                    logits_to_keep=1,
-                )
+                mb = slice(start, stop)
+                policy(input_ids=packed.input_ids[mb], attention_mask=packed.attention_mask[mb],
+                       position_ids=packed.position_ids[mb], use_cache=False, logits_to_keep=1)
         feats, rows = reader.finish()
     finally:
         policy.train(was_training)

@@ -43,6 +43,7 @@ class EvalSettings:
     batch_size: int = 64
     features: FeatureSpec | None = FeatureSpec()  # MEDS features (diversity); None: no features
     extra: dict[str, Any] = field(default_factory=dict)  # template etc.: fingerprinted only
+
     @property
     def chunk_size(self) -> int:
         return max(1, self.batch_size // self.n)
@@ -61,16 +62,8 @@ def problems_from(examples, template: dict[str, Any], tokenizer=None) -> list[Ev
 
 
 def sample_problems(
-    policy,
-    tokenizer,
-    engine,
-    grader,
-    problems: Sequence[EvalProblem],
-    settings: EvalSettings,
-    *,
-    run: str = "",
-    benchmark: str = "",
-    store: GenerationStore | None = None,
+    policy, tokenizer, engine, grader, problems: Sequence[EvalProblem], settings: EvalSettings, *,
+    run: str = "", benchmark: str = "", store: GenerationStore | None = None,
     fingerprint: str | None = None,
 ) -> list[dict[str, Any]]:
     """One record per problem (its n responses, grades and features), in problem order.
@@ -87,16 +80,11 @@ def sample_problems(
             continue
         batch = [problems[i] for i in idx]
         params = SamplingParams(
-            n=settings.n,
-            temperature=settings.temperature,
-            top_p=settings.top_p,
-            max_new_tokens=settings.max_new_tokens,
-            seed=settings.seed + start,
+            n=settings.n, temperature=settings.temperature, top_p=settings.top_p,
+            max_new_tokens=settings.max_new_tokens, seed=settings.seed + start,
         )
         rollout = engine.generate([p.prompt for p in batch], params)
-        grades = grader.grade_batch(
-            rollout.response_text, [batch[j].answer for j in rollout.prompt_index]
-        )
+        grades = grader.grade_batch(rollout.response_text, [batch[j].answer for j in rollout.prompt_index])
         feats = (
             response_features(policy, tokenizer, rollout, spec=settings.features,
                               reasoning_end=grader.reasoning_end)
@@ -105,16 +93,14 @@ def sample_problems(
         )
         per_problem: list[list[dict[str, Any]]] = [[] for _ in batch]
         for r, g in enumerate(grades):
-            per_problem[rollout.prompt_index[r]].append(
-                {
-                    "text": rollout.response_text[r],
-                    "extracted": g.extracted,
-                    "score": g.score,
-                    "finish_reason": rollout.finish_reason[r],
-                    "timed_out": g.timed_out,
-                    "feature": feats[r],
-                }
-            )
+            per_problem[rollout.prompt_index[r]].append({
+                "text": rollout.response_text[r],
+                "extracted": g.extracted,
+                "score": g.score,
+                "finish_reason": rollout.finish_reason[r],
+                "timed_out": g.timed_out,
+                "feature": feats[r],
+            })
         for j, (i, p) in enumerate(zip(idx, batch, strict=True)):
             rec = {
                 "run": run,

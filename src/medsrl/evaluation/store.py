@@ -1,10 +1,8 @@
 """The generations file of an evaluation: one JSON line per problem, appended as it is graded.
 
-Each line holds one problem of one (run, benchmark) with all of its ``n`` responses, their grades
-and MEDS features, plus the fingerprint of the settings (and model) that produced it. Reopening
-the file reads back what is there so an interrupted evaluation continues where it stopped: a line
-cut off by a kill mid-write is dropped (and logged), and a record written under other settings is
-refused with a clear error rather than mixed into the table.
+A line holds one problem of one (run, benchmark): its ``n`` responses, grades and features, and
+the fingerprint of the settings and model. Reopening reads it back so an interrupted evaluation
+continues: a line torn by a kill is dropped (and logged), a record of other settings refused.
 """
 
 from __future__ import annotations
@@ -63,11 +61,8 @@ class GenerationStore:
             with open(self.path, "r+b") as f:
                 f.truncate(good_end)
         if self.dropped_lines:
-            log.warning(
-                "%s: dropped %d incomplete line(s) from an interrupted run",
-                self.path,
-                self.dropped_lines,
-            )
+            log.warning("%s: dropped %d incomplete line(s) from an interrupted run",
+                        self.path, self.dropped_lines)
 
     def lookup(
         self, run: str, benchmark: str, index: int, fingerprint: str | None

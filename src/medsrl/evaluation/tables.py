@@ -4,46 +4,42 @@ The tidy format is a list of dicts, one per (run, benchmark), with the keys ``ru
 ``benchmark``, ``problems``, ``n``, ``pass@1``, ``pass@2``, ..., ``mean@n``, ``maj@n`` and
 ``distinct_answers``, ``distinct_wrong``, ``eigen_ratio``, ``wrong_clusters``. Accuracies are
 fractions in [0, 1]; diversity figures are per-problem means. Rows of runs with different ``n``
-may carry different ``pass@k`` keys. Every file is written atomically (temp file in the same
-directory, then ``os.replace``), so a reader never sees half a report.
+may carry different ``pass@k`` keys. Every file is written atomically (``atomic_write``), so a
+reader never sees half a report.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
 from medsrl.evaluation.diversity import DIVERSITY_KEYS, problem_diversity
 from medsrl.evaluation.passk import default_ks, majority_vote_correct, mean_pass_at_k
+from medsrl.utils.atomic_file import atomic_write, atomic_write_text
 
 AVERAGE = "average"  # benchmark name of the per-run macro-average row
 _ID_COLUMNS = ("run", "benchmark", "problems", "n")
-_PERCENT_PREFIXES = ("pass@", "mean@", "maj@")
+PERCENT_PREFIXES = ("pass@", "mean@", "maj@")  # columns shown in percent
 
 Row = dict[str, Any]
 
 
 def summarize_benchmark(
-    run: str,
-    benchmark: str,
-    answers: Sequence[Sequence[str | None]],
-    scores: Sequence[Sequence[float]],
-    features: Sequence[np.ndarray | None] | None = None,
+    run: str, benchmark: str, answers: Sequence[Sequence[str | None]],
+    scores: Sequence[Sequence[float]], features: Sequence[np.ndarray | None] | None = None,
 ) -> Row:
-    """One tidy row from the n graded samples of each problem of one benchmark.
+    """One tidy row from the n graded samples of each problem of one benchmark (same n each).
 
-    ``answers[p][i]`` / ``scores[p][i]``: extracted answer and score of sample i of problem p
-    (correct = score 1); ``features[p]``: its [n, D] feature rows or ``None`` (see
-    ``problem_diversity``). Every problem must have the same n. ``mean@n`` (the sampled accuracy)
-    equals ``pass@1``: the unbiased pass@1 is c/n.
+    ``answers[p][i]`` / ``scores[p][i]``: sample i of problem p (correct = score 1);
+    ``features[p]``: its [n, D] rows or ``None``. ``mean@n`` equals ``pass@1`` (c/n).
     """
     sizes = {len(s) for s in scores}
     if len(answers) != len(scores) or len(sizes) != 1:
@@ -64,10 +60,8 @@ def summarize_benchmark(
 def add_average_rows(rows: Sequence[Row]) -> list[Row]:
     """Rows grouped by run, each run with >1 benchmark followed by an ``average`` row.
 
-    The average is the macro mean over the run's benchmarks (each benchmark weighs the same,
-    as in papers), so it is ``nan`` if any benchmark's value is; a column some benchmarks lack
-    (pass@k for a larger k) is left out. ``problems`` is the total. Average rows already in
-    ``rows`` are dropped first, so calling this twice changes nothing.
+    The macro mean over the run's benchmarks (each weighs the same, as in papers; ``nan`` if one
+    is); a column some benchmarks lack is left out, ``problems`` is the total. Idempotent.
     """
     rows = [r for r in rows if r["benchmark"] != AVERAGE]
     out: list[Row] = []
@@ -87,53 +81,38 @@ def add_average_rows(rows: Sequence[Row]) -> list[Row]:
 
 
 def write_markdown(rows: Sequence[Row], path: str | os.PathLike) -> Path:
-    """A paper-style table: one line per (run, benchmark) plus each run's ``average`` line.
-
-    pass@k, mean@n and maj@n in percent with 1 decimal, diversity with 2; ``-`` marks ``nan``.
-    The ``run`` column is dropped when all rows share one run.
-    """
+    """A paper-style table: one line per (run, benchmark) plus each run's ``average`` line;
+    accuracies in percent, ``-`` for ``nan``, no ``run`` column when all rows share one run."""
     rows = add_average_rows(rows)
     cols = _columns(rows)
     if len({r["run"] for r in rows}) == 1:
         cols.remove("run")
     lines = [
-        "| " + " | ".join(cols) + " |",
+        md_row(cols),
         "|" + "|".join("---" if c in ("run", "benchmark") else "---:" for c in cols) + "|",
     ]
-    lines += ["| " + " | ".join(_cell(c, r.get(c)) for c in cols) + " |" for r in rows]
-    text = "\n".join(lines) + "\n"
-    return _atomic_write(path, lambda f: f.write(text))
+    lines += [md_row(_cell(c, r.get(c)) for c in cols) for r in rows]
+    return atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 def write_csv(rows: Sequence[Row], path: str | os.PathLike) -> Path:
     """Rows as CSV, columns in table order; missing values are empty, ``nan`` is ``nan``."""
-
-    def write(f: IO) -> None:
-        writer = csv.DictWriter(f, fieldnames=_columns(rows), restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-
-    return _atomic_write(path, write)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=_columns(rows), restval="")
+    writer.writeheader()
+    writer.writerows(rows)
+    return atomic_write_text(path, text.getvalue())
 
 
 def write_json(rows: Sequence[Row], path: str | os.PathLike) -> Path:
     """Rows as a JSON list; ``nan`` becomes ``null`` so that strict JSON parsers accept it."""
-    clean = [{k: _json_value(v) for k, v in r.items()} for r in rows]
-    text = json.dumps(clean, indent=2, allow_nan=False) + "\n"
-    return _atomic_write(path, lambda f: f.write(text))
+    return atomic_write_text(path, json.dumps(json_clean(list(rows)), indent=2, allow_nan=False) + "\n")
 
 
 def plot_pass_at_k(rows: Sequence[Row], path: str | os.PathLike) -> Path:
-    """PNG of pass@k (%) against k on a log-2 axis, one line per (run, benchmark).
-
-    Lines are labelled ``run / benchmark`` (just the benchmark when there is one run); ``average``
-    rows are skipped, since their k may be a subset of the benchmarks' k.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display; must come before pyplot picks a backend
-    import matplotlib.pyplot as plt
-
+    """PNG of pass@k, one line per (run, benchmark); ``average`` rows are skipped (their k may be
+    a subset of the benchmarks')."""
+    plt = pyplot()
     rows = [r for r in rows if r["benchmark"] != AVERAGE]
     if not rows:
         raise ValueError("no (run, benchmark) rows to plot")
@@ -146,17 +125,39 @@ def plot_pass_at_k(rows: Sequence[Row], path: str | os.PathLike) -> Path:
             all_ks.update(ks)
             label = r["benchmark"] if one_run else f"{r['run']} / {r['benchmark']}"
             ax.plot(ks, [100 * float(r[f"pass@{k}"]) for k in ks], marker="o", label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted(all_ks), [str(k) for k in sorted(all_ks)])
-        ax.minorticks_off()
-        ax.set(xlabel="k", ylabel="pass@k (%)", title="pass@k")
-        ax.grid(alpha=0.3)
+        pass_at_k_axes(ax, all_ks, "pass@k")
         ax.legend()
-        return _atomic_write(
-            path, lambda f: fig.savefig(f, format="png", dpi=150, bbox_inches="tight"), binary=True
-        )
+        return save_png(fig, path, dpi=150)
     finally:
         plt.close(fig)
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (no display; set before pyplot picks one)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def pass_at_k_axes(ax, ks, title: str) -> None:
+    """pass@k (%) against k on a log-2 axis, a tick at each k (curves are read on it)."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(ks), [str(k) for k in sorted(ks)])
+    ax.minorticks_off()
+    ax.set(xlabel="k", ylabel="pass@k (%)", title=title)
+    ax.grid(alpha=0.3)
+
+
+def save_png(fig, path: str | os.PathLike, dpi: int) -> Path:
+    return atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight"), 0o644)
+
+
+def md_row(cells: Iterable[Any]) -> str:
+    """One row of a Markdown table."""
+    return "| " + " | ".join(map(str, cells)) + " |"
 
 
 def _columns(rows: Sequence[Row]) -> list[str]:
@@ -175,7 +176,7 @@ def _cell(col: str, value: Any) -> str:
     v = float(value)
     if math.isnan(v):
         return "-"
-    return f"{100 * v:.1f}" if col.startswith(_PERCENT_PREFIXES) else f"{v:.2f}"
+    return f"{100 * v:.1f}" if col.startswith(PERCENT_PREFIXES) else f"{v:.2f}"
 
 
 def _nanmean(values: Sequence[float]) -> float:
@@ -184,26 +185,12 @@ def _nanmean(values: Sequence[float]) -> float:
     return float(np.mean(finite)) if finite else float("nan")
 
 
-def _json_value(v: Any) -> Any:
-    if isinstance(v, np.generic):
-        v = v.item()
-    return None if isinstance(v, float) and not math.isfinite(v) else v
-
-
-def _atomic_write(path: str | os.PathLike, write: Callable[[IO], Any], binary=False) -> Path:
-    """Run ``write(f)`` on a temp file next to ``path``, fsync it, then ``os.replace`` it there."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; a report should be readable like any file
-        text_args = {} if binary else {"encoding": "utf-8", "newline": ""}
-        with os.fdopen(fd, "wb" if binary else "w", **text_args) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+def json_clean(value: Any) -> Any:
+    """nan / inf -> None and numpy scalars -> Python, so that strict JSON accepts the result."""
+    if isinstance(value, dict):
+        return {str(k): json_clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_clean(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    return None if isinstance(value, float) and not math.isfinite(value) else value

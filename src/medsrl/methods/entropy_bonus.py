@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from medsrl.algo import masked_mean, per_token
+from medsrl.config import NonNegative
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.step.rollouts import StepRollouts
 
@@ -31,9 +32,7 @@ class EntropyBonus(Plugin):
     name = "entropy_bonus"
     token_stats = ("entropy",)
 
-    def __init__(self, coef: float = 0.4, cap_ratio: float = 0.5) -> None:
-        if coef < 0 or cap_ratio < 0:
-            raise ValueError(f"entropy_bonus.coef and cap_ratio must be >= 0, got {coef}, {cap_ratio}")
+    def __init__(self, coef: NonNegative = 0.4, cap_ratio: NonNegative = 0.5) -> None:
         self.coef, self.cap_ratio = coef, cap_ratio
 
     def shape_advantages(self, rollouts: StepRollouts, advantages: torch.Tensor, ctx: StepContext) -> torch.Tensor:

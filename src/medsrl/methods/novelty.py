@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from medsrl.algo.logprobs import masked_mean
+from medsrl.config import FeatureDtype, Flag, Layers, one_of
 from medsrl.methods.meds.features import AnswerFeatureReader, FeatureSpec
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.step.rollouts import StepRollouts
@@ -80,10 +81,8 @@ class NoveltyBonus(Plugin):
 
     name = "novelty"
 
-    def __init__(self, vectors: str = "meds_features", layers=14, diff: bool = False,
-                 final_norm: bool = False, feature_dtype: str = "auto") -> None:
-        if vectors not in VECTORS:
-            raise ValueError(f"novelty.vectors={vectors!r}; valid: {', '.join(VECTORS)}")
+    def __init__(self, vectors: one_of(VECTORS) = "meds_features", layers: Layers = 14, diff: Flag = False,
+                 final_norm: Flag = False, feature_dtype: FeatureDtype = "auto") -> None:
         self.vectors = vectors
         self.spec = FeatureSpec(layers=layers, diff=diff, final_norm=final_norm, dtype=feature_dtype)
         self.reader: AnswerFeatureReader | None = None

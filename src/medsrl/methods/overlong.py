@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from medsrl.config import NonNegative, PositiveInt, below
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.step.rollouts import StepRollouts
 
@@ -47,18 +48,14 @@ class OverlongPenalty(Plugin):
     name = "overlong"
     reads_scoring_forward = False
 
-    def __init__(self, buffer_length: int = 512, penalty_factor: float = 1.0) -> None:
+    def __init__(self, buffer_length: below(PositiveInt, "rollout.max_new_tokens") = 512,
+                 penalty_factor: NonNegative = 1.0) -> None:
         self.buffer_length = buffer_length
         self.penalty_factor = penalty_factor
         self.max_new_tokens: int | None = None
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         self.max_new_tokens = pl_module.rollout_cfg.max_new_tokens
-        if not 0 < self.buffer_length < self.max_new_tokens:
-            raise ValueError(
-                f"algorithm.plugins.{self.name}.buffer_length={self.buffer_length} must be between 0 "
-                f"and rollout.max_new_tokens={self.max_new_tokens}"
-            )
 
     def shape_rewards(self, rollouts: StepRollouts, ctx: StepContext) -> None:
         lengths = torch.tensor([len(r) for r in rollouts.response_ids])

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from medsrl.algo.logprobs import masked_mean, per_token
+from medsrl.config import NonNegative, below
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.step.rollouts import StepRollouts
 from medsrl.utils.distributed import all_gather_objects, is_distributed
@@ -54,9 +55,7 @@ class Steer(Plugin):
     name = "steer"
     token_stats = ("entropy",)
 
-    def __init__(self, low: float = 0.8, high: float = 1.2) -> None:
-        if not 0 <= low <= high:
-            raise ValueError(f"steer.low and steer.high need 0 <= low <= high, got {low}, {high}")
+    def __init__(self, low: below(NonNegative, "high", or_equal=True) = 0.8, high: NonNegative = 1.2) -> None:
         self.low, self.high = low, high
 
     def shape_advantages(self, rollouts: StepRollouts, advantages: torch.Tensor, ctx: StepContext) -> torch.Tensor:

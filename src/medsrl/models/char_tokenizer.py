@@ -1,14 +1,10 @@
 """A character-level tokenizer with the Qwen special tokens, for the tiny CPU preset.
 
-Built with the ``tokenizers`` library and wrapped as a ``PreTrainedTokenizerFast`` so it is saved
-and loaded exactly like a Hugging Face tokenizer (``save_pretrained`` / ``AutoTokenizer``).
-Every printable ASCII character is one token; the Qwen chat tokens are single special tokens.
-
-Tokens are named in GPT-2's byte-level alphabet (space is ``Ġ``, newline ``Ċ``). A saved policy
-has a Qwen2 ``config.json``, and for that model type ``AutoTokenizer`` always builds
-``Qwen2Tokenizer``, a byte-level BPE over the saved vocabulary: with these names (and no merges)
-it gives the same ids for ASCII text, so the policy works outside medsrl too. Characters outside
-the alphabet are one ``<unk>`` each here (``Qwen2Tokenizer`` drops them).
+Every printable ASCII character is one token, named in GPT-2's byte-level alphabet (space ``Ġ``,
+newline ``Ċ``): a saved policy has a Qwen2 ``config.json``, for which ``AutoTokenizer`` builds a
+byte-level BPE over the saved vocabulary, and with these names it gives the same ids for ASCII, so
+the policy works outside medsrl too. Other characters are one ``<unk>`` each (Qwen2Tokenizer
+drops them).
 """
 
 from __future__ import annotations

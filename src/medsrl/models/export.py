@@ -1,8 +1,5 @@
-"""Saving a policy the Hugging Face way: final export and bf16 milestones.
-
-A plain model is written as it is, or cast to ``dtype`` with config.json saying so; a LoRA policy
-as its merged weights (a plain model) or as the adapter alone (``models/lora.py``).
-"""
+"""Saving a policy the Hugging Face way (final export, bf16 milestones): a plain model as it is or
+cast to ``dtype``, a LoRA policy merged or as the adapter alone (``models/lora.py``)."""
 
 from __future__ import annotations
 

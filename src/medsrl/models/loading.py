@@ -1,10 +1,7 @@
 """Loading tokenizers and policies: the tiny CPU preset or a real Hugging Face model.
 
-``load_tokenizer(None)`` / ``load_policy(tiny={...})`` give the char tokenizer and the tiny Qwen2
-model; a name or directory (``Qwen/Qwen2.5-Math-7B``, a warm-start checkpoint) goes through
-``AutoTokenizer`` / ``AutoModelForCausalLM``. ``random_model_like`` builds a small randomly
-initialised model of a real architecture, so real tokenizers and configs can be tested without
-weights.
+``random_model_like`` builds a small random model of a real architecture, so real tokenizers and
+configs can be tested without weights.
 """
 
 from __future__ import annotations
@@ -24,6 +21,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from medsrl.config import DTYPE_NAMES
 from medsrl.data.template import ENDOFTEXT, IM_END
 from medsrl.models.char_tokenizer import (
     ALPHABET,
@@ -34,25 +32,7 @@ from medsrl.models.char_tokenizer import (
 )
 from medsrl.models.tiny import build_tiny_model
 
-CHAR_TOKENIZER_NAMES = ("char",)
-TINY_MODEL_NAMES = ("tiny",)
-
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "bf16-mixed": torch.bfloat16,
-    "bf16-true": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "16": torch.float16,
-    "16-mixed": torch.float16,
-    "16-true": torch.float16,
-}
+_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, dt) for dt, names in DTYPE_NAMES.items() for name in names}
 
 
 class ModelLoadError(OSError):
@@ -73,11 +53,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
 
 def _looks_local(name_or_path: str) -> bool:
     """True for things that can only be a filesystem path (absolute, ./, ../, ~)."""
-    return (
-        os.path.isabs(name_or_path)
-        or name_or_path.startswith((".", "~"))
-        or os.path.exists(name_or_path)
-    )
+    return os.path.isabs(name_or_path) or name_or_path.startswith((".", "~")) or os.path.exists(name_or_path)
 
 
 def _check_local(name_or_path: str, what: str) -> str:
@@ -123,19 +99,15 @@ def is_char_tokenizer_dir(path: str | Path) -> bool:
 def load_tokenizer(
     name_or_path: str | None, *, trust_remote_code: bool = False
 ) -> PreTrainedTokenizerBase:
-    """The char tokenizer for ``None``/``"char"``, else ``AutoTokenizer`` with left padding.
-
-    The pad token is always set: when the tokenizer has none, ``<|endoftext|>`` is used if it is
-    in the vocabulary, else the eos token.
-    """
-    if name_or_path is None or str(name_or_path).strip().lower() in CHAR_TOKENIZER_NAMES:
+    """The char tokenizer for ``None``/``"char"``, else ``AutoTokenizer`` with left padding and
+    a pad token (``<|endoftext|>`` if in the vocabulary, else the eos token, when it has none)."""
+    if name_or_path is None or str(name_or_path).strip().lower() == "char":
         return build_char_tokenizer()
     name_or_path = str(name_or_path)
     source = _check_local(name_or_path, "tokenizer")
-    # A saved char tokenizer next to a Qwen2 config.json: AutoTokenizer picks Qwen2Tokenizer from
-    # the model type. It gives the same ids for ASCII (byte-level names), but maps a character
-    # outside the alphabet to nothing instead of <unk>, and one saved before those names it
-    # would break (spaces and newlines dropped): load exactly what was saved.
+    # A saved char tokenizer beside a Qwen2 config.json: AutoTokenizer would pick Qwen2Tokenizer,
+    # which drops characters outside the alphabet and breaks one saved before the byte-level
+    # names (spaces and newlines dropped): load exactly what was saved.
     cls = PreTrainedTokenizerFast if is_char_tokenizer_dir(source) else AutoTokenizer
     try:
         tok = cls.from_pretrained(source, padding_side="left", trust_remote_code=trust_remote_code)
@@ -162,15 +134,11 @@ def load_policy(
     attn_implementation: str | None = None,
     trust_remote_code: bool = False,
 ) -> PreTrainedModel:
-    """Load the policy.
-
-    ``name_or_path`` (a Hugging Face model name or a local directory such as a warm-start
-    checkpoint) goes through ``AutoModelForCausalLM.from_pretrained(..., dtype=...)``; ``tiny`` is
-    then ignored. With no ``name_or_path`` (or ``"tiny"``) the tiny Qwen2 preset is built from the
-    ``tiny`` overrides (``build_tiny_model`` keyword arguments, ``seed`` included).
-    """
+    """The policy: ``AutoModelForCausalLM`` for a hub name or local directory (``tiny`` ignored),
+    else (``None`` or ``"tiny"``) the tiny Qwen2 preset built with the ``tiny`` keyword arguments
+    of ``build_tiny_model`` (``seed`` included)."""
     torch_dtype = resolve_dtype(dtype)
-    if name_or_path is None or str(name_or_path).strip().lower() in TINY_MODEL_NAMES:
+    if name_or_path is None or str(name_or_path).strip().lower() == "tiny":
         model = build_tiny_model(**dict(tiny or {}))
         if torch_dtype != "auto":
             model = model.to(torch_dtype)
@@ -205,10 +173,7 @@ def random_model_like(
     **config_overrides: Any,
 ) -> PreTrainedModel:
     """A small randomly initialised model of a real architecture (``qwen2``, ``qwen3``, ``llama``).
-
-    Used to exercise real tokenizers / model code paths without weights. Extra keyword arguments
-    go to the config (e.g. ``tie_word_embeddings=False``, ``max_position_embeddings``).
-    """
+    Extra keyword arguments go to the config (e.g. ``tie_word_embeddings=False``)."""
     from transformers import (
         LlamaConfig,
         LlamaForCausalLM,
@@ -219,17 +184,12 @@ def random_model_like(
     )
 
     arch = architecture.strip().lower()
-    common: dict[str, Any] = {
-        "vocab_size": vocab_size,
-        "hidden_size": hidden_size,
-        "intermediate_size": intermediate_size,
-        "num_hidden_layers": num_hidden_layers,
-        "num_attention_heads": num_attention_heads,
-        "num_key_value_heads": num_key_value_heads,
-        "max_position_embeddings": 4096,
-        "tie_word_embeddings": True,
-        "rms_norm_eps": 1e-6,
-    }
+    common: dict[str, Any] = dict(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads, max_position_embeddings=4096,
+        tie_word_embeddings=True, rms_norm_eps=1e-6,
+    )
     if arch == "qwen2":
         cfg_cls, model_cls = Qwen2Config, Qwen2ForCausalLM
     elif arch == "qwen3":
@@ -250,11 +210,7 @@ def random_model_like(
 def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """Ids of ``<|im_end|>``, ``<|endoftext|>`` and the eos token that exist (deduplicated, in order)."""
     vocab = tokenizer.get_vocab()
-    ids: list[int] = []
-    for token in (IM_END, ENDOFTEXT):
-        if token in vocab:
-            ids.append(int(vocab[token]))
-    eos = tokenizer.eos_token_id
-    if eos is not None:
-        ids.append(int(eos))
+    ids = [int(vocab[token]) for token in (IM_END, ENDOFTEXT) if token in vocab]
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
     return list(dict.fromkeys(ids))

@@ -21,14 +21,16 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 from torch import nn
 
-# The attention and MLP projections of Qwen2 / Qwen3 / Llama: every linear map of a decoder layer.
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+from medsrl.config import (
+    DEFAULT_TARGETS as DEFAULT_TARGETS,  # re-exported: the LoRA defaults live in config
+)
+from medsrl.config import LoraSettings, parse_section
+
 # PEFT's name part of every LoRA weight (``...q_proj.lora_A.default.weight``): the trainable ones.
 ADAPTER_MARK = "lora_"
 # The adapters' own random initialisation (lora_A; lora_B starts at zero) is drawn from this seed
@@ -37,47 +39,17 @@ ADAPTER_MARK = "lora_"
 INIT_SEED = 0
 
 
-@dataclass(frozen=True)
-class LoraSettings:
-    """``model.lora``: ``r`` 0 is off (full fine-tune). ``dropout`` 0 by default: a dropout mask
-    is drawn from the global generator, which a resumed run does not continue, so only without
-    it does a resume give exactly the uninterrupted run."""
-
-    r: int = 0
-    alpha: float = 16.0
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] | str = DEFAULT_TARGETS
-    merge_on_export: bool = True
-
-    @property
-    def enabled(self) -> bool:
-        return self.r > 0
-
-    @property
-    def scale(self) -> float:
-        """What ``B @ A`` is multiplied by in the forward (PEFT's ``scaling``)."""
-        return self.alpha / self.r
-
-
 def lora_settings(model_cfg: Mapping[str, Any]) -> LoraSettings:
     """The settings of ``model_cfg["lora"]``; off when the model config has none (older configs)."""
-    node = dict(model_cfg.get("lora") or {})
-    known = {f.name for f in fields(LoraSettings)}
-    unknown = sorted(set(node) - known)
-    if unknown:
-        raise ValueError(f"model.lora.{unknown[0]} is not a setting of model.lora (known: {', '.join(sorted(known))})")
-    targets = node.pop("target_modules", DEFAULT_TARGETS)
-    targets = targets if isinstance(targets, str) else tuple(targets)
-    return LoraSettings(target_modules=targets, **node)
+    return parse_section(LoraSettings, model_cfg.get("lora"), "model.lora")
 
 
 def is_lora(model: nn.Module) -> bool:
     """Whether ``model`` (or the module an FSDP wrapper holds) is a PEFT-wrapped policy."""
     from peft import PeftModel
+    from torch.distributed.fsdp import FullyShardedDataParallel
 
-    from medsrl.utils.sharding import is_sharded
-
-    return isinstance(model.module if is_sharded(model) else model, PeftModel)
+    return isinstance(model.module if isinstance(model, FullyShardedDataParallel) else model, PeftModel)
 
 
 def unwrap_peft(model: nn.Module) -> nn.Module:
@@ -135,7 +107,7 @@ def apply_lora(policy: nn.Module, settings: LoraSettings) -> nn.Module:
 
 def is_adapter_leaf(module: nn.Module) -> bool:
     """A module with no children whose weight trains: PEFT's ``lora_A`` / ``lora_B`` layers (an
-    FSDP unit each, apart from the frozen weights around them; ``utils/sharding.py``)."""
+    FSDP unit each, apart from the frozen weights around them; ``models/sharding.py``)."""
     weight = getattr(module, "weight", None)
     return next(module.children(), None) is None and isinstance(weight, torch.Tensor) and weight.requires_grad
 

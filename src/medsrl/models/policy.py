@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from medsrl.models.loading import load_policy, load_tokenizer
@@ -12,28 +11,18 @@ from medsrl.models.lora import apply_lora, lora_settings
 log = logging.getLogger(__name__)
 
 
-def build_policy(model_cfg: dict[str, Any], cache_dir: str | Path):
+def build_policy(model_cfg: dict[str, Any]):
     """Return ``(policy, tokenizer)``.
 
-    ``name_or_path`` set: a Hugging Face model (name or local directory). Otherwise the tiny
-    preset, warm-started on the arithmetic generator first when ``warm_start`` is set (cached
-    under ``cache_dir``, rebuilt when its config changes). With ``lora.r > 0`` the policy is
+    ``name_or_path`` set: a Hugging Face model (name or local directory; the warm-started tiny
+    preset, ``warmstart.warm_started``). Otherwise the tiny preset. With ``lora.r > 0`` the policy is
     a ``PeftModel``: LoRA adapters over the frozen loaded weights (``models/lora.py``).
     """
     cfg = dict(model_cfg)
     name = cfg.get("name_or_path")
     dtype = cfg.get("dtype", "float32")
     attn = cfg.get("attn_implementation")
-    if name is None and cfg.get("warm_start"):
-        from medsrl.models.warmstart import WarmStartConfig, ensure_warm_start
-
-        ws = WarmStartConfig(**dict(cfg["warm_start"]))
-        name = str(ensure_warm_start(cache_dir, dict(cfg.get("tiny") or {}), ws))
-        log.info("tiny preset: warm-started policy at %s", name)
-        tok_name = name
-    else:
-        tok_name = cfg.get("tokenizer") or name
-    tokenizer = load_tokenizer(tok_name)
+    tokenizer = load_tokenizer(cfg.get("tokenizer") or name)
     if cfg.get("random_init"):
         policy = random_policy(cfg, dtype, attn)
     else:

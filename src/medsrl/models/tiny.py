@@ -18,19 +18,11 @@ def tiny_qwen2_config(
 ) -> Qwen2Config:
     """A small Qwen2 config sized for the char tokenizer (about 1M parameters by default)."""
     return Qwen2Config(
-        vocab_size=vocab_size or len(char_vocab()),
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        pad_token_id=0,
-        bos_token_id=None,
-        eos_token_id=2,
+        vocab_size=vocab_size or len(char_vocab()), hidden_size=hidden_size,
+        intermediate_size=intermediate_size, num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=max_position_embeddings, tie_word_embeddings=True,
+        rms_norm_eps=1e-6, rope_theta=10000.0, pad_token_id=0, bos_token_id=None, eos_token_id=2,
     )
 
 

@@ -1,22 +1,12 @@
 """Memory per GPU and per phase of a training step, by arithmetic from the run's settings.
 
-What ``medsrl-plan`` prints. Every figure is computed, never measured: from the parameter
-counts of the model (``plan/model_size.py``) and the run's batch, precision and sharding. The
-parts that can be measured on a CPU (weights, gradients, AdamW states, the fused log-prob
-head's buffers) are checked against real allocations in ``tests/plan/test_memory_plan.py``; the rest
-(activations, KV cache, the engine) are estimates whose formulas are written next to them.
-
-Phases, as ``module.py`` runs them:
-
-* **generation**: the rollout engine samples ``n`` responses per prompt. Under FSDP the whole
-  policy is gathered in fp32 around it (``full_policy``). HF ``generate`` holds a KV cache of
-  ``max_batch_size`` rows; a colocated vLLM holds ``gpu_memory_utilization`` of the GPU.
-* **scoring**: the no-grad forward for the old (and reference) log-probs, micro-batch by
-  micro-batch, the policy gathered as in generation.
-* **update**: forward + backward of one micro-batch with the gradients of the step alive.
-* **optimizer step**: AdamW over the (sharded) gradients; activations are gone by then.
-
-A vLLM engine without sleep mode keeps its reservation through every phase.
+What ``medsrl-plan`` prints (docs/GPU.md). Every figure is computed from the model's parameter
+counts (``plan/model_size.py``) and the run's batch, precision and sharding; what a CPU can
+measure is checked in ``tests/plan/test_memory_plan.py``, the rest (activations, KV cache, the
+engine) are estimates with their formulas. Phases, as ``module.py`` runs them: generation (the
+policy gathered whole under FSDP; HF's KV cache or vLLM's reservation), scoring (no-grad
+forward per micro-batch), update (forward + backward of one micro-batch, the step's gradients
+alive), optimizer step. A vLLM engine without sleep mode keeps its reservation throughout.
 """
 
 from __future__ import annotations
@@ -202,9 +192,6 @@ def _count(v: Any) -> int:
     raise ValueError(f"medsrl-plan needs a number of devices, got {v!r} (set trainer.devices=N)")
 
 
-# ------------------------------------------------------------------------------- the arithmetic
-
-
 def layer_forward_bytes(size: ModelSize, tokens: int, compute_bytes: int) -> int:
     """The working set of one decoder layer's no-grad forward over ``tokens``: the fp32
     residual stream and norm upcast, q/k/v and the attention output, the MLP's gate, up and
@@ -251,11 +238,10 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
               else f"a budget of {mb_tokens}")
     mb_knob = "algorithm.micro_batch_size" if run.max_tokens is None else "algorithm.max_tokens_per_microbatch"
 
+    shard_knob = "" if run.sharded else "trainer=fsdp trainer.devices=N"
     resident = [
-        Item("weights", m * P // shards, f"{P:,} params x {m} B {share}".strip(),
-             "" if run.sharded else "trainer=fsdp trainer.devices=N"),
-        Item("AdamW moments", 2 * m * Pt // shards, f"2 x {Pt:,} x {m} B {share}".strip(),
-             "" if run.sharded else "trainer=fsdp trainer.devices=N"),
+        Item("weights", m * P // shards, f"{P:,} params x {m} B {share}".strip(), shard_knob),
+        Item("AdamW moments", 2 * m * Pt // shards, f"2 x {Pt:,} x {m} B {share}".strip(), shard_knob),
     ]
     if run.on_gpu:
         resident.append(Item("runtime", RUNTIME_BYTES, "CUDA context, cuBLAS, NCCL (assumed)"))
@@ -263,6 +249,7 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
         resident.append(Item("KL reference model", m * P, f"a full copy on every rank: {P:,} x {m} B",
                              "algorithm.kl_coef=0"))
     engine = _engine_item(size, run)
+    awake = [engine] if engine is not None and not run.vllm_sleep else []  # in every later phase
     rollouts = Item(
         "rollout tensors",
         run.sequences_per_rank * (T * 3 * 8 + run.response_tokens * 4 * 4),
@@ -294,9 +281,7 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
     if cast is not None and run.backend == "hf":  # the policy runs the generation
         generation.items.append(cast)
 
-    scoring = Phase("scoring", [*resident, rollouts])
-    if engine is not None and not run.vllm_sleep:
-        scoring.items.append(engine)
+    scoring = Phase("scoring", [*resident, rollouts, *awake])
     if gathered is not None:
         scoring.items.append(gathered)
     scoring.items += [
@@ -308,14 +293,9 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
     if cast is not None:
         scoring.items.append(cast)
 
-    grads = Item("gradients", m * Pt // shards, f"{Pt:,} x {m} B {share}".strip(),
-                 "" if run.sharded else "trainer=fsdp trainer.devices=N")
-    update = Phase("update", [*resident, rollouts, grads])
-    if engine is not None and not run.vllm_sleep:
-        update.items.append(engine)
-    buckets = Item("DDP gradient buckets", m * Pt, f"{Pt:,} x {m} B", "trainer=fsdp") if run.ddp else None
-    if buckets is not None:
-        update.items.append(buckets)
+    grads = Item("gradients", m * Pt // shards, f"{Pt:,} x {m} B {share}".strip(), shard_knob)
+    buckets = [Item("DDP gradient buckets", m * Pt, f"{Pt:,} x {m} B", "trainer=fsdp")] if run.ddp else []
+    update = Phase("update", [*resident, rollouts, grads, *awake, *buckets])
     if run.sharded:
         units = size.root_params + 2 * size.layer_params
         update.items += [
@@ -349,12 +329,9 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
              f"{run.chunk_tokens} tokens x {V} x (2 x {c} + 8) B (recomputed in backward)"),
     ]
 
-    step = Phase("optimizer step", [*resident, rollouts, grads])
-    if engine is not None and not run.vllm_sleep:
-        step.items.append(engine)
-    if buckets is not None:
-        step.items.append(buckets)
-    step.items.append(Item("AdamW temporaries", m * Pt // shards, f"foreach: one fp32 list the size of the {'shards' if shards > 1 else 'params'}"))
+    temporaries = Item("AdamW temporaries", m * Pt // shards,
+                       f"foreach: one fp32 list the size of the {'shards' if shards > 1 else 'params'}")
+    step = Phase("optimizer step", [*resident, rollouts, grads, *awake, *buckets, temporaries])
 
     phases = [generation, scoring, update, step]
     if engine is not None:  # the weights copied into the engine (its KV cache asleep when it sleeps)
@@ -367,7 +344,7 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
         plan.notes.append(f"LoRA: {Pt:,} adapter parameters train (gradients and AdamW states for those "
                           f"only, their weights not counted above); the {P:,} base weights are frozen")
     if engine is not None:
-        plan.notes.append(_engine_note(size, run))
+        plan.notes.append(_engine_note(size, run, engine))
     if run.backend == "hf":
         fill = math.ceil(run.sequences_per_rank / run.generate_rows)
         plan.notes.append(f"HF generate: {run.sequences_per_rank} responses per rank in {fill} calls of "
@@ -390,15 +367,11 @@ def _engine_item(size: ModelSize, run: RunShape) -> Item | None:
                 "rollout.vllm.gpu_memory_utilization, rollout.vllm.enable_sleep_mode=true")
 
 
-def _engine_note(size: ModelSize, run: RunShape) -> str:
-    engine = _engine_item(size, run)
+def _engine_note(size: ModelSize, run: RunShape, engine: Item) -> str:
     kv = engine.bytes - size.params * run.vllm_weight_bytes - RUNTIME_BYTES
     per_row = run.tokens_per_row * size.kv_bytes_per_token * run.vllm_weight_bytes
     return (f"vLLM KV cache about {gib(kv)}: {max(kv, 0) // per_row} sequences of {run.tokens_per_row} tokens "
             "at once (vLLM pages the rest)")
-
-
-# ----------------------------------------------------------------------------------- printing
 
 
 def format_plan(plan: MemoryPlan) -> str:

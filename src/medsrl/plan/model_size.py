@@ -56,8 +56,32 @@ def model_size(model_cfg: Mapping[str, Any]) -> ModelSize:
 
 def meta_model(model_cfg: Mapping[str, Any]) -> torch.nn.Module:
     """The ``model`` config group's model on the ``meta`` device: its modules, no storage."""
+    from medsrl.models.loading import random_model_like
+
+    name = model_cfg.get("name_or_path")
+    local = Path(str(name)).expanduser() / "config.json" if name else None
     with torch.device("meta"):
-        return _meta_model(model_cfg)
+        if local is not None and local.is_file():
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            trust = bool(model_cfg.get("trust_remote_code"))
+            config = AutoConfig.from_pretrained(local.parent, trust_remote_code=trust)
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust)
+        shape = dict(model_cfg.get("shape") or {})
+        if shape:
+            if not model_cfg.get("architecture"):
+                raise ValueError("model.shape needs model.architecture (qwen2, qwen3, llama)")
+            vocab = shape.pop("vocab_size")
+            return random_model_like(model_cfg["architecture"], vocab, **shape)
+        if name is None:  # the tiny preset
+            from medsrl.models.tiny import build_tiny_model
+
+            return build_tiny_model(**dict(model_cfg.get("tiny") or {}))
+    raise ValueError(
+        f"model {name!r}: no shape to plan with; add model.shape (its config.json numbers: hidden_size, "
+        "num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, "
+        "tie_word_embeddings) or point model.name_or_path at a local copy"
+    )
 
 
 def size_of(model: torch.nn.Module) -> ModelSize:
@@ -83,31 +107,4 @@ def size_of(model: torch.nn.Module) -> ModelSize:
         vocab_size=config.vocab_size,
         q_width=heads * head_dim,
         kv_width=kv_heads * head_dim,
-    )
-
-
-def _meta_model(model_cfg: Mapping[str, Any]) -> torch.nn.Module:
-    from medsrl.models.loading import random_model_like
-
-    name = model_cfg.get("name_or_path")
-    local = Path(str(name)).expanduser() / "config.json" if name else None
-    if local is not None and local.is_file():
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        config = AutoConfig.from_pretrained(local.parent, trust_remote_code=bool(model_cfg.get("trust_remote_code")))
-        return AutoModelForCausalLM.from_config(config, trust_remote_code=bool(model_cfg.get("trust_remote_code")))
-    shape = dict(model_cfg.get("shape") or {})
-    if shape:
-        if not model_cfg.get("architecture"):
-            raise ValueError("model.shape needs model.architecture (qwen2, qwen3, llama)")
-        vocab = shape.pop("vocab_size")
-        return random_model_like(model_cfg["architecture"], vocab, **shape)
-    if name is None:  # the tiny preset
-        from medsrl.models.tiny import build_tiny_model
-
-        return build_tiny_model(**dict(model_cfg.get("tiny") or {}))
-    raise ValueError(
-        f"model {name!r}: no shape to plan with; add model.shape (its config.json numbers: hidden_size, "
-        "num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, "
-        "tie_word_embeddings) or point model.name_or_path at a local copy"
     )

@@ -1,7 +1,6 @@
-"""Training-method plug-ins (one module and one ``configs/plugins/*.yaml`` each) and their protocol.
-
-See ``base.py`` for the hooks and ``docs/PLUGINS.md`` for how to write one.
-"""
+"""The extension point of the RL step: the plug-in protocol (``base.py``), the host that calls
+the hooks in order (``host.py``) and the generation rounds (``rounds.py``). The methods are in
+``medsrl.methods``; ``docs/PLUGINS.md`` shows how to write one."""
 
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.plugins.host import PluginHost

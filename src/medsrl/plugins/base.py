@@ -1,24 +1,11 @@
 """The plug-in protocol: how a training method takes part in the RL step.
 
 A plug-in is a Lightning ``Callback`` (so setup, teardown and checkpoint state are Lightning's)
-that the module also calls at fixed points of each step, in the order of
-``algorithm.plugins``. Override only what the method needs::
-
-    add_prompts        prompts to generate this step, besides the batch's (R3 reflection)
-    transform_groups   graded groups before packing: drop (DAPO), add rows (replay) or groups;
-                       called again for each extra generation round of a later plug-in (DAPO)
-    token_stats        names of per-token quantities wanted from the scoring forward
-                       ("entropy" built in; a plug-in's own via ``token_reducers``)
-    before_scoring / scoring_microbatch / after_scoring
-                       around the one no-grad old-log-prob forward (MEDS reads hidden states)
-    shape_rewards      reward terms and shaped scores, before advantages (overlong, MEDS)
-    step_additions / commit
-                       replicated state: what this rank adds this step; ``commit`` gets every
-                       rank's additions (one all-gather for all plug-ins), so state is identical
-                       on every rank; ``state_dict`` puts it into checkpoints
-    shape_advantages   token-level advantages ([B] or [B, T]) and ``rollouts.loss_weights``
-
-Metrics, histograms and text go through the :class:`StepContext`, under the plug-in's name.
+whose hooks below the module also calls at fixed points of each step, in the order of
+``algorithm.plugins`` (``docs/PLUGINS.md`` has the table). Override only what the method needs.
+Replicated state: ``commit`` gets every rank's ``step_additions`` (one all-gather for all
+plug-ins), so it is identical on every rank; ``state_dict`` puts it into checkpoints. Metrics,
+histograms and text go through the :class:`StepContext`, under the plug-in's name.
 """
 
 from __future__ import annotations
@@ -32,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.loggers import Logger, TensorBoardLogger
 
 from medsrl.utils import wandb_log
+from medsrl.utils.run_dir import run_log_dir
 
 if TYPE_CHECKING:
     from medsrl.data.example import Prompt
@@ -44,25 +32,27 @@ if TYPE_CHECKING:
 
 @dataclass
 class StepContext:
-    """What a plug-in may use during one step.
+    """What a plug-in may use during one step (the run's settings it needs: read them in
+    ``setup``). ``loggers`` and ``run_dir`` are rank 0's: the other ranks write nothing."""
 
-    ``sample(prompts, round)`` generates and grades this rank's share of ``prompts`` (seeded by
-    step and round) and returns them as groups; ``metrics`` is logged under ``train/``.
-    ``dropped`` holds the groups a filter took out of the batch (DAPO's zero-spread groups):
-    never trained on, but a later plug-in may learn from them. ``scoring_policy`` is the policy
-    with all its weights while the scoring block runs (for a plug-in's own no-grad forward).
-    """
-
-    trainer: Any
-    module: Any
     step: int
     stage: str | None
     timer: PhaseTimer
-    sample: Callable[[list[Prompt], int], list[Group]]
     num_prompts: int  # the step's global prompt count (the batch to fill)
-    metrics: dict[str, float] = field(default_factory=dict)
+    loggers: list[Logger] = field(default_factory=list)  # for histograms and text
+    run_dir: str | None = None  # the run's log directory, for snapshot files
+    metrics: dict[str, float] = field(default_factory=dict)  # logged under train/
+    # the groups a filter took out of the batch (DAPO's zero-spread groups): never trained on,
+    # but a later plug-in may learn from them
     dropped: list[Group] = field(default_factory=list)
-    scoring_policy: Any = None
+    scoring_policy: Any = None  # the whole policy while the scoring block runs (for own forwards)
+
+    @classmethod
+    def for_trainer(cls, trainer, step: int, stage: str | None, timer: PhaseTimer, num_prompts: int) -> StepContext:
+        """This rank's context of a step: the trainer's loggers and run directory on rank 0 only."""
+        if not trainer.is_global_zero:
+            return cls(step, stage, timer, num_prompts)
+        return cls(step, stage, timer, num_prompts, list(trainer.loggers), run_log_dir(trainer))
 
     def log(self, plugin: Plugin, values: dict[str, float]) -> None:
         """Scalars as ``train/<plugin name>/<key>``."""
@@ -70,25 +60,20 @@ class StepContext:
             self.metrics[f"{plugin.name}/{k}"] = v
 
     def _writers(self):
-        if not self.trainer.is_global_zero:
-            return []
-        return [lg.experiment for lg in self.trainer.loggers if isinstance(lg, TensorBoardLogger)]
-
-    def _wandb_loggers(self) -> list:
-        return wandb_log.wandb_loggers(self.trainer.loggers) if self.trainer.is_global_zero else []
+        return [lg.experiment for lg in self.loggers if isinstance(lg, TensorBoardLogger)]
 
     def histogram(self, plugin: Plugin, tag: str, values) -> None:
         """A histogram ``<plugin name>/<tag>`` in TensorBoard and W&B (rank 0; no-op without
         either logger)."""
         for w in self._writers():
             w.add_histogram(f"{plugin.name}/{tag}", values, global_step=self.step)
-        wandb_log.log_histogram(self._wandb_loggers(), f"{plugin.name}/{tag}", values, self.step)
+        wandb_log.log_histogram(wandb_log.wandb_loggers(self.loggers), f"{plugin.name}/{tag}", values, self.step)
 
     def text(self, plugin: Plugin, tag: str, text: str) -> None:
         """A text panel ``<plugin name>/<tag>`` in TensorBoard and W&B (rank 0)."""
         for w in self._writers():
             w.add_text(f"{plugin.name}/{tag}", text, self.step)
-        wandb_log.log_text(self._wandb_loggers(), f"{plugin.name}/{tag}", text, self.step)
+        wandb_log.log_text(wandb_log.wandb_loggers(self.loggers), f"{plugin.name}/{tag}", text, self.step)
 
 
 class Plugin(Callback):
@@ -99,6 +84,9 @@ class Plugin(Callback):
     # Reads the scoring forward (old log-probs, token stats, capture hooks). Only when no plug-in
     # does may an on-policy step skip that forward (``RLModule.scoring_forward_needed``).
     reads_scoring_forward: bool = True
+    # A filter that has the step generate extra rounds until the batch is full again (DAPO), at
+    # most this many; None: not such a filter (plugins/rounds.py)
+    max_rounds: int | None = None
     legacy_state_keys: tuple[str, ...] = ()  # where checkpoints of older versions kept the state
 
     @property
@@ -111,9 +99,12 @@ class Plugin(Callback):
         return []
 
     def transform_groups(self, groups: list[Group], ctx: StepContext) -> list[Group]:
-        """The step's groups (this rank's share), changed; return the list to keep. Called once
-        per generation round: again for the groups of a later plug-in's extra rounds."""
+        """The step's groups (this rank's share), changed; return the list to keep. Before DAPO's
+        filter: called once per generation round (``plugins/rounds.py``)."""
         return groups
+
+    def batch_filled(self, extra_rounds: int, kept: float, ctx: StepContext) -> None:
+        """After the rounds of a filter with ``max_rounds``: ``kept`` groups over all ranks."""
 
     # the scoring forward -------------------------------------------------------------------
     def token_reducers(self) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:

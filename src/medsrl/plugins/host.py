@@ -1,4 +1,4 @@
-"""The module's plug-ins, in order, called at each point of the step (see ``base.py``)."""
+"""The module's plug-ins, in order, called at each point of the step (``base.py``, ``rounds.py``)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,6 @@ class PluginHost:
         self.plugins = list(plugins)
         self.reducers = self._reducers()
 
-    def __iter__(self):
-        return iter(self.plugins)
-
     def _reducers(self) -> dict[str, TokenReducer]:
         """Every per-token quantity some plug-in asked for (none asked: the forward computes none)."""
         out: dict[str, TokenReducer] = {}
@@ -48,34 +45,6 @@ class PluginHost:
     def add_prompts(self, prompts: list, ctx: StepContext) -> list:
         extra = [q for p in self.plugins for q in p.add_prompts(prompts, ctx)]
         return list(prompts) + extra
-
-    def transform_groups(self, groups: list, ctx: StepContext) -> list:
-        """Each plug-in's ``transform_groups`` in order. Groups a plug-in generates through
-        ``ctx.sample`` (DAPO's extra rounds) first pass through the plug-ins before it, so they
-        are treated like the first round's (R3 replay before DAPO's filter)."""
-        sample = ctx.sample
-        try:
-            for i, p in enumerate(self.plugins):
-                ctx.sample = self._sample_through(self.plugins[:i], sample, ctx)
-                groups = p.transform_groups(groups, ctx)
-        finally:
-            ctx.sample = sample
-        return groups
-
-    @staticmethod
-    def _sample_through(before: list[Plugin], sample, ctx: StepContext):
-        def sample_and_transform(prompts: list, round_: int) -> list:
-            outer = ctx.sample
-            ctx.sample = sample  # the earlier plug-ins see plain sampling
-            try:
-                groups = sample(prompts, round_)
-                for p in before:
-                    groups = p.transform_groups(groups, ctx)
-            finally:
-                ctx.sample = outer
-            return groups
-
-        return sample_and_transform
 
     def before_scoring(self, rollouts, ctx: StepContext) -> None:
         for p in self.plugins:

@@ -1,15 +1,11 @@
 """The part of a response that holds its answer: all of it, or what follows its reasoning.
 
-Reasoning models (DeepSeek-R1-Distill, Qwen3 in thinking mode) write ``<think> ... </think>`` and
-answer after it; a ``\\boxed{}`` inside the reasoning is a guess on the way, not the answer. With
-``grader.reasoning_end`` set to the closing tag, the grader reads only the text after its last
-occurrence, and a response that never closes its reasoning has no answer at all (it scores 0
-and is counted). MEDS's answer locator and R3's entropy ranking read the same span, in tokens:
-:func:`answer_starts` maps the tag to the first token after it.
-
-The token search works on per-id text pieces (:class:`TokenPieces`), because a tag that is not a
-special token of the tokenizer (``</think>`` in Qwen2.5-Math's) is split into several tokens, and
-a byte-level BPE may merge its ``>`` with the newline that follows.
+Reasoning models write ``<think> ... </think>`` and answer after it; a ``\\boxed{}`` inside the
+reasoning is a guess on the way. With ``grader.reasoning_end`` set, the grader reads only the text
+after the tag's last occurrence (none: no answer, score 0), and MEDS's answer locator and R3's
+ranking read the same span in tokens. The token search works on per-id text pieces, because a tag
+that is not a special token (``</think>`` in Qwen2.5-Math) is split into several tokens, and
+byte-level BPE may merge its ``>`` with the newline that follows.
 """
 
 from __future__ import annotations
@@ -49,17 +45,8 @@ class TokenPieces:
         return piece
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
-        cache = self._cache
-        out = []
-        for i in ids:
-            p = cache.get(i)
-            if p is None:
-                p = self(i)
-            out.append(p)
-        return out
-
-    def __len__(self) -> int:
-        return len(self._cache)
+        cache = self._cache  # looked up inline: this runs per token of every response
+        return [cache[i] if i in cache else self(i) for i in ids]
 
 
 _PIECES: weakref.WeakKeyDictionary[Any, TokenPieces] = weakref.WeakKeyDictionary()
@@ -84,10 +71,9 @@ def as_list(ids: Sequence[int]) -> list[int]:
 
 
 def answer_start(ids: Sequence[int], pieces: TokenPieces, reasoning_end: str | None) -> int | None:
-    """Index of the first token of the answer span of one response: 0 without ``reasoning_end``;
-    else the first token that holds text after the last tag (``len(ids)`` when nothing follows
-    it); ``None`` when the tag never appears. A token holding both the tag's last character and
-    the start of the answer counts as the answer's (it predicts the text after it)."""
+    """Index of the first answer token of one response: 0 without ``reasoning_end``, else the
+    first token holding text after the last tag (a token holding both counts); ``len(ids)`` when
+    nothing follows, ``None`` when the tag never appears."""
     if reasoning_end is None:
         return 0
     parts = pieces.pieces(as_list(ids))

@@ -1,9 +1,8 @@
 """Find the final answer in a model response: the content of its last ``\\boxed{...}``.
 
-Only the *last* box counts, because models often box intermediate results before the final one.
-We parse braces by hand (regexes cannot match nested braces) and return ``None`` for a box that is
-never closed, which is what a response truncated at the length limit looks like: such a response
-has no final answer and should get no credit.
+Only the *last* box counts (models box intermediate results too). Braces are parsed by hand
+(regexes cannot nest); a box never closed, as in a response truncated at the length limit, gives
+``None``: no final answer, no credit.
 """
 
 from __future__ import annotations
@@ -17,11 +16,7 @@ _BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 
 @dataclass(frozen=True)
 class BoxedSpan:
-    """Where the last box sits in the response (character offsets into the text).
-
-    ``brace`` is the index of the opening ``{`` (``None`` for the ``\\boxed 5`` form); the trainer
-    maps it to the token that predicts the first answer token.
-    """
+    """Where the last box sits in the response (character offsets into the text)."""
 
     content: str
     start: int  # index of the backslash of `\boxed`
@@ -60,10 +55,8 @@ def find_last_boxed(text: str) -> BoxedSpan | None:
 
 
 def extract_last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (also ``\\fbox{...}`` and ``\\boxed 5``).
-
-    Nested braces are handled; returns ``None`` if there is no box or the last one is unbalanced.
-    """
+    """Content of the last ``\\boxed{...}`` (also ``\\fbox{...}`` and ``\\boxed 5``); ``None`` if
+    there is no box or the last one is unbalanced."""
     span = find_last_boxed(text)
     return None if span is None else span.content
 

@@ -1,11 +1,8 @@
 """Rollout types shared by every generation backend, and the packing used by the policy update.
 
-A rollout engine turns a list of prompt strings into ``n`` sampled responses per prompt
-(:class:`RolloutBatch`). The training step then packs prompt and response ids into one padded
-batch (:func:`pack_rollouts`) and reads the per-token log-probs of the responses from a single
-forward pass (``medsrl.step.scoring.response_logits``).
-
-Layout of a packed row (``P`` = longest prompt, ``R`` = longest response)::
+An engine turns prompt strings into ``n`` sampled responses per prompt (:class:`RolloutBatch`);
+the step packs prompt and response ids into one padded batch (:func:`pack_rollouts`). Layout of a
+packed row (``P`` = longest prompt, ``R`` = longest response)::
 
     [pad pad p0 p1 p2 | r0 r1 r2 pad pad]
      <---- P ------->   <----- R ----->
@@ -29,9 +26,8 @@ FINISH_LENGTH = "length"
 class SamplingParams:
     """How to sample: ``n`` responses per prompt, at most ``max_new_tokens`` tokens each.
 
-    ``temperature <= 0`` means greedy decoding (``top_p`` is then ignored). ``seed`` makes a
-    ``generate`` call reproducible for the same prompts, params and engine settings.
-    ``logprobs`` asks for :attr:`RolloutBatch.response_logprobs`; it never changes the samples.
+    ``temperature <= 0`` is greedy (``top_p`` ignored). ``seed`` makes a call reproducible for
+    the same prompts and engine settings. ``logprobs`` never changes the samples.
     """
 
     n: int = 8
@@ -45,9 +41,7 @@ class SamplingParams:
         if self.n < 1:
             raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
         if self.max_new_tokens < 1:
-            raise ValueError(
-                f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}"
-            )
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if self.temperature < 0:
@@ -60,18 +54,13 @@ class SamplingParams:
 
 @dataclass
 class RolloutBatch:
-    """Generated responses, one entry per response.
+    """Generated responses, one entry per response, grouped by prompt in prompt order.
 
-    Responses are grouped by prompt, in prompt order: prompt 0 repeated ``n`` times, then prompt
-    1 ``n`` times, and so on. ``response_ids`` holds the generated ids with the stop token kept
-    (when one was produced) and no padding; ``response_text`` is decoded with special tokens
-    skipped; ``finish_reason`` is ``"stop"`` when a stop token was produced, ``"length"`` when
-    ``max_new_tokens`` ran out first.
-
-    ``response_logprobs`` (only when :attr:`SamplingParams.logprobs` asked for it) holds, for
-    every response token, its log-prob under the distribution it was drawn from: the policy's
-    at the sampling temperature, renormalised over the top-p nucleus (plain log-softmax when
-    greedy). This is vLLM's ``processed_logprobs``.
+    ``response_ids`` keep the stop token (when produced), no padding; ``response_text`` is decoded
+    with special tokens skipped; ``finish_reason`` is ``"stop"`` or ``"length"``
+    (``max_new_tokens`` ran out). ``response_logprobs`` (when :attr:`SamplingParams.logprobs`
+    asks): each token's log-prob under the distribution it was drawn from, i.e. at the sampling
+    temperature, renormalised over the top-p nucleus (vLLM's ``processed_logprobs``).
     """
 
     prompt_index: list[int]
@@ -83,15 +72,10 @@ class RolloutBatch:
 
     def __post_init__(self) -> None:
         n = len(self.prompt_index)
-        lengths = {
-            "prompt_ids": len(self.prompt_ids),
-            "response_ids": len(self.response_ids),
-            "response_text": len(self.response_text),
-            "finish_reason": len(self.finish_reason),
-        }
+        names = ["prompt_ids", "response_ids", "response_text", "finish_reason"]
         if self.response_logprobs is not None:
-            lengths["response_logprobs"] = len(self.response_logprobs)
-        bad = {k: v for k, v in lengths.items() if v != n}
+            names.append("response_logprobs")
+        bad = {k: len(getattr(self, k)) for k in names if len(getattr(self, k)) != n}
         if bad:
             raise ValueError(f"RolloutBatch fields disagree in length: prompt_index={n}, {bad}")
         if self.response_logprobs is not None:
@@ -150,9 +134,7 @@ class RolloutBatch:
 class RolloutEngine(Protocol):
     """A generation backend (Hugging Face ``generate`` or vLLM; see ``medsrl.rollout.factory``)."""
 
-    # True: generation runs the policy module itself (under FSDP its weights are gathered around
-    # it); False: the engine holds its own copy (vLLM)
-    uses_policy_weights: bool
+    uses_policy_weights: bool  # False: the engine holds its own copy (no FSDP gather around it)
 
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch: ...
 
@@ -166,18 +148,14 @@ class RolloutEngine(Protocol):
 
     @property
     def weights_released(self) -> bool:
-        """Whether ``release`` dropped the engine's weights, so that ``sync_weights`` must come
-        before the next ``generate``."""
+        """Whether ``release`` dropped the weights: ``sync_weights`` must precede ``generate``."""
         ...
 
 
 def tokenize_prompts(tokenizer, prompts: list[str], n: int, engine: str) -> tuple[list[list[int]], list[int]]:
-    """The checks and tokenization every engine's ``generate`` starts with.
-
-    Returns each prompt's ids (the tokenizer's default special-token handling, as vLLM's) and
-    the response order, ``n`` per prompt grouped by prompt (``[0]*n + [1]*n + ...``). A bare
-    string or a prompt that tokenizes to nothing is refused, naming the prompt.
-    """
+    """Each prompt's ids (default special-token handling, as vLLM's) and the response order
+    (``[0]*n + [1]*n + ...``): what every engine's ``generate`` starts with. A bare string or a
+    prompt that tokenizes to nothing is refused."""
     if isinstance(prompts, str):
         raise TypeError(f"{engine}.generate expects a list of prompt strings")
     prompt_ids = [list(ids) for ids in tokenizer(list(prompts))["input_ids"]] if prompts else []
@@ -189,11 +167,8 @@ def tokenize_prompts(tokenizer, prompts: list[str], n: int, engine: str) -> tupl
 
 @dataclass
 class PackedRollouts:
-    """A padded batch of prompt + response ids ready for one forward pass.
-
-    ``input_ids``, ``attention_mask`` and ``position_ids`` are ``[B, P + R]`` (long);
-    ``response_mask`` is ``[B, R]`` (float), 1 on real response tokens including the stop token.
-    """
+    """A padded batch of prompt + response ids: ``input_ids``, ``attention_mask`` and
+    ``position_ids`` ``[B, P + R]`` (long); ``response_mask`` ``[B, R]`` (float, stop token in)."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -227,13 +202,8 @@ class PackedRollouts:
         return self.prompt_length + (int(lengths.max()) if lengths.numel() else 0)
 
     def to(self, device: torch.device | str) -> PackedRollouts:
-        return PackedRollouts(
-            input_ids=self.input_ids.to(device),
-            attention_mask=self.attention_mask.to(device),
-            position_ids=self.position_ids.to(device),
-            response_mask=self.response_mask.to(device),
-            prompt_length=self.prompt_length,
-        )
+        tensors = (self.input_ids, self.attention_mask, self.position_ids, self.response_mask)
+        return PackedRollouts(*(t.to(device) for t in tensors), self.prompt_length)
 
 
 def pack_rollouts(
@@ -241,14 +211,11 @@ def pack_rollouts(
 ) -> PackedRollouts:
     """Pack prompts (left-padded to the longest, ``P``) and responses (right-padded, ``R``).
 
-    ``position_ids = cumsum(attention_mask) - 1`` clamped at 0, so every row counts positions
-    from its first real token, exactly as when the sequence is run alone. The log-prob of response
-    token ``t`` is read from the logits at column ``P + t - 1``.
+    ``position_ids = cumsum(attention_mask) - 1`` clamped at 0: every row counts positions from
+    its first real token, exactly as when the sequence is run alone.
     """
     if len(prompt_ids) != len(response_ids):
-        raise ValueError(
-            f"pack_rollouts: {len(prompt_ids)} prompts but {len(response_ids)} responses"
-        )
+        raise ValueError(f"pack_rollouts: {len(prompt_ids)} prompts but {len(response_ids)} responses")
     if not prompt_ids:
         raise ValueError("pack_rollouts: empty batch")
     if any(len(p) == 0 for p in prompt_ids):
@@ -269,10 +236,4 @@ def pack_rollouts(
             attention_mask[i, p_len:end] = 1
             response_mask[i, : len(response)] = 1.0
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    return PackedRollouts(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        response_mask=response_mask,
-        prompt_length=p_len,
-    )
+    return PackedRollouts(input_ids, attention_mask, position_ids, response_mask, p_len)

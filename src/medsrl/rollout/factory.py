@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -15,9 +13,8 @@ BACKENDS = ("hf", "vllm")
 
 
 def engine_max_model_len(cfg: RolloutConfig, policy: torch.nn.Module) -> int | None:
-    """``rollout.vllm.max_model_len``, else the prompt and response budgets (capped at the
-    model's positions): the engine's buffers are then sized for the sequences it will see, not
-    for the model's 32k or 40k."""
+    """``rollout.vllm.max_model_len``, else the prompt and response budgets (capped at the model's
+    positions): the engine's buffers sized for the sequences it will see, not the model's 40k."""
     if cfg.vllm.max_model_len is not None:
         return cfg.vllm.max_model_len
     budget = cfg.max_prompt_tokens + cfg.max_new_tokens
@@ -28,16 +25,14 @@ def engine_max_model_len(cfg: RolloutConfig, policy: torch.nn.Module) -> int | N
 def build_engine(
     cfg: RolloutConfig, policy: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, seed: int = 0
 ) -> RolloutEngine:
-    """The engine for ``cfg.backend``, serving ``policy``'s current weights.
-
-    vLLM is imported only when asked for: the main environment does not have it.
-    """
+    """The engine for ``cfg.backend``, serving ``policy``'s current weights (vLLM imported only
+    when asked for: the main environment does not have it)."""
     if cfg.backend == "hf":
         return HFRolloutEngine(policy, tokenizer, max_batch_size=cfg.max_batch_size)
     if cfg.backend == "vllm":
         from medsrl.rollout.vllm import VLLMRolloutEngine
 
-        options = asdict(cfg.vllm)
+        options = cfg.vllm.model_dump()
         options["max_model_len"] = engine_max_model_len(cfg, policy)
         return VLLMRolloutEngine(policy, tokenizer, seed=seed, **options)
     raise ValueError(f"rollout.backend={cfg.backend!r}; valid: {', '.join(BACKENDS)}")

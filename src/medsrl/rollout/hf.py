@@ -41,7 +41,6 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from medsrl.algo.guard import LIKELY_CAUSES, NONFINITE_SAMPLING, RunawayError
 from medsrl.models.loading import stop_token_ids as default_stop_token_ids
 from medsrl.rollout.base import (
     FINISH_LENGTH,
@@ -50,6 +49,7 @@ from medsrl.rollout.base import (
     SamplingParams,
     tokenize_prompts,
 )
+from medsrl.utils.guard import LIKELY_CAUSES, NONFINITE_SAMPLING, RunawayError
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:

@@ -1,57 +1,27 @@
 """Rollouts with an in-process (colocated) vLLM engine, fed the policy's weights in place.
 
-Creation: only the policy's config and the tokenizer are written to a temp dir; the engine starts
-with ``load_format="dummy"`` (random weights) and then receives the live weights through
-:meth:`VLLMRolloutEngine.sync_weights`, the same path every later update takes. So nothing as large
-as the weights goes to disk, and the sync path is exercised from the first rollout on.
+The engine starts from the policy's config and tokenizer only (``load_format="dummy"``) and
+receives the live weights through :meth:`VLLMRolloutEngine.sync_weights`, the path every later
+update takes: nothing as large as the weights goes to disk. Sync hands the weights to the worker
+by reference, so the engine must be in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; with
+``tensor_parallel_size > 1`` they would be pickled instead: untested). The worker's in-place
+``reload_weights`` is used where offered (the CPU build repacks its linear layers after loading,
+so ``load_weights`` fails there); the prefix cache is reset after every sync.
 
-Weight sync needs the engine in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: set here when
-unset, an error when set to anything else): the weights are handed to the worker by reference,
-not serialised. (With ``tensor_parallel_size > 1`` vLLM starts worker processes and the weights
-are pickled to them instead: untested here.) Inside the worker it uses the in-place ``reload_weights`` with a weights iterator when
-the installed vLLM offers it (required on the CPU build, whose linear layers are repacked after
-loading, so a plain ``load_weights`` fails there), else the model's ``load_weights`` (older GPU
-builds). The prefix cache is reset after every sync: cached KV blocks belong to the old weights.
+Sampling mirrors :class:`~medsrl.rollout.hf.HFRolloutEngine`: our tokenizer encodes and decodes,
+every response is its own request (vLLM refuses ``n > 1`` when greedy; the prefix cache runs a
+shared prompt once), and the model's ``generation_config`` is ignored. By default the engine's
+generator is seeded with ``params.seed`` per call, so the batch is sampled in one vectorised
+draw; ``per_request_seeds=True`` seeds response ``j`` of prompt ``i`` with
+``(params.seed + i) * 2**20 + j``, so a rank's shard taken with ``seed + s`` samples what one
+process would (slower: vLLM serves seeded requests one at a time in Python).
 
-Sampling mirrors :class:`~medsrl.rollout.hf.HFRolloutEngine`: prompts are tokenized (and responses
-decoded) by our tokenizer, every response is its own request (vLLM refuses ``n > 1`` when greedy;
-the prefix cache runs a shared prompt once). Seeding, two ways:
-
-* one seed per call (the default): the engine's random generator is seeded with ``params.seed``
-  before the call and the requests carry none, so vLLM samples the whole batch in one vectorised
-  draw. A call is reproducible on one machine and one engine configuration.
-* ``per_request_seeds=True``: response ``j`` of prompt ``i`` is seeded with
-  ``(params.seed + i) * 2**20 + j``: no two responses share a random stream, and, as with the HF
-  backend, a caller that takes prompts ``s..`` with ``seed + s`` (a rank's shard) gets the
-  responses of the whole call (up to floating-point differences between batch compositions).
-  vLLM serves seeded requests one at a time in Python at every decode step: slower.
-
-The model's own ``generation_config`` is ignored (``generation_config="vllm"``): our
-:class:`SamplingParams` are the only settings.
-
-Sleep mode (``enable_sleep_mode``, CUDA builds): :meth:`release` puts the engine to sleep at level
-2 once the step's sampling is done, freeing its weights and KV cache for the trainer's scoring
-and update (level 1 would copy the weights to host memory and back, although the next
-:meth:`sync_weights` replaces them anyway). Every wake first returns PyTorch's cached blocks to
-the driver (``torch.cuda.empty_cache()``), without which the wake fails against the memory the
-update left cached. ``sync_weights`` wakes the weights only; ``generate`` wakes the KV cache, and
-refuses to sample from weights that were released and not synced since.
-
-vLLM samples from NaN logits without complaint (token 0 with a NaN log-prob, on the CPU build), so
-every request asks for the sampled token's log-prob (``logprobs=0``: one value per token) and a
-NaN or +inf among them raises :class:`~medsrl.algo.guard.RunawayError`, as the HF backend does.
-
-Several training processes (``trainer=ddp`` / ``trainer=fsdp``): every rank runs its own engine
-for its own shard of the prompts, started with vLLM's ``external_launcher`` executor, which joins
-the process group the trainer already made instead of spawning workers. Each engine is
-``tensor_parallel_size=1``: the ranks of a tensor-parallel group would have to submit identical
-requests, and ours hold different prompts.
-
-vLLM keeps its parallel state in process globals and an engine's shutdown tears it down, so one
-engine lives per process: creating one closes the previous one (a later garbage collection of the
-old one would otherwise break the new one).
-
-``vllm`` is imported lazily: the main environment does not have it (see ``make test-vllm``).
+Sleep mode, ``external_launcher`` under DDP / FSDP (one engine per rank, tensor-parallel size 1):
+docs/GPU.md and README.md. vLLM samples from NaN logits without complaint, so every request asks
+for the sampled token's log-prob and a NaN or +inf raises
+:class:`~medsrl.utils.guard.RunawayError`, as the HF backend does. vLLM keeps its parallel state
+in process globals, torn down by an engine's shutdown, so creating an engine closes the previous
+one. ``vllm`` is imported lazily: the main environment does not have it (``make test-vllm``).
 """
 
 from __future__ import annotations
@@ -65,7 +35,6 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from medsrl.algo.guard import LIKELY_CAUSES, NONFINITE_SAMPLING, RunawayError
 from medsrl.models.loading import stop_token_ids as default_stop_token_ids
 from medsrl.models.lora import merged_state_dict
 from medsrl.rollout.base import (
@@ -75,32 +44,20 @@ from medsrl.rollout.base import (
     SamplingParams,
     tokenize_prompts,
 )
+from medsrl.utils.guard import LIKELY_CAUSES, NONFINITE_SAMPLING, RunawayError
 
 log = logging.getLogger(__name__)
 
 IN_PROCESS_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 SLEEP_TAGS = ("weights", "kv_cache")
+ROTARY_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 SEED_STRIDE = 2**20  # more than any n: responses of one prompt get consecutive seeds
 _live: weakref.ref | None = None  # the process's one open engine
 
 
-class _DropMessage(logging.Filter):
-    """Drops one known-harmless vLLM warning that would otherwise repeat at every sync."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
-
-
-def _quiet_rotary_warning() -> None:
-    # The rotary cos/sin cache is computed, not loaded; reload restores it and warns each time.
-    name = "vllm.model_executor.model_loader.reload.layerwise"
-    logger = logging.getLogger(name)
-    if not any(isinstance(f, _DropMessage) for f in logger.filters):
-        logger.addFilter(_DropMessage("RotaryEmbedding: Failed to load weights"))
+def _drop_rotary_warning(record: logging.LogRecord) -> bool:
+    """The rotary cos/sin cache is computed, not loaded: every reload restores it and warns."""
+    return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
 
 
 def _load_into_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> str:
@@ -114,8 +71,8 @@ def _load_into_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> s
 
 
 def _seed_worker(worker: Any, seed: int) -> int:
-    """Runs inside the vLLM worker: seed the generator its sampler draws unseeded requests from
-    (the process's default generators: the engine is in process, so the trainer's too)."""
+    """Runs inside the (in-process) vLLM worker: seed the default generators, which its sampler
+    draws unseeded requests from."""
     torch.manual_seed(seed)
     return seed
 
@@ -124,7 +81,8 @@ def _sampled_logprobs(completion: Any) -> list[float]:
     """The log-prob vLLM returned for each token it sampled (``logprobs=0``)."""
     if completion.logprobs is None:
         raise RuntimeError("vLLM returned no log-probs although they were asked for")
-    return [float(step[tok].logprob) for tok, step in zip(completion.token_ids, completion.logprobs, strict=True)]
+    pairs = zip(completion.token_ids, completion.logprobs, strict=True)
+    return [float(step[tok].logprob) for tok, step in pairs]
 
 
 def _multi_process_options(tensor_parallel_size: int) -> dict[str, Any]:
@@ -161,13 +119,9 @@ def _close_previous() -> None:
 
 
 class VLLMRolloutEngine:
-    """A :class:`~medsrl.rollout.base.RolloutEngine` backed by an in-process ``vllm.LLM``.
-
-    ``stop_token_ids`` defaults to those of :func:`medsrl.models.loading.stop_token_ids`. The
-    engine options are passed to ``vllm.LLM``; ``kv_cache_memory_bytes`` and ``max_model_len``
-    only when set. ``enable_sleep_mode`` frees the engine's weights and KV cache between calls
-    where the platform supports it (CUDA); elsewhere it is ignored with a log line.
-    """
+    """A :class:`~medsrl.rollout.base.RolloutEngine` backed by an in-process ``vllm.LLM``; the
+    engine options go to ``vllm.LLM`` (``kv_cache_memory_bytes``, ``max_model_len``: when set).
+    ``enable_sleep_mode`` is ignored, with a log line, where the platform lacks it (not CUDA)."""
 
     def __init__(
         self,
@@ -210,9 +164,7 @@ class VLLMRolloutEngine:
         self.stop_token_ids: list[int] = [int(i) for i in ids]
         self.sleep_mode = bool(enable_sleep_mode) and current_platform.is_sleep_mode_available()
         if enable_sleep_mode and not self.sleep_mode:
-            log.info(
-                "rollout.vllm.enable_sleep_mode ignored: not supported on %s", current_platform
-            )
+            log.info("rollout.vllm.enable_sleep_mode ignored: not supported on %s", current_platform)
         self._asleep: set[str] = set()
         self.per_request_seeds = bool(per_request_seeds)
         self.max_model_len = max_model_len
@@ -238,12 +190,11 @@ class VLLMRolloutEngine:
             **{k: v for k, v in options.items() if v is not None},
         )
         _live = weakref.ref(self)
-        _quiet_rotary_warning()
+        logging.getLogger(ROTARY_LOGGER).addFilter(_drop_rotary_warning)  # added once
         self.load_api = ""  # which worker API the last sync used
         self.sync_weights(model)
 
-    # generation reads the engine's own copy of the weights: the policy need not be gathered
-    uses_policy_weights = False
+    uses_policy_weights = False  # generation reads the engine's own copy of the weights
 
     @property
     def closed(self) -> bool:
@@ -251,7 +202,7 @@ class VLLMRolloutEngine:
 
     @property
     def weights_released(self) -> bool:
-        """Whether :meth:`release` dropped the weights and no :meth:`sync_weights` has come since."""
+        """Whether :meth:`release` dropped the weights and no :meth:`sync_weights` came since."""
         return "weights" in self._asleep
 
     def close(self) -> None:
@@ -261,12 +212,9 @@ class VLLMRolloutEngine:
             self.llm = None
             self._dir.cleanup()
 
-    # -- RolloutEngine -------------------------------------------------------------------------
-
     def sync_weights(self, model: torch.nn.Module) -> None:
-        """Copy ``model``'s current weights into the engine in place, then drop the prefix cache
-        (the KV cache stays asleep: only ``generate`` needs it). A LoRA policy's weights go in
-        merged, under the base model's names (``models/lora.py``: the training model untouched)."""
+        """Copy ``model``'s weights into the engine in place (a LoRA policy's merged, under the base
+        model's names) and drop the prefix cache; the KV cache stays asleep until ``generate``."""
         self._check_open()
         self._wake(["weights"])
         weights = [(name, t.detach()) for name, t in merged_state_dict(model).items()]
@@ -304,8 +252,6 @@ class VLLMRolloutEngine:
             response_logprobs=logprobs if params.logprobs else None,
         )
 
-    # -- helpers -------------------------------------------------------------------------------
-
     def _check_open(self) -> None:
         if self.llm is None:
             raise RuntimeError("this vLLM engine was closed (a newer one replaced it)")
@@ -340,14 +286,13 @@ class VLLMRolloutEngine:
         for i, ids in enumerate(prompt_ids):
             if len(ids) > room:
                 raise ValueError(
-                    f"prompt {i} has {len(ids)} tokens; the engine's max_model_len {self.max_model_len} leaves "
-                    f"{room} beside {params.max_new_tokens} new tokens: raise rollout.max_prompt_tokens "
-                    "(or rollout.vllm.max_model_len)")
+                    f"prompt {i} has {len(ids)} tokens; the engine's max_model_len "
+                    f"{self.max_model_len} leaves {room} beside {params.max_new_tokens} new tokens: "
+                    "raise rollout.max_prompt_tokens (or rollout.vllm.max_model_len)")
 
     def release(self) -> None:
-        """Free the engine's GPU memory until it is next needed: sleep level 2 (weights and KV
-        cache dropped; the next :meth:`sync_weights` brings the weights). A no-op without sleep
-        mode, or when already asleep."""
+        """Free the engine's GPU memory until next needed: sleep level 2 (weights and KV cache
+        dropped; :meth:`sync_weights` brings the weights back). A no-op without sleep mode."""
         self._check_open()
         if self.sleep_mode and not self._asleep:
             self.llm.sleep(level=2)

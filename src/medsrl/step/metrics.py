@@ -15,10 +15,9 @@ from medsrl.utils.distributed import all_reduce_sum
 
 
 class PhaseTimer:
-    """Wall time per phase of a step, summed when a phase runs more than once; on CUDA also the
-    memory of each phase: PyTorch's allocator peak inside it and the whole device's use at its
-    end, as the driver sees it (a colocated vLLM engine's memory included), both the largest
-    over its runs. Phases may nest: an outer phase's peak includes its inner ones'."""
+    """Wall time per phase of a step (summed over its runs); on CUDA also the allocator's peak
+    inside it and the device's use at its end as the driver sees it (vLLM's included), both the
+    largest over its runs. Phases may nest: an outer phase's peak includes its inner ones'."""
 
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
@@ -57,8 +56,8 @@ class PhaseTimer:
 
 
 class PromptVisits:
-    """How many times each prompt key was sampled: per-prompt methods (MEDS's memory) act only on
-    prompts that come back. Every rank counts the whole step's prompts, so the counts agree."""
+    """How many times each prompt key was sampled (per-prompt methods act on prompts that come
+    back); every rank counts the whole step's prompts, so the counts agree."""
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
@@ -73,8 +72,7 @@ class PromptVisits:
         self._step.update(keys)
 
     def metrics(self) -> dict[str, float]:
-        """``data/visits_mean``: the step's prompts' visits so far, this step included, on
-        average; ``data/prompts_seen``: distinct prompts so far."""
+        """The mean visits so far of the step's prompts (this step included), and distinct prompts."""
         mean = sum(self.counts[k] for k in self._step) / len(self._step) if self._step else 0.0
         return {"data/visits_mean": float(mean), "data/prompts_seen": float(len(self.counts))}
 
@@ -86,9 +84,8 @@ class PromptVisits:
 
 
 def shaping_metrics(algo, inputs, rollouts: StepRollouts, advantages: torch.Tensor) -> dict[str, float]:
-    """``shaping/adv_change_frac``: the share of the policy-gradient signal that shaping (reward
-    and advantage shaping alike) rewrote: ``advantages`` against the estimator's advantages of
-    the unshaped reward (``algo.advantage_change_fraction``)."""
+    """``shaping/adv_change_frac``: the share of the policy-gradient signal that reward and
+    advantage shaping rewrote (``algo.advantage_change_fraction``)."""
     from medsrl.algo import advantage_change_fraction, compute_advantages
 
     unshaped = dataclasses.replace(inputs, scores=rollouts.reward, terms=rollouts.unshaped_terms())
@@ -97,8 +94,7 @@ def shaping_metrics(algo, inputs, rollouts: StepRollouts, advantages: torch.Tens
 
 
 def zero_spread_group_frac(groups: list[Group]) -> float:
-    """The share of the step's groups (all ranks) whose rows all have the same accuracy: they
-    give no policy gradient, and DAPO's filter drops them."""
+    """The share of the step's groups (all ranks) whose rows all have the same accuracy."""
     zero = sum(not g.has_spread for g in groups)
     return all_reduce_sum(float(zero)) / max(all_reduce_sum(float(len(groups))), 1.0)
 

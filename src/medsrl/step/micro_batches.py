@@ -1,10 +1,8 @@
 """How the rows of a forward pass are cut into micro-batches, and what padding that costs.
 
-A micro-batch runs as wide as its longest prompt plus its longest response
-(``step.scoring`` trims every other column). Cut in row order, one long response widens a whole
-micro-batch; cut by a token budget after sorting by length (verl's dynamic batch size), rows of
-similar length run together and the padding mostly goes. Either way the loss is normalised by
-the mini-batch's global token / sequence counts, so the cut changes no number but rounding.
+A micro-batch runs as wide as its longest prompt plus longest response: cut by a token budget
+after sorting by length (verl's dynamic batch size), rows of similar length run together and the
+padding mostly goes. The loss is normalised by mini-batch totals, so the cut changes only rounding.
 """
 
 from __future__ import annotations
@@ -24,10 +22,8 @@ def plan_micro_batches(
 
     ``max_tokens=None``: runs of ``max_rows`` rows in the given order. Otherwise rows are taken
     longest first and a micro-batch closes before it would exceed ``max_rows`` rows or
-    ``max_tokens`` padded tokens (rows x (longest prompt + longest response)); a row longer than
-    the budget runs alone. Inside a micro-batch rows keep their order, so the responses of one
-    prompt stay next to each other (the scoring forward runs a shared prompt once).
-    ``prompt_lengths`` / ``response_lengths`` are per packed row.
+    ``max_tokens`` padded tokens; a row over the budget runs alone. Rows keep their order inside
+    a micro-batch, so a prompt's responses stay adjacent (the scoring forward shares the prompt).
     """
     if max_rows < 1:
         raise ValueError(f"micro-batch max_rows must be >= 1, got {max_rows}")

@@ -1,9 +1,7 @@
 """The rollouts of one RL step: graded groups before packing, the packed batch after.
 
-Plug-ins see a step twice. Before packing, as a list of :class:`Group` (one prompt's graded
-responses), which they may filter (DAPO), extend with rows (replay) or with groups. After
-packing, as :class:`StepRollouts` (tensors, one row per response), whose reward terms, scores,
-per-token statistics and loss weights they may change.
+Plug-ins may filter (DAPO) or extend (replay) the :class:`Group` list, then change the reward
+terms, scores, token statistics and loss weights of the packed :class:`StepRollouts`.
 """
 
 from __future__ import annotations
@@ -25,12 +23,8 @@ SAMPLED = "sampled"  # Group.source of rows the engine generated this step
 
 @dataclass
 class Group:
-    """One prompt's graded responses in this step.
-
-    ``rollout`` holds only this prompt's rows (``prompt_index`` all 0). ``source`` names where
-    each row came from: ``"sampled"`` or the plug-in that added it (R3's replayed rows carry
-    their own token ids; their behaviour log-probs stay with R3).
-    """
+    """One prompt's graded responses in this step (``rollout``'s ``prompt_index`` all 0).
+    ``source`` per row: ``"sampled"`` or the plug-in that added it (R3's replayed rows)."""
 
     prompt: Prompt
     rollout: RolloutBatch
@@ -83,10 +77,9 @@ def split_groups(prompts: list[Prompt], rollout: RolloutBatch, grades: list, rou
 class StepRollouts:
     """Everything one step produced, one row per response (a group = one prompt's rows).
 
-    ``reward`` is the graded reward (correctness plus reward terms such as DAPO's overlong
-    penalty) that ``train/reward`` logs; ``scores`` is what advantages are computed from: the
-    reward plus shaping (MEDS). ``terms`` holds every named component of ``scores``
-    (``correct`` first), which is what GDPO normalises one by one.
+    ``reward``: the graded reward (correctness plus terms such as overlong), as logged;
+    ``scores``: reward plus shaping (MEDS), what advantages are computed from; ``terms``: every
+    named component of ``scores`` (``correct`` first), what GDPO normalises one by one.
     """
 
     step: int
@@ -119,20 +112,12 @@ class StepRollouts:
         grades = [gr for g in groups for gr in g.grades]
         acc = torch.tensor([g.score for g in grades], dtype=torch.float32)
         return cls(
-            step=step,
-            stage=stage,
-            prompts=[g.prompt for g in groups],
+            step=step, stage=stage, prompts=[g.prompt for g in groups],
             group_ids=torch.tensor(merged.prompt_index, dtype=torch.long),
-            response_ids=merged.response_ids,
-            response_text=merged.response_text,
-            finish_reason=merged.finish_reason,
-            grades=grades,
-            source=[s for g in groups for s in g.source],
-            packed=packed.to(device),
-            acc=acc,
-            reward=acc.clone(),
-            scores=acc.clone(),
-            terms={"correct": acc.clone()},
+            response_ids=merged.response_ids, response_text=merged.response_text,
+            finish_reason=merged.finish_reason, grades=grades,
+            source=[s for g in groups for s in g.source], packed=packed.to(device),
+            acc=acc, reward=acc.clone(), scores=acc.clone(), terms={"correct": acc.clone()},
             engine_logp=_padded(merged.response_logprobs, packed.response_length, device),
         )
 

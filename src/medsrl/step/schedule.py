@@ -1,12 +1,10 @@
 """The distributed bookkeeping of a policy update, apart from the PPO loop that uses it.
 
-Each rank holds a contiguous run of the step's groups. For the ranks to make the updates one
-process would make, they must agree on: the mini-batches (ranges of *global* group indices, so
-the same number of updates everywhere, possibly with no rows of one's own), the global token and
-sequence counts that normalise each mini-batch's loss, and, under FSDP, where every backward is
-a collective, the number of forward/backward passes (ranks with fewer micro-batches run
-zero-weight passes) and a loss weight of the world size (FSDP averages gradients; we want sums).
-The collectives are injected, so a single process can play several ranks in a test.
+Each rank holds a contiguous run of the step's groups. To make the updates one process would,
+ranks agree on the mini-batches (ranges of *global* group indices, possibly without rows of
+their own), the global token and sequence counts, and under FSDP (every backward a collective)
+the number of passes (zero-weight ones pad) and a loss weight of the world size (FSDP averages
+gradients). The collectives are injected, so one process can play several ranks in a test.
 """
 
 from __future__ import annotations
@@ -76,13 +74,9 @@ class UpdateSchedule:
     def micro_batches(
         self, rows: torch.Tensor, prompt_lengths: torch.Tensor, response_lengths: torch.Tensor
     ) -> list[tuple[torch.Tensor, float]]:
-        """``(rows, loss weight)`` per forward/backward pass of a mini-batch: at most
-        ``micro_batch_size`` rows, and ``max_tokens`` padded tokens when set
-        (``step.micro_batches.plan_micro_batches``; lengths per packed row).
-
-        Under FSDP every rank runs as many passes as the busiest one; the extra passes take row 0
-        with weight 0. The weight of a real pass is the world size under FSDP, else 1.
-        """
+        """``(rows, loss weight)`` per forward/backward pass of a mini-batch
+        (``plan_micro_batches``). Under FSDP every rank runs as many passes as the busiest one
+        (the extra ones: row 0, weight 0) and a real pass weighs the world size, else 1."""
         parts = plan_micro_batches(rows, prompt_lengths, response_lengths,
                                    max_rows=self.micro_batch_size, max_tokens=self.max_tokens)
         num = max(self._gather(len(parts))) if self.sharded else len(parts)

@@ -1,23 +1,18 @@
 """The forward passes over packed rollouts: response log-probs, and the one no-grad scoring pass.
 
-The scoring pass computes the old (or reference) log-probs in micro-batches. Plug-ins take part
-in the same pass, never a second one: a per-micro-batch context wraps each forward (MEDS arms
-its hooks there) and named per-token reducers read each chunk of logits while it exists (token
-entropy, low-probability statistics). No ``[b, R, V]`` logits exist at all: the LM head runs
-fused with the log-softmax over chunks of tokens (``algo.logprobs.head_logprobs``).
+Plug-ins take part in the scoring pass, never a second one: a per-micro-batch context wraps each
+forward (MEDS arms its hooks there) and named per-token reducers read each chunk of logits while
+it exists. No ``[b, R, V]`` logits exist: the LM head runs fused with the log-softmax.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
-from typing import NamedTuple
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 
-from medsrl.algo import token_entropy
-from medsrl.algo.logprobs import TokenReducer, head_logprobs
+from medsrl.algo.logprobs import HeadLogprobs, TokenReducer, head_logprobs, token_entropy
 from medsrl.rollout.base import PackedRollouts
 from medsrl.step.micro_batches import padding_fraction, plan_micro_batches
 
@@ -25,17 +20,8 @@ BUILTIN_REDUCERS: dict[str, TokenReducer] = {
     "entropy": lambda logits, labels: token_entropy(logits),
 }
 
-# what the head computes from the hidden states it is given and their labels: [b, r, H], [b, r] -> [b, r, ...]
+# what the head computes from hidden states and their labels: [b, r, H], [b, r] -> [b, r, ...]
 HeadOutput = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-class ResponseLogprobs(NamedTuple):
-    """Per response token ``[b, R]``: the log-prob, the entropy (when asked) and each reducer's
-    value (in the dtype they were stacked in, fp32 for fp32 log-probs)."""
-
-    logp: torch.Tensor
-    entropy: torch.Tensor | None
-    stats: dict[str, torch.Tensor]
 
 
 def response_logprobs(
@@ -47,17 +33,14 @@ def response_logprobs(
     entropy: bool = False,
     entropy_grad: bool = True,
     reducers: dict[str, TokenReducer] | None = None,
-) -> ResponseLogprobs:
-    """Log-prob of each response token of ``rows`` (differentiable when grad is on), and the
-    entropy / reducer values asked for (``algo.logprobs.head_logprobs``).
+) -> HeadLogprobs:
+    """Log-prob ``[b, R]`` of each response token of ``rows`` (differentiable when grad is on),
+    and the entropy / reducer values asked for (``algo.logprobs.head_logprobs``).
 
-    The model's forward runs as usual, but for its duration the LM head's forward is replaced
-    by the fused chunked head applied to the hidden states of the response positions only
-    (``logits_to_keep`` slices them before the head), returning ``[b, R, C]`` stats in place of
-    the logits. So no ``[b, R, V]`` tensor is made, and under FSDP the loss still depends on the
-    wrapped model's own output (its backward hooks sit there) and the head weight is used only
-    while that forward has it gathered. The two ways and the left-padding trim are
-    :func:`response_logits`'s.
+    The LM head's forward is swapped for the fused chunked head during the model's own forward,
+    which returns ``[b, R, C]`` stats in place of logits: no ``[b, R, V]`` tensor is made, and
+    under FSDP the loss still hangs off the wrapped model's output (its backward hooks) and the
+    head weight is used only while gathered. Ways and padding trim: :func:`response_logits`.
     """
     reducers = reducers or {}
     names = list(reducers)
@@ -72,7 +55,7 @@ def response_logprobs(
     out = _response_forward(model, packed, rows, context, fused)
     cols = out.unbind(-1)
     k = 2 if entropy else 1
-    return ResponseLogprobs(cols[0], cols[1] if entropy else None, dict(zip(names, cols[k:], strict=True)))
+    return HeadLogprobs(cols[0], cols[1] if entropy else None, dict(zip(names, cols[k:], strict=True)))
 
 
 def response_logits(
@@ -84,27 +67,18 @@ def response_logits(
     """Logits ``[b, R, V]`` of the response positions only: ``logits[:, t]`` predicts response
     token t. Full-size: for tests and tools; the step uses :func:`response_logprobs`.
 
-    ``context`` wraps the one forward that runs over the response columns (plug-ins' capture
-    hooks are armed there). Two ways, the same logits up to float rounding:
+    ``context`` wraps the one forward over the response columns (plug-ins arm capture hooks
+    there). Two ways, the same logits up to float rounding (docs/BENCHMARKS.md):
 
-    * shared prompt: rows that repeat the row before's prompt (the ``n`` responses of a group
-      are packed next to each other) run the prompt once; its KV cache is expanded to every row
-      and the responses run on top of it. The linear layers then see ``G * P + B * R`` tokens
-      instead of ``B * (P + R)``: on the tiny preset, half the scoring forward and the update
-      (``docs/BENCHMARKS.md``). Gradients flow through the expanded cache into the prompt's
-      forward, summed over the group's rows, as in the full forward.
-    * full: one forward over prompt and response, when no row shares a prompt, under FSDP's
-      wrapper (one forward per unit and backward) or with gradient checkpointing (no cache).
+    * shared prompt: consecutive rows with the same prompt run it once, its KV cache expanded
+      to every row (gradients flow back through it, summed);
+    * full: when no row shares a prompt, under FSDP's wrapper or with gradient checkpointing.
 
-    Either way the rows run without the padding columns they all share: on the left, a batch is
-    padded to its longest prompt, and one long prompt (an R3 reflection prompt quotes a whole
-    response) would otherwise widen every micro-batch; on the right, to its longest response,
-    and the rows here run only to their own longest (``PackedRollouts.columns_end``); the
-    columns past it come back as zeros. Exact: the left columns are masked out and the position
-    ids explicit; the right ones come after every real token, which causal attention never lets
-    an earlier column see. (MEDS's capture hooks shift their positions by the columns dropped
-    on the left, given ``columns_end``; in the shared way their forward holds the response
-    columns only.)
+    Either way the padding columns all rows share are not run: on the left (one long R3
+    reflection prompt would widen every micro-batch) and past their longest response
+    (``PackedRollouts.columns_end``; returned as zeros). Exact: left columns are masked with
+    explicit position ids, right ones come after every real token. MEDS's hooks shift their
+    positions by the left columns dropped.
     """
     head = output_head(model)
     plain = head.forward
@@ -118,10 +92,8 @@ def _response_forward(
     context: AbstractContextManager | None,
     head_output: HeadOutput,
 ) -> torch.Tensor:
-    """``head_output`` of the hidden states that predict the response tokens of ``rows``, and of
-    those tokens, ``[b, R, ...]``, by the two ways of :func:`response_logits`. The hidden states
-    are sliced by ``logits_to_keep`` (positions, never the logits) before the LM head, whose
-    forward is ``head_output`` during each model call."""
+    """``head_output`` ``[b, R, ...]`` of the hidden states predicting the response tokens of
+    ``rows`` (sliced by ``logits_to_keep`` before the head), by :func:`response_logits`'s ways."""
     P = packed.prompt_length
     end = packed.columns_end(rows)  # the right padding all these rows share is not run
     resp_len, dropped = end - P, packed.response_length - (end - P)
@@ -167,7 +139,7 @@ def output_head(model) -> torch.nn.Module:
     """The LM head module of a causal LM, through an FSDP wrapper (``.module``). Models that
     transform the logits after the head (soft-capping, scaling) are refused: the fused head
     returns log-probs, not logits, so that transform would be applied to the wrong numbers."""
-    from medsrl.utils.sharding import is_sharded
+    from medsrl.models.sharding import is_sharded
 
     inner = model.module if is_sharded(model) else model
     config = getattr(inner, "config", None)
@@ -181,7 +153,7 @@ def output_head(model) -> torch.nn.Module:
     return head
 
 
-@contextlib.contextmanager
+@contextmanager
 def _head_forward_as(head: torch.nn.Module, forward: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
     """``head``'s forward is ``forward`` for the block (the module's hooks still run around it)."""
     had_own = "forward" in head.__dict__
@@ -207,9 +179,8 @@ def _prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple
 
 def _can_share_prompts(model) -> bool:
     """Not under FSDP's wrapper (one forward per unit before backward) nor in a training-mode
-    forward with activation checkpointing (HF drops the cache then). The no-grad scoring pass
-    runs in eval mode, so it shares prompts whatever the update does."""
-    from medsrl.utils.sharding import is_sharded
+    forward with activation checkpointing (HF drops the cache; the scoring pass runs in eval)."""
+    from medsrl.models.sharding import is_sharded
 
     checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.2x
     if checkpointing is None:
@@ -228,11 +199,8 @@ def scoring_pass(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """No-grad log-probs ``[B, R]`` of the response tokens, plus each reducer's ``[B, R]``.
 
-    Micro-batches of at most ``micro_batch_size`` rows, and with ``max_tokens`` at most that
-    many padded tokens, cut after sorting by length (``step.micro_batches``).
-    ``microbatch_context(rows)`` wraps the forward of the packed ``rows`` (ascending).
-    Values at padding positions are zero or whatever the reducer gives there: mask them with
-    the response mask.
+    Micro-batches: :func:`scoring_micro_batches`; ``microbatch_context(rows)`` wraps the forward
+    of the packed ``rows`` (ascending). Mask padding positions with the response mask.
     """
     reducers = reducers or {}
     B = packed.input_ids.shape[0]
@@ -282,14 +250,9 @@ def padding_metrics(packed: PackedRollouts, micro_batch_size: int, max_tokens: i
 
 
 def scoring_forward_needed(algo, plugins, reducers: dict, engine_logprobs: bool) -> bool:
-    """Whether a step must run :func:`scoring_pass` before its update.
-
-    Not when the update is one optimiser step on the freshly sampled rollouts (one PPO epoch,
-    one mini-batch) and nothing else reads that forward: no plug-in that reads it
-    (``Plugin.reads_scoring_forward``), no token stats, no engine log-probs to compare. The old
-    log-probs are then the update's own, detached (ratio 1), as TRL and verl do on-policy; one
-    forward over the batch saved (``docs/BENCHMARKS.md``).
-    """
+    """Whether a step must run :func:`scoring_pass` before its update: not when on-policy (one
+    PPO epoch, one mini-batch: old log-probs are the update's own, detached, as in TRL and verl)
+    and no plug-in, token stat or engine log-prob comparison reads it (docs/BENCHMARKS.md)."""
     on_policy = algo.ppo_epochs == 1 and algo.mini_batch_prompts is None
     readers = [p for p in plugins if p.reads_scoring_forward]
     return not on_policy or bool(readers or reducers or engine_logprobs)

@@ -6,36 +6,50 @@ so that micro-batches sum to the mini-batch loss; plus the optional entropy and 
 ranks keep in step is :class:`~medsrl.step.schedule.UpdateSchedule`'s business. A non-finite
 loss or gradient drops that update on every rank and leaves the weights untouched. A finite
 update that blows the weights up (``optim.lr=1e30``) stops the run right after its optimiser
-step, before the step's checkpoint (``algo/guard.py``).
+step, before the step's checkpoint (``utils/guard.py``). No Lightning here: the module passes
+an optimiser stepper built from Lightning's.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from medsrl.algo import aggregate_loss, compute_policy_loss, kl_estimate, masked_mean
 from medsrl.algo.engine_correction import truncated_is_stats, truncated_is_weights
-from medsrl.algo.guard import param_norm_sq, runaway_reason
 from medsrl.algo.policy_loss import POLICY_LOSS_STATS
+from medsrl.models.sharding import grad_norm, is_sharded
 from medsrl.step.micro_batches import padding_fraction
 from medsrl.step.rollouts import SAMPLED, StepRollouts
 from medsrl.step.schedule import UpdateSchedule
 from medsrl.step.scoring import response_logprobs
-from medsrl.utils.distributed import all_reduce_sum
-from medsrl.utils.sharding import grad_norm, is_sharded
+from medsrl.utils.guard import RunawayGuard
+
+if TYPE_CHECKING:
+    from medsrl.config import AlgorithmConfig
 
 log = logging.getLogger(__name__)
 
 
-def micro_loss(module, rollouts: StepRollouts, advantages, rows, num_tokens: float, num_seqs: float):
+@dataclass(frozen=True)
+class UpdateConfig:
+    """What the update reads: the algorithm and two run settings."""
+
+    algorithm: AlgorithmConfig
+    grad_clip: float  # optim.grad_clip (0: off)
+    max_new_tokens: int  # rollout.max_new_tokens: the length normaliser of some loss aggregations
+
+
+def micro_loss(policy, cfg: UpdateConfig, rollouts: StepRollouts, advantages, rows, num_tokens: float, num_seqs: float):
     """The loss of ``rows`` (with grad) and its detached metrics."""
-    algo = module.algorithm
+    algo = cfg.algorithm
     packed = rollouts.packed
     # fused LM head + log-softmax: no [b, R, V] logits; entropy differentiable only when it is a loss term
-    out = response_logprobs(module.policy, packed, rows, entropy=True, entropy_grad=algo.entropy_coef > 0)
+    out = response_logprobs(policy, packed, rows, entropy=True, entropy_grad=algo.entropy_coef > 0)
     logp, entropy = out.logp, out.entropy
     mask = packed.response_mask[rows]
     stats = {k: rollouts.token_stats[k][rows] for k in POLICY_LOSS_STATS.get(algo.policy_loss, {})}
@@ -52,7 +66,7 @@ def micro_loss(module, rollouts: StepRollouts, advantages, rows, num_tokens: flo
         weights = engine_is_weights(rollouts, rows, old_logp, algo.engine_is_cap)
         loss_mat = loss_mat * weights
         is_stats = truncated_is_stats(weights, mask, algo.engine_is_cap)
-    agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm_length=module.rollout_cfg.max_new_tokens)
+    agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm_length=cfg.max_new_tokens)
     loss = aggregate_loss(loss_mat, mask, algo.loss_agg_mode, **agg)
     metrics = {
         "pg_loss": float(loss.detach()),
@@ -90,19 +104,21 @@ def engine_is_weights(rollouts: StepRollouts, rows: torch.Tensor, old_logp: torc
 SUMMED_METRICS = ("pg_loss",)
 
 
-def policy_update(module, rollouts: StepRollouts, advantages: torch.Tensor, step: int) -> dict[str, float]:
+def policy_update(policy, stepper, rollouts: StepRollouts, advantages: torch.Tensor,
+                  cfg: UpdateConfig, guard: RunawayGuard) -> dict[str, float]:
     """Run the step's optimiser updates; return the averaged metrics.
 
-    Only the last update goes through Lightning's optimizer wrapper, so ``global_step`` advances
-    once per RL step; the lr scheduler steps once per RL step too. Gradients are set to None
-    after each optimiser step, so none stay allocated through the next step's generation.
+    ``stepper`` makes the optimiser calls: ``zero_grad()``, ``backward(loss)``, ``step(last)``
+    (``last``: the step's final one, the global step) and ``end_step()`` (the lr scheduler, once
+    per RL step; returns the lr). Gradients are set to None after each optimiser step, so none
+    stay through the next generation; the guard checks the weights after each one.
     """
-    algo = module.algorithm
-    opt, sched = module.optimizers(), module.lr_schedulers()
+    algo, step = cfg.algorithm, rollouts.step
     packed = rollouts.packed
-    advantages = advantages.to(module.device)
-    params = [p for p in module.policy.parameters() if p.requires_grad]
-    sharded = is_sharded(module.policy)
+    device = packed.input_ids.device
+    advantages = advantages.to(device)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    sharded = is_sharded(policy)
     plan = UpdateSchedule.for_this_rank(
         len(rollouts.prompts), per_update=algo.mini_batch_prompts,
         micro_batch_size=algo.micro_batch_size, max_tokens=algo.max_tokens_per_microbatch, sharded=sharded,
@@ -113,25 +129,23 @@ def policy_update(module, rollouts: StepRollouts, advantages: torch.Tensor, step
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     nonfinite = updates_done = 0
-    if module.param_norm_at_start is None:  # the runaway guard's reference: this fit's first weights
-        module.param_norm_at_start = param_norm(params, sharded)
 
-    module.policy.train()
+    policy.train()
     for _epoch in range(algo.ppo_epochs):
         for groups in plan.mini_batches:
             rows = plan.rows(rollouts.group_ids, groups)
             num_tokens, num_seqs = plan.totals(packed.response_mask[rows])
-            opt.zero_grad(set_to_none=True)
+            stepper.zero_grad()
             bad = False
             shares: dict[str, float] = {}
             for mrows, weight in plan.micro_batches(rows, prompt_lengths, response_lengths):
-                mrows = mrows.to(module.device)
-                loss, m = micro_loss(module, rollouts, advantages, mrows, num_tokens, num_seqs)
+                mrows = mrows.to(device)
+                loss, m = micro_loss(policy, cfg, rollouts, advantages, mrows, num_tokens, num_seqs)
                 if weight and not torch.isfinite(loss):
                     bad = True
                     if not sharded:
                         break
-                module.manual_backward(loss * weight)
+                stepper.backward(loss * weight)
                 if weight:
                     tokens = float(response_lengths[mrows].sum())
                     passes.append(mrows)
@@ -154,43 +168,19 @@ def policy_update(module, rollouts: StepRollouts, advantages: torch.Tensor, step
                     "step %d: non-finite %s in update %d/%d; update skipped, weights unchanged",
                     step, "loss" if bad else "gradient", updates_done + 1, total_updates,
                 )
-                opt.zero_grad(set_to_none=True)
+                stepper.zero_grad()
             else:
-                if module.optim_cfg.grad_clip > 0:
-                    torch.nn.utils.clip_grads_with_norm_(params, module.optim_cfg.grad_clip, torch.tensor(norm))
+                if cfg.grad_clip > 0:
+                    torch.nn.utils.clip_grads_with_norm_(params, cfg.grad_clip, torch.tensor(norm))
                 sums["grad_norm"] = sums.get("grad_norm", 0.0) + norm
                 counts["grad_norm"] = counts.get("grad_norm", 0) + 1
             updates_done += 1
-            if updates_done == total_updates:
-                opt.step()  # counts one global step; skips params without grads
-            else:
-                module.trainer.strategy.optimizer_step(opt.optimizer, closure=_no_closure)
+            stepper.step(last=updates_done == total_updates)  # skips params without grads
             # nothing reads them after the step: freed now, not kept through the next generation
-            opt.zero_grad(set_to_none=True)
-            stop_if_runaway(module, params, sharded, step, f"update {updates_done}/{total_updates}")
-    sched.step()
+            stepper.zero_grad()
+            guard.check(params, sharded, step, f"update {updates_done}/{total_updates}")
     out = {k: sums[k] / counts[k] for k in sums if counts[k]}
     out["padding/update_frac"] = padding_fraction(passes, prompt_lengths, response_lengths)
     out["nonfinite_updates"] = float(nonfinite)
-    out["lr"] = float(sched.get_last_lr()[0])
+    out["lr"] = stepper.end_step()
     return out
-
-
-def param_norm(params: list[torch.nn.Parameter], sharded: bool) -> float:
-    """The global L2 norm of the weights; sharded weights: squares summed over ranks first."""
-    sq = param_norm_sq(params)
-    return (all_reduce_sum(sq) if sharded else sq) ** 0.5
-
-
-def stop_if_runaway(module, params, sharded: bool, step: int, where: str) -> None:
-    """Raise :class:`~medsrl.algo.guard.RunawayError` when the last optimiser step made the
-    weights non-finite or exploded: before Lightning checkpoints this step, so no checkpoint
-    holds them. Every rank sees the same norm (replicated weights, or one all-reduce)."""
-    norm = param_norm(params, sharded)
-    reason = runaway_reason(norm, module.param_norm_at_start, module.max_param_norm_growth)
-    if reason is not None:
-        raise module.runaway_error(step, f"{reason} ({where})")
-
-
-def _no_closure() -> None:
-    return None

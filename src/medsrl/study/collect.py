@@ -1,13 +1,5 @@
-"""Read a study directory into plain data: eval rows, per-problem samples and training curves.
-
-The layout (written by ``medsrl.study.runner``)::
-
-    <root>/study.json                         name, methods, seeds, steps_a, steps_b, ...
-    <root>/train/<method>/seed<k>/A/          Hydra run dir of stage A (steps 0..steps_a)
-    <root>/train/<method>/seed<k>/B/          stage B, resumed from A (steps_a..steps_a+steps_b)
-        tensorboard/events.out.tfevents.*     scalars; summary.json when the run finished
-    <root>/eval/<method>/seed<k>/             a medsrl-eval output dir
-        results.json, generations.jsonl
+"""Read a study directory (the layout of ``medsrl.study.runner``) into plain data: eval rows,
+per-problem samples and TensorBoard training curves.
 
 Nothing here writes into the study: a study that is still running (or was stopped) is read as
 it is, and what is absent or unfinished is listed in ``Study.missing``.
@@ -16,7 +8,6 @@ it is, and what is absent or unfinished is listed in ``Study.missing``.
 from __future__ import annotations
 
 import json
-import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +16,6 @@ from typing import Any
 import numpy as np
 
 from medsrl.evaluation.tables import AVERAGE, add_average_rows
-
-log = logging.getLogger(__name__)
 
 STAGES = ("A", "B")
 Curve = tuple[np.ndarray, np.ndarray]  # (steps int64 [T], values float64 [T]), sorted by step
@@ -125,8 +114,7 @@ def load_study(root: str | Path) -> Study:
                     missing.append(Missing(m.name, seed, f"train {stage}", reason))
                 if found:
                     stages.append(stage)
-                    curves = read_scalars(run_dir)
-                    run.curves = merge_curves(run.curves, curves)
+                    run.curves = merge_curves(run.curves, read_scalars(run_dir))
             run.stages = tuple(stages)
             eval_dir = root / "eval" / m.name / f"seed{seed}"
             reason = _read_eval(eval_dir, run, notes)
@@ -135,18 +123,10 @@ def load_study(root: str | Path) -> Study:
             if run.stages or run.has_eval:
                 runs[(m.name, seed)] = run
     return Study(
-        root=root,
-        meta=meta,
-        name=str(meta.get("name", root.name)),
-        methods=methods,
-        seeds=seeds,
-        steps_a=_opt_int(meta.get("steps_a")),
-        steps_b=_opt_int(meta.get("steps_b")),
-        baseline=meta.get("baseline"),
-        treatment=meta.get("treatment"),
-        runs=runs,
-        missing=missing,
-        notes=notes,
+        root=root, meta=meta, name=str(meta.get("name", root.name)), methods=methods, seeds=seeds,
+        steps_a=_opt_int(meta.get("steps_a")), steps_b=_opt_int(meta.get("steps_b")),
+        baseline=meta.get("baseline"), treatment=meta.get("treatment"),
+        runs=runs, missing=missing, notes=notes,
     )
 
 
@@ -155,23 +135,10 @@ def _read_meta(root: Path, notes: list[str]) -> dict[str, Any]:
     path = root / "study.json"
     if path.exists():
         return json.loads(path.read_text(encoding="utf-8"))
-    names = sorted(
-        {
-            p.name
-            for sub in ("train", "eval")
-            if (root / sub).is_dir()
-            for p in (root / sub).iterdir()
-            if p.is_dir()
-        }
-    )
-    seeds = sorted(
-        {
-            int(m.group(1))
-            for sub in ("train", "eval")
-            for p in root.glob(f"{sub}/*/seed*")
-            if (m := re.fullmatch(r"seed(\d+)", p.name))
-        }
-    )
+    subs = [root / sub for sub in ("train", "eval") if (root / sub).is_dir()]
+    names = sorted({p.name for sub in subs for p in sub.iterdir() if p.is_dir()})
+    seeds = sorted({int(m.group(1)) for sub in subs for p in sub.glob("*/seed*")
+                    if (m := re.fullmatch(r"seed(\d+)", p.name))})
     notes.append(f"no study.json in {root}: methods and seeds taken from the directories")
     return {"name": root.name, "methods": [{"name": n, "label": n} for n in names], "seeds": seeds}
 
@@ -205,9 +172,8 @@ def event_files(run_dir: Path) -> list[Path]:
 def read_scalars(run_dir: str | Path) -> dict[str, Curve]:
     """Every scalar series of a run dir: ``{tag: (steps, values)}``, sorted by step.
 
-    All of TensorBoard's events are kept (``size_guidance`` 0: no reservoir sampling); with
-    several event files (a run restarted in its own directory), a later file wins on a step
-    both logged.
+    Every event is kept (``size_guidance`` 0: no reservoir sampling); of several event files (a
+    run restarted in its own directory), a later one wins on a step both logged.
     """
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -218,20 +184,14 @@ def read_scalars(run_dir: str | Path) -> dict[str, Curve]:
         curves = {}
         for tag in acc.Tags().get("scalars", []):
             events = acc.Scalars(tag)
-            curves[tag] = (
-                np.array([e.step for e in events], dtype=np.int64),
-                np.array([e.value for e in events], dtype=np.float64),
-            )
+            curves[tag] = ([e.step for e in events], [e.value for e in events])
         merged = merge_curves(merged, curves)
     return merged
 
 
 def merge_curves(first: dict[str, Curve], second: dict[str, Curve]) -> dict[str, Curve]:
-    """Tag-wise union of two sets of series, sorted by step; ``second`` wins on a shared step.
-
-    Why: stage B resumes A's global steps, and both log a validation at the switch step; B's is
-    the one made after B started (and within one series a later event at a step wins too).
-    """
+    """Tag-wise union of two sets of series, sorted by step; ``second`` (and within a series a
+    later event) wins on a shared step: B and A both log a validation at the switch step."""
     out = dict(first)
     for tag, (steps, values) in second.items():
         by_step: dict[int, float] = {}
@@ -282,12 +242,9 @@ def _clean_row(row: dict[str, Any]) -> dict[str, Any]:
 def read_generations(
     path: str | Path, run: str | None = None, notes: list[str] | None = None
 ) -> dict[tuple[str, int], ProblemSamples]:
-    """``{(benchmark, index): ProblemSamples}`` from a generations.jsonl, read-only.
-
-    Like ``GenerationStore``, a last line cut off by a kill is dropped; unlike it, nothing is
-    truncated (a report must not change its inputs), and a damaged line elsewhere is skipped
-    and noted rather than fatal. Only records of ``run`` are kept when it is given; a later
-    record of the same problem wins, as in the store. Features are not kept (memory).
+    """``{(benchmark, index): ProblemSamples}`` of ``run`` (default: every run) in a
+    generations.jsonl. Unlike ``GenerationStore`` it never truncates (a report must not change its
+    inputs) and skips a damaged line with a note; a torn last line is dropped, a later record wins.
     """
     path = Path(path)
     notes = [] if notes is None else notes

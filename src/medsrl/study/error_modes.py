@@ -1,10 +1,9 @@
 """How often a policy repeats the same wrong answer on the study task, from graded samples.
 
-The study task (``medsrl.data.precedence``) plants one recurring error: on a *trap* the
-left-to-right shortcut gives a wrong answer that is the same in every sample that takes it.
-``error_mode_report`` reads evaluation records (``medsrl-eval``'s ``generations.jsonl`` lines:
-``problem``, ``gold`` and ``responses`` with ``extracted``, ``score`` and ``feature``) and says
-how much of a policy's error is that one mode, for traps and other problems apart:
+On a *trap* of the study task (``medsrl.data.precedence``) the left-to-right shortcut gives the
+same wrong answer in every sample that takes it. ``error_mode_report`` reads ``medsrl-eval``'s
+``generations.jsonl`` records and says how much of a policy's error is that one mode, for traps
+and other problems apart:
 
 * ``accuracy``: mean score of all samples;
 * ``shortcut_share``: of the wrong samples of traps, the share whose answer is the shortcut's;
@@ -13,26 +12,29 @@ how much of a policy's error is that one mode, for traps and other problems apar
 * ``distinct_wrong``: distinct wrong answers per problem;
 * ``wrong_per_problem``: wrong samples per problem;
 * ``largest_cluster_share`` and ``largest_cluster_size``: what MEDS's memory sees - per problem
-  with at least 2 wrong samples with features, the HDBSCAN clusters of their features (as MEDS
-  fits them, noise together as one cluster), and the largest cluster's share of them and its
-  size in samples, averaged. ``nan`` without features. The size is what MEDS's penalty grows
-  with (``alpha * log(|C| + 1)``); the shares alone flatter a problem with one or two errors,
-  which are trivially "concentrated".
+  with 2 or more wrong samples with features, the largest of their clusters as MEDS fits them
+  (share and size, averaged; ``nan`` without features). The size is what MEDS's penalty grows
+  with; the share alone flatters a problem with one or two errors.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from medsrl.data.precedence import is_trap, shortcut_answer
+from medsrl.evaluation.tables import md_row
 from medsrl.methods.meds.clustering import fit_cluster_labels
 
 GROUPS = ("trap", "other")
+_MEANS = ("accuracy", "shortcut_share", "top_wrong_share", "distinct_wrong", "wrong_per_problem",
+          "largest_cluster_share", "largest_cluster_size")  # averaged, in the report's order
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -57,49 +59,37 @@ def error_mode_report(
 ) -> dict[str, dict[str, float]]:
     """``{"trap": {...}, "other": {...}}`` of the figures in the module docstring, plus
     ``problems`` and ``samples`` per group. ``features=False`` skips the clustering."""
-    acc: dict[str, dict[str, list[float]]] = {g: {} for g in GROUPS}
+    acc: dict[str, dict[str, list[float]]] = {g: defaultdict(list) for g in GROUPS}
     for rec in records:
         trap = is_trap(rec["problem"])
         group = acc["trap" if trap else "other"]
         answers = [r.get("extracted") for r in rec["responses"]]
         scores = [float(r["score"]) for r in rec["responses"]]
         wrong = [a for a, s in zip(answers, scores, strict=True) if s < 1.0]
-        group.setdefault("problems", []).append(1.0)
-        group.setdefault("samples", []).append(float(len(scores)))
-        group.setdefault("accuracy", []).extend(scores)
-        group.setdefault("distinct_wrong", []).append(float(len({a for a in wrong})))
-        group.setdefault("wrong_per_problem", []).append(float(len(wrong)))
+        group["samples"].append(float(len(scores)))
+        group["accuracy"].extend(scores)
+        group["distinct_wrong"].append(float(len(set(wrong))))
+        group["wrong_per_problem"].append(float(len(wrong)))
         if wrong:
-            group.setdefault("top_wrong_share", []).append(
-                Counter(wrong).most_common(1)[0][1] / len(wrong)
-            )
-        if trap:
+            group["top_wrong_share"].append(Counter(wrong).most_common(1)[0][1] / len(wrong))
+        if trap:  # the other group's shortcut share stays nan
             short = shortcut_answer(rec["problem"])
-            group.setdefault("shortcut_share", []).extend(float(a == short) for a in wrong)
+            group["shortcut_share"].extend(float(a == short) for a in wrong)
         if features:
             wrong_feats = [r.get("feature") for r in rec["responses"] if float(r["score"]) < 1.0]
             largest = _largest_cluster(wrong_feats)
             if largest is not None:
-                group.setdefault("largest_cluster_share", []).append(largest[0])
-                group.setdefault("largest_cluster_size", []).append(float(largest[1]))
-    out: dict[str, dict[str, float]] = {}
-    for g in GROUPS:
-        values = acc[g]
-        out[g] = {
-            "problems": float(len(values.get("problems", []))),
-            "samples": float(sum(values.get("samples", []))),
-            "accuracy": _mean(values.get("accuracy", [])),
-            "shortcut_share": _mean(values.get("shortcut_share", [])) if g == "trap" else math.nan,
-            "top_wrong_share": _mean(values.get("top_wrong_share", [])),
-            "distinct_wrong": _mean(values.get("distinct_wrong", [])),
-            "wrong_per_problem": _mean(values.get("wrong_per_problem", [])),
-            "largest_cluster_share": _mean(values.get("largest_cluster_share", [])),
-            "largest_cluster_size": _mean(values.get("largest_cluster_size", [])),
+                group["largest_cluster_share"].append(largest[0])
+                group["largest_cluster_size"].append(float(largest[1]))
+    return {
+        g: {
+            "problems": float(len(v["samples"])),
+            "samples": float(sum(v["samples"])),
+            **{key: _mean(v[key]) for key in _MEANS},
         }
-    return out
+        for g, v in acc.items()
+    }
 
-
-# ----------------------------------------------------------------------------- report section
 
 _COLUMNS = (
     ("trap", "accuracy", "trap accuracy (%)", 100.0),
@@ -112,29 +102,24 @@ _COLUMNS = (
 )
 
 
-def _read(path) -> dict | None:
-    import json
-    from pathlib import Path
-
-    p = Path(path)
-    return json.loads(p.read_text()) if p.is_file() else None
+def _read(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _cell(values: list[float], scale: float) -> str:
-    vals = [v * scale for v in values if v == v]
+def seed_cell(values: list[float | None], scale: float) -> str:
+    """Mean ± std over seeds of the finite values (one decimal for a percentage, else two)."""
+    vals = [v * scale for v in values if v is not None and v == v]
     if not vals:
         return "-"
+    digits = 1 if scale != 1.0 else 2
     if len(vals) == 1:
-        return f"{vals[0]:.1f}" if scale != 1.0 else f"{vals[0]:.2f}"
-    mean, std = float(np.mean(vals)), float(np.std(vals, ddof=1))
-    return f"{mean:.1f} ± {std:.1f}" if scale != 1.0 else f"{mean:.2f} ± {std:.2f}"
+        return f"{vals[0]:.{digits}f}"
+    return f"{np.mean(vals):.{digits}f} ± {np.std(vals, ddof=1):.{digits}f}"
 
 
 def render_error_modes(root, methods: list[tuple[str, str]], seeds: list[int]) -> list[str]:
     """Markdown lines: the warm start's error modes before the study (val split) and every
     method's after it (test split), mean ± std over seeds; ``methods`` is ``[(name, label)]``."""
-    from pathlib import Path
-
     root = Path(root)
     out = ["### Error modes: the planted shortcut", ""]
     pre = _read(root / "precheck" / "error_modes.json")
@@ -159,11 +144,10 @@ def render_error_modes(root, methods: list[tuple[str, str]], seeds: list[int]) -
         ]
     else:
         out += ["No error-mode check of the warm start found (precheck/error_modes.json).", ""]
-    header = "| method | " + " | ".join(c[2] for c in _COLUMNS) + " |"
     out += [
         f"After the study, on the test split (mean ± std over {len(seeds)} seed(s); the warm start is one policy):",
         "",
-        header,
+        md_row(["method", *(c[2] for c in _COLUMNS)]),
         "|" + "---|" * (len(_COLUMNS) + 1),
     ]
     rows = [("warm_start", "warm start", [0])] + [(m, label, seeds) for m, label in methods]
@@ -172,7 +156,7 @@ def render_error_modes(root, methods: list[tuple[str, str]], seeds: list[int]) -
         reports = [r for r in reports if r is not None]
         if not reports:
             continue
-        cells = [_cell([r[g][key] for r in reports], scale) for g, key, _, scale in _COLUMNS]
-        out.append(f"| {label} | " + " | ".join(cells) + " |")
+        cells = [seed_cell([r[g][key] for r in reports], scale) for g, key, _, scale in _COLUMNS]
+        out.append(md_row([label, *cells]))
     out.append("")
     return out

@@ -1,30 +1,23 @@
 """What the shaping methods did to training, from their logged curves: the mechanism tables.
 
-A method that reshapes rewards can fail to matter in two ways: it may hardly act (the memory is
-empty when read, few responses are penalised), or act without changing the gradient much, or
-change it in the wrong place (not on the repeated mistake). Per method, and per stage (means over
-the stage's steps, then over seeds), from the TensorBoard curves every run writes:
-
-- how often prompts come back (``data/visits_mean``: the step's prompts, visits so far) and how
-  full MEDS's memory was when read (``meds/entries_per_read``);
-- how often it acted (``meds/penalised_frac``, ``meds/order_changed_group_frac``) and how much of
-  the policy-gradient signal shaping rewrote (``shaping/adv_change_frac``, every method);
-- where the penalty landed: the purity of MEDS's error clusters against the extracted answer and
-  the share of the penalty on each group's most frequent wrong answer beside that answer's share
-  of the errors (``methods/meds/diagnostics.py``).
-
-The visits of the whole run come from each run's last checkpoint (``prompt_visits``, counted by
-the module): the distribution over the prompts it sampled.
+A reward-shaping method can fail to matter by hardly acting (an empty memory, few responses
+penalised), by acting without changing the gradient much, or by acting in the wrong place (not
+on the repeated mistake). Per method and stage, the means of the ``MECHANISM`` curves over the
+stage's steps, then over seeds (docs/STUDY.md, study v2); the visits of the whole run come from
+each run's last checkpoint (``prompt_visits``).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 import numpy as np
 
+from medsrl.evaluation.tables import md_row
 from medsrl.study.collect import Study
+from medsrl.study.error_modes import seed_cell
 
 # (curve tag, column label, scale for printing: 100 = a percentage)
 MECHANISM: tuple[tuple[str, str, float], ...] = (
@@ -40,14 +33,12 @@ MECHANISM: tuple[tuple[str, str, float], ...] = (
 
 
 def stage_mean(curve: tuple[np.ndarray, np.ndarray] | None, first: int, last: int | None) -> float:
-    """The mean of a curve's values at steps ``first <= step < last`` (NaN values skipped;
-    NaN when there are none)."""
+    """The mean of a curve's non-NaN values at steps ``first <= step < last`` (NaN if none)."""
     if curve is None:
         return math.nan
     steps, values = curve
     keep = (steps >= first) & (steps < (last if last is not None else np.iinfo(np.int64).max))
-    vals = values[keep]
-    vals = vals[~np.isnan(vals)]
+    vals = values[keep & ~np.isnan(values)]
     return float(vals.mean()) if len(vals) else math.nan
 
 
@@ -73,9 +64,8 @@ def mechanism(study: Study) -> dict[str, dict[str, dict[str, float]]]:
 
 
 def visits_distribution(study: Study, method: str) -> dict[str, float] | None:
-    """Over the prompts a method's runs sampled (each seed's last checkpoint, then averaged over
-    seeds): min, median, mean and max visits per prompt, and the prompts seen. ``None`` when no
-    run has a checkpoint with the counts."""
+    """Min, median, mean and max visits per prompt and the prompts seen, from each seed's last
+    checkpoint, averaged over seeds; ``None`` when no run has a checkpoint with the counts."""
     import torch
 
     per_seed = []
@@ -126,18 +116,14 @@ def render_mechanism(study: Study) -> list[str]:
         f"Per stage ({stages}), the mean over the stage's steps, then over seeds ('-': not logged "
         "by that method):",
         "",
-        "| method | " + " | ".join(label for _, label, _ in tags) + " |",
+        md_row(["method", *(label for _, label, _ in tags)]),
         "|" + "---|" * (len(tags) + 1),
     ]
     for m in study.methods:
         per = table.get(m.name, {})
-        cells = []
-        for tag, _, scale in tags:
-            if tag not in per:
-                cells.append("-")
-                continue
-            cells.append(" / ".join(_fmt(per[tag].get(s, math.nan), scale) for s in per[tag]))
-        out.append(f"| {m.label} | " + " | ".join(cells) + " |")
+        cells = [" / ".join(_fmt(v, scale) for v in per[tag].values()) if tag in per else "-"
+                 for tag, _, scale in tags]
+        out.append(md_row([m.label, *cells]))
     out.append("")
     return out
 
@@ -146,8 +132,6 @@ def dose_response_rows(study: Study, agg: dict[str, Any], where: str = "eval") -
     """Per method of the dose-response (the baseline and every MEDS variant), the error modes of
     its final policies (``<where>/<method>/seed<k>/error_modes.json``) and, for ``eval``, the
     headline pass@k from ``agg``; each a list over seeds."""
-    import json
-
     names = [m.name for m in study.methods if m.name == study.baseline or _is_meds(m.name)]
     by_name = {m["name"]: m for m in agg.get("methods", [])}
     rows = []
@@ -190,19 +174,8 @@ def render_dose_response(study: Study, agg: dict[str, Any]) -> list[str]:
                 ("distinct_wrong", "distinct wrong, traps", 1.0)]
         cols += [(k, f"{k} (%)", 100.0) for k in (ks[:1] + ks[-1:] if len(ks) > 1 else ks)]
         out += [f"On {title} (mean ± std over seeds):", "",
-                "| method | " + " | ".join(c[1] for c in cols) + " |", "|" + "---|" * (len(cols) + 1)]
+                md_row(["method", *(c[1] for c in cols)]), "|" + "---|" * (len(cols) + 1)]
         for r in rows:
-            out.append(f"| {r['label']} | " + " | ".join(_cell(r.get(key, []), scale) for key, _, scale in cols) + " |")
+            out.append(md_row([r["label"], *(seed_cell(r.get(key, []), scale) for key, _, scale in cols)]))
         out.append("")
     return out
-
-
-def _cell(values: list[float], scale: float) -> str:
-    vals = [v * scale for v in values if v is not None and v == v]
-    if not vals:
-        return "-"
-    digits = 1 if scale != 1.0 else 2
-    if len(vals) == 1:
-        return f"{vals[0]:.{digits}f}"
-    return f"{np.mean(vals):.{digits}f} ± {np.std(vals, ddof=1):.{digits}f}"
-

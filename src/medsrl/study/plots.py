@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from medsrl.evaluation.tables import pass_at_k_axes, pyplot, save_png
 from medsrl.study.collect import Curve, Study
-from medsrl.utils.atomic_file import atomic_write
 
 SMOOTH = 5  # steps in the moving average of the per-step training accuracy
 
@@ -25,12 +25,7 @@ PANELS = (
     ("val/accuracy", "validation accuracy (%)", True, False),
     ("val/distinct_wrong", "validation: distinct wrong answers per problem", False, False),
     ("val/eigen_ratio", "validation: top-1 eigen ratio of the MEDS features", False, False),
-    (
-        "train/meds/top1_eigen_ratio",
-        "MEDS memory: top-1 eigen ratio (MEDS runs only)",
-        False,
-        False,
-    ),
+    ("train/meds/top1_eigen_ratio", "MEDS memory: top-1 eigen ratio (MEDS runs only)", False, False),
 )
 # what shaping did, over training (study/mechanism.py has the tables)
 MECHANISM_PANELS = (
@@ -104,14 +99,12 @@ def pass_at_k_by_method(study: Study) -> dict[str, tuple[list[int], np.ndarray]]
 
 
 def plot_pass_at_k_curves(study: Study, path: str | os.PathLike) -> Path | None:
-    """PNG of pass@k (%) against k (log-2 axis) per method: mean over seeds, +- std band.
-
-    ``None`` (nothing written) when no method has an evaluation yet.
-    """
+    """PNG of pass@k per method, mean over seeds with a ± std band; ``None`` (nothing written)
+    when no method has an evaluation yet."""
     data = pass_at_k_by_method(study)
     if not data:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.8, 4.6))
     try:
         all_ks: set[int] = set()
@@ -125,29 +118,21 @@ def plot_pass_at_k_curves(study: Study, path: str | os.PathLike) -> Path | None:
                 std = 100 * vals.std(axis=0, ddof=1)
                 ax.fill_between(ks, mean - std, mean + std, color=color, alpha=0.15, lw=0)
             all_ks.update(ks)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted(all_ks), [str(k) for k in sorted(all_ks)])
-        ax.minorticks_off()
-        ax.set(
-            xlabel="k", ylabel="pass@k (%)", title=f"{study.name}: pass@k, mean ± std over seeds"
-        )
-        ax.grid(alpha=0.3)
+        pass_at_k_axes(ax, all_ks, f"{study.name}: pass@k, mean ± std over seeds")
         ax.legend(fontsize=8, title="method (seeds)", title_fontsize=8)
-        return _save(fig, path)
+        return save_png(fig, path, dpi=130)
     finally:
         plt.close(fig)
 
 
 def plot_training_curves(study: Study, path: str | os.PathLike, panels=PANELS,
                          title: str = "training curves") -> Path | None:
-    """One PNG with a panel per ``panels`` entry (``PANELS``, or ``MECHANISM_PANELS``); a line per method (mean over seeds) with its
-    min-max band across seeds, and a dashed vertical line at the stage switch (``steps_a``).
-
-    A panel no method logged says so. ``None`` (nothing written) when no run has curves yet.
-    """
+    """One PNG with a panel per ``panels`` entry: a line per method (mean over seeds) with its
+    min-max band, a dashed line at the stage switch (``steps_a``); a panel no method logged says
+    so. ``None`` (nothing written) when no run has curves yet."""
     if not any(r.curves for r in study.runs.values()):
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.2))
     try:
         flat = axes.ravel()
@@ -178,41 +163,20 @@ def plot_training_curves(study: Study, path: str | os.PathLike, panels=PANELS,
             if not drawn:
                 if study.steps_a is not None:
                     ax.set_xlim(0, study.steps_a + (study.steps_b or 0))
-                ax.text(
-                    0.5,
-                    0.5,
-                    f"no run logged {tag}",
-                    ha="center",
-                    va="center",
-                    transform=ax.transAxes,
-                    fontsize=8,
-                )
-        legend_ax = flat[len(panels)] if len(flat) > len(panels) else None
-        if legend_ax is not None:
+                ax.text(0.5, 0.5, f"no run logged {tag}", ha="center", va="center",
+                        transform=ax.transAxes, fontsize=8)
+        if len(flat) > len(panels):
+            legend_ax = flat[len(panels)]
             legend_ax.axis("off")
-            legend_ax.legend(
-                [h for h, _ in handles.values()],
-                [lab for _, lab in handles.values()],
-                loc="center",
-                fontsize=9,
-                title="method (seeds); band: min-max over seeds"
-                + ("\ndashed: stage A -> B" if study.steps_a is not None and study.steps_b else ""),
-                title_fontsize=9,
-            )
+            switch = "\ndashed: stage A -> B" if study.steps_a is not None and study.steps_b else ""
+            legend_ax.legend([h for h, _ in handles.values()], [lab for _, lab in handles.values()],
+                             loc="center", fontsize=9, title_fontsize=9,
+                             title=f"method (seeds); band: min-max over seeds{switch}")
         fig.suptitle(f"{study.name}: {title}, mean over seeds", fontsize=11)
         fig.tight_layout()
-        return _save(fig, path)
+        return save_png(fig, path, dpi=130)
     finally:
         plt.close(fig)
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display; must come before pyplot picks a backend
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _color(study: Study, method: str):
@@ -220,11 +184,3 @@ def _color(study: Study, method: str):
     names = [m.name for m in study.methods]
     i = names.index(method) if method in names else len(names)
     return f"C{i % 10}"
-
-
-def _save(fig, path: str | os.PathLike) -> Path:
-    def write(f) -> None:
-        os.fchmod(f.fileno(), 0o644)  # mkstemp makes it 0600; a figure is read like any file
-        fig.savefig(f, format="png", dpi=130, bbox_inches="tight")
-
-    return atomic_write(path, write)

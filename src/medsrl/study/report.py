@@ -1,15 +1,9 @@
 """The study's results: aggregated numbers, significance tests, figures and Markdown.
 
-``write_report(study_root, doc_path, img_dir)`` is what the study runner calls at the end (and
-what ``python -m medsrl.study.report <study_root>`` runs): it draws the figures into
-``img_dir``, writes ``results.md`` and ``results.json`` into the study root, and replaces the
-block between the marker lines of ``docs/STUDY.md`` with the rendered results, leaving the
-hand-written protocol around it untouched.
-
-Numbers: each seed's benchmark score is its ``average`` row (macro mean over benchmarks) or its
-only benchmark's row; tables give mean +- sample std over the evaluated seeds. Significance:
-``medsrl.study.stats.compare`` (seed-level Welch test and problem-level paired test, significant
-only when both reject).
+``write_report`` (the runner's last phase, and ``python -m medsrl.study.report <study_root>``)
+draws the figures, writes ``results.md`` / ``results.json`` into the study root and replaces the
+block between the marker lines of ``docs/STUDY.md``, leaving the protocol around it untouched.
+A seed's score is its ``average`` row (macro mean over benchmarks) or its only benchmark's row.
 """
 
 from __future__ import annotations
@@ -20,18 +14,20 @@ import math
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from medsrl.evaluation.diversity import DIVERSITY_KEYS, distinct_wrong_answers
+from medsrl.evaluation.tables import PERCENT_PREFIXES, json_clean, md_row
 from medsrl.study import stats
 from medsrl.study.collect import Study, load_study
 from medsrl.study.error_modes import render_error_modes
 from medsrl.study.mechanism import render_dose_response, render_mechanism
 from medsrl.study.plots import MECHANISM_PANELS, SMOOTH, plot_pass_at_k_curves, plot_training_curves
-from medsrl.utils.atomic_file import atomic_write
+from medsrl.utils.atomic_file import atomic_write_text
 
 BEGIN = "<!-- study-results:begin -->"
 END = "<!-- study-results:end -->"
@@ -45,7 +41,14 @@ _LABELS = {
 }
 
 
-# ------------------------------------------------------------------ numbers
+def _by_k(columns) -> list[str]:
+    """``pass@k`` column names sorted by k."""
+    return sorted(columns, key=lambda c: int(c[5:]))
+
+
+def _end_columns(ks: Sequence[int]) -> list[str]:
+    """The first and the last headline pass@k (one column when they are the same)."""
+    return _by_k({f"pass@{ks[0]}", f"pass@{ks[-1]}"}) if ks else []
 
 
 def headline_ks(study: Study) -> list[int]:
@@ -81,11 +84,8 @@ def benchmark_values(study: Study, method: str, benchmark: str, metric: str) -> 
 
 
 def problem_values(study: Study, method: str, metric: str) -> dict[tuple[str, int], float]:
-    """``{(benchmark, index): metric averaged over seeds}`` for ``pass@k`` or ``distinct_wrong``.
-
-    Only problems every seed with generations evaluated are kept, so each value averages the
-    same seeds; a problem with fewer than k samples gives ``nan`` for pass@k.
-    """
+    """``{(benchmark, index): metric averaged over seeds}`` for ``pass@k`` or ``distinct_wrong``,
+    over the problems every seed with generations has (``nan``: fewer than k samples)."""
     runs = [r for r in study.evaluated(method) if r.problems]
     if not runs:
         return {}
@@ -109,53 +109,37 @@ def problem_values(study: Study, method: str, metric: str) -> dict[tuple[str, in
 
 
 def compare_methods(
-    study: Study,
-    baseline: str,
-    method: str,
-    metric: str,
-    *,
-    rounds: int = ROUNDS,
+    study: Study, baseline: str, method: str, metric: str, *, rounds: int = ROUNDS,
     cache: dict | None = None,
 ) -> stats.Comparison:
     """Both tests of ``method`` against ``baseline`` on one metric (problems both evaluated)."""
     cache = {} if cache is None else cache
-
-    def per_problem(name: str) -> dict[tuple[str, int], float]:
+    for name in (baseline, method):
         if (name, metric) not in cache:
             cache[(name, metric)] = problem_values(study, name, metric)
-        return cache[(name, metric)]
-
-    a_prob, b_prob = per_problem(baseline), per_problem(method)
+    a_prob, b_prob = cache[(baseline, metric)], cache[(method, metric)]
     common = sorted(set(a_prob) & set(b_prob))
     a_p = [a_prob[k] for k in common] if common else None
     b_p = [b_prob[k] for k in common] if common else None
     return stats.compare(
-        seed_values(study, baseline, metric),
-        seed_values(study, method, metric),
-        a_p,
-        b_p,
-        a_label=study.label(baseline),
-        b_label=study.label(method),
-        rounds=rounds,
+        seed_values(study, baseline, metric), seed_values(study, method, metric), a_p, b_p,
+        a_label=study.label(baseline), b_label=study.label(method), rounds=rounds,
     )
 
 
 def aggregate(study: Study, *, rounds: int = ROUNDS) -> dict[str, Any]:
-    """The study's numbers as plain, JSON-ready data (also written as ``results.json``).
-
-    ``methods``: per method the evaluated seeds and, per metric, mean, std and the per-seed
-    values (overall and per benchmark); ``comparisons``: the treatment against the baseline on
-    the headline pass@k and distinct wrong answers, and every other method against the
-    baseline on pass@1 and the largest headline pass@k.
-    """
+    """The study's numbers as JSON-ready data (``results.json``): per method and metric the
+    mean, std and per-seed values (overall and per benchmark); the comparisons of the treatment
+    (headline pass@k, distinct wrong) and of every other method (the first and last headline
+    pass@k) against the baseline."""
     ks = headline_ks(study)
-    metrics = sorted((f"pass@{k}" for k in _common_ks(study)), key=lambda c: int(c[5:]))
+    metrics = _by_k(f"pass@{k}" for k in _common_ks(study))
     metrics += ["mean@n", "maj@n", *DIVERSITY_KEYS]
     methods = []
     for m in study.methods:
         runs = study.evaluated(m.name)
         benches = list(dict.fromkeys(row["benchmark"] for r in runs for row in r.rows))
-        entry: dict[str, Any] = {
+        methods.append({
             "name": m.name,
             "label": m.label,
             "seeds": [r.seed for r in runs],
@@ -168,53 +152,42 @@ def aggregate(study: Study, *, rounds: int = ROUNDS) -> dict[str, Any]:
                 }
                 for b in benches
             },
-        }
-        methods.append(entry)
+        })
     comparisons = []
     base = study.baseline
     evaluated = {m.name for m in study.methods if study.evaluated(m.name)}
     cache: dict = {}
     if base in evaluated:
-        top = [f"pass@{k}" for k in ks]
         plan = []
         if study.treatment in evaluated and study.treatment != base:
-            plan += [(study.treatment, c) for c in [*top, "distinct_wrong"]]
-        short = sorted({top[0], top[-1]}, key=lambda c: int(c[5:])) if top else []
+            plan += [(study.treatment, c) for c in [*(f"pass@{k}" for k in ks), "distinct_wrong"]]
         plan += [
             (m.name, c)
             for m in study.methods
             if m.name in evaluated and m.name != base
-            for c in short
+            for c in _end_columns(ks)
             if (m.name, c) not in plan
         ]
         for method, metric in plan:
             cmp = compare_methods(study, base, method, metric, rounds=rounds, cache=cache)
-            comparisons.append(
-                {"baseline": base, "method": method, "metric": metric, **_comparison_dict(cmp)}
-            )
+            comparisons.append({"baseline": base, "method": method, "metric": metric,
+                                **_comparison_dict(cmp)})
     meta = study.meta
-    return _json_clean(
-        {
-            "study": {
-                "name": study.name,
-                "root": str(study.root),
-                "commit": meta.get("commit"),
-                "machine": meta.get("machine"),
-                "seeds": study.seeds,
-                "steps_a": study.steps_a,
-                "steps_b": study.steps_b,
-                "eval_n": meta.get("eval_n"),
-                "baseline": base,
-                "treatment": study.treatment,
-            },
-            "headline_ks": ks,
-            "missing": [str(m) for m in study.missing],
-            "notes": list(study.notes),
-            "methods": methods,
-            "comparisons": comparisons,
-            "tests": {"alpha": stats.ALPHA, "rounds": rounds, "seed": 0},
-        }
-    )
+    info = {
+        "name": study.name, "root": str(study.root), "commit": meta.get("commit"),
+        "machine": meta.get("machine"), "seeds": study.seeds, "steps_a": study.steps_a,
+        "steps_b": study.steps_b, "eval_n": meta.get("eval_n"), "baseline": base,
+        "treatment": study.treatment,
+    }
+    return json_clean({
+        "study": info,
+        "headline_ks": ks,
+        "missing": [str(m) for m in study.missing],
+        "notes": list(study.notes),
+        "methods": methods,
+        "comparisons": comparisons,
+        "tests": {"alpha": stats.ALPHA, "rounds": rounds, "seed": 0},
+    })
 
 
 def _summary(values: Sequence[float]) -> dict[str, Any]:
@@ -228,44 +201,17 @@ def _problems(runs, benchmark: str) -> int | None:
 
 
 def _comparison_dict(c: stats.Comparison) -> dict[str, Any]:
-    paired = None
-    if c.paired is not None:
-        p = c.paired
-        paired = {
-            "diff": p.diff,
-            "ci_low": p.ci_low,
-            "ci_high": p.ci_high,
-            "p": p.p,
-            "problems": p.problems,
-            "exact": p.exact,
-        }
     return {
         "baseline_mean": c.a_mean,
         "baseline_std": c.a_std,
         "method_mean": c.b_mean,
         "method_std": c.b_std,
         "diff": c.diff,
-        "welch": {"t": c.welch.t, "dof": c.welch.dof, "p": c.welch.p},
-        "paired": paired,
+        "welch": asdict(c.welch),
+        "paired": None if c.paired is None else asdict(c.paired),
         "significant": c.significant,
         "verdict": c.verdict,
     }
-
-
-def _json_clean(value: Any) -> Any:
-    """nan / inf -> None and numpy scalars -> Python, so that strict JSON accepts the result."""
-    if isinstance(value, dict):
-        return {str(k): _json_clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_clean(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-# ----------------------------------------------------------------- Markdown
 
 
 def _num(value: Any) -> float:
@@ -277,8 +223,7 @@ def _fmt(metric: str, mean: Any, std: Any = None) -> str:
     mean, std = _num(mean), _num(std)
     if not math.isfinite(mean):
         return "-"
-    percent = metric.startswith(("pass@", "mean@", "maj@"))
-    scale, digits = (100.0, 1) if percent else (1.0, 2)
+    scale, digits = (100.0, 1) if metric.startswith(PERCENT_PREFIXES) else (1.0, 2)
     text = f"{scale * mean:.{digits}f}"
     if math.isfinite(std):
         text += f" ± {scale * std:.{digits}f}"
@@ -290,7 +235,7 @@ def _fmt_diff(metric: str, diff: Any) -> str:
     diff = _num(diff)
     if not math.isfinite(diff):
         return "-"
-    if metric.startswith(("pass@", "mean@", "maj@")):
+    if metric.startswith(PERCENT_PREFIXES):
         return f"{100 * diff:+.1f} pp"
     return f"{diff:+.2f}"
 
@@ -306,8 +251,7 @@ def _fmt_welch(w: dict[str, Any]) -> str:
 def _fmt_paired(metric: str, paired: dict[str, Any] | None) -> str:
     if paired is None or not math.isfinite(_num(paired["p"])):
         return "n/a"
-    scale = 100.0 if metric.startswith("pass@") else 1.0
-    digits = 1 if scale == 100.0 else 2
+    scale, digits = (100.0, 1) if metric.startswith("pass@") else (1.0, 2)
     lo, hi = scale * _num(paired["ci_low"]), scale * _num(paired["ci_high"])
     return (
         f"{_fmt_diff(metric, paired['diff'])} [{lo:+.{digits}f}, {hi:+.{digits}f}], "
@@ -334,11 +278,8 @@ def render_markdown(study: Study, agg: dict[str, Any], figures: dict[str, str]) 
         "",
     ]
     if agg["missing"]:
-        out.append(
-            f"**Incomplete**: {len(agg['missing'])} part(s) missing or unfinished; the "
-            "numbers below use what is there."
-        )
-        out.append("")
+        out += [f"**Incomplete**: {len(agg['missing'])} part(s) missing or unfinished; the "
+                "numbers below use what is there.", ""]
         out += [f"- {m}" for m in agg["missing"]]
     else:
         out.append("Complete: every training run and evaluation of the study is there.")
@@ -376,7 +317,7 @@ def _main_table(agg: dict[str, Any], n_seeds: int) -> list[str]:
         "per problem (distinct answers and distinct wrong answers among the n samples, top-1 "
         "eigen ratio of the MEDS features, number of clusters of the wrong answers' features).",
         "",
-        "| method | seeds | " + " | ".join(f"{h}, {over}" for h in head) + " |",
+        md_row(["method", "seeds", *(f"{h}, {over}" for h in head)]),
         "|---|---:|" + "---:|" * len(cols),
     ]
     for m in agg["methods"]:
@@ -386,25 +327,22 @@ def _main_table(agg: dict[str, Any], n_seeds: int) -> list[str]:
             _fmt(c, m["metrics"][c]["mean"], m["metrics"][c]["std"]) if c in m["metrics"] else "-"
             for c in cols
         ]
-        lines.append(f"| {m['label']} | {seeds_cell} | " + " | ".join(cells) + " |")
+        lines.append(md_row([m["label"], seeds_cell, *cells]))
     lines.append("")
     return lines
 
 
 def _benchmark_table(agg: dict[str, Any]) -> list[str]:
-    ks = agg["headline_ks"]
-    if not ks:
+    cols = _end_columns(agg["headline_ks"])
+    if not cols:
         return []
-    cols = sorted({f"pass@{ks[0]}", f"pass@{ks[-1]}"}, key=lambda c: int(c[5:]))
     benches = list(dict.fromkeys(b for m in agg["methods"] for b in m["benchmarks"]))
     lines = ["### Per benchmark", ""]
     if len(benches) <= 1:
         name = benches[0] if benches else "-"
         return [*lines, f"One benchmark (`{name}`): the main table is its table.", ""]
     lines += [
-        "| benchmark | problems | method | "
-        + " | ".join(f"{c} (%), mean ± std" for c in cols)
-        + " |",
+        md_row(["benchmark", "problems", "method", *(f"{c} (%), mean ± std" for c in cols)]),
         "|---|---:|---|" + "---:|" * len(cols),
     ]
     for b in benches:
@@ -414,11 +352,7 @@ def _benchmark_table(agg: dict[str, Any]) -> list[str]:
             entry = m["benchmarks"][b]
             cells = [_fmt(c, entry[c]["mean"], entry[c]["std"]) for c in cols]
             problems = entry.get("problems")
-            lines.append(
-                f"| {b} | {problems if problems is not None else '-'} | {m['label']} | "
-                + " | ".join(cells)
-                + " |"
-            )
+            lines.append(md_row([b, "-" if problems is None else problems, m["label"], *cells]))
     lines.append("")
     return lines
 
@@ -429,18 +363,11 @@ def _significance(study: Study, agg: dict[str, Any]) -> list[str]:
     tests = agg["tests"]
     lines = ["### Significance", ""]
     if not agg["comparisons"]:
-        why = (
-            f"the baseline ({base}) has no evaluation yet"
-            if base
-            else "study.json names no baseline"
-        )
+        why = f"the baseline ({base}) has no evaluation yet" if base else "study.json names no baseline"
         return [*lines, f"No comparison: {why}.", ""]
     n_seeds, rounds = len(info["seeds"]), tests["rounds"]
-    power = (
-        f"with {n_seeds} seeds per method it has little power"
-        if n_seeds > 1
-        else "undefined with one seed, so nothing can be called significant"
-    )
+    power = (f"with {n_seeds} seeds per method it has little power" if n_seeds > 1
+             else "undefined with one seed, so nothing can be called significant")
     lines += [
         f"Differences are method minus {study.label(base)} (the baseline). **Seed-level**: "
         f"Welch's t-test on the per-seed scores (the seed-to-seed variance; {power}). "
@@ -473,8 +400,7 @@ def _significance(study: Study, agg: dict[str, Any]) -> list[str]:
                 f"{f' ({problems} problems)' if problems else ''} | {c['verdict']} |"
             )
         lines.append("")
-    ks = agg["headline_ks"]
-    metrics = sorted({f"pass@{ks[0]}", f"pass@{ks[-1]}"}, key=lambda c: int(c[5:])) if ks else []
+    metrics = _end_columns(agg["headline_ks"])
     others = [c for c in agg["comparisons"] if c["metric"] in metrics]
     methods = list(dict.fromkeys(c["method"] for c in others))
     if metrics and methods:
@@ -484,9 +410,7 @@ def _significance(study: Study, agg: dict[str, Any]) -> list[str]:
             "Difference in points; seed-level / problem-level p; **bold**: significant (both "
             f"p < {tests['alpha']:g}).",
             "",
-            "| method | "
-            + " | ".join(f"{m} difference | {m} p (seed / problem)" for m in metrics)
-            + " |",
+            md_row(["method", *(f"{m} difference | {m} p (seed / problem)" for m in metrics)]),
             "|---|" + "---:|---|" * len(metrics),
         ]
         by_key = {(c["method"], c["metric"]): c for c in others}
@@ -500,10 +424,8 @@ def _significance(study: Study, agg: dict[str, Any]) -> list[str]:
                 diff = _fmt_diff(metric, c["diff"])
                 cells.append(f"**{diff}**" if c["significant"] else diff)
                 prob_p = c["paired"]["p"] if c["paired"] else None
-                cells.append(
-                    f"{stats.format_p(_num(c['welch']['p']))} / {stats.format_p(_num(prob_p))}"
-                )
-            lines.append(f"| {study.label(method)} | " + " | ".join(cells) + " |")
+                cells.append(f"{stats.format_p(_num(c['welch']['p']))} / {stats.format_p(_num(prob_p))}")
+            lines.append(md_row([study.label(method), *cells]))
         lines.append("")
     return lines
 
@@ -511,66 +433,47 @@ def _significance(study: Study, agg: dict[str, Any]) -> list[str]:
 def _figures(study: Study, figures: dict[str, str]) -> list[str]:
     if not figures:
         return []
-    lines = ["### Figures", ""]
-    if "pass_at_k" in figures:
-        lines += [
-            f"![pass@k per method]({figures['pass_at_k']})",
-            "",
-            "pass@k against k (log-2 axis) per method: mean over the evaluated seeds (their "
-            "number in the legend), band ± sample std over seeds.",
-            "",
-        ]
     switch = (
-        f" The dashed vertical line marks the switch from stage A to stage B at step "
-        f"{study.steps_a}."
-        if study.steps_a is not None and study.steps_b
-        else ""
+        f" The dashed vertical line marks the switch from stage A to stage B at step {study.steps_a}."
+        if study.steps_a is not None and study.steps_b else ""
     )
-    if "training" in figures:
-        lines += [
-            f"![training curves per method]({figures['training']})",
-            "",
-            "Training curves: a line per method is the mean over seeds, the band the min-max "
-            f"range across seeds. Training accuracy (`train/acc`, per step) is smoothed by a "
-            f"centred moving average over {SMOOTH} steps (fewer at the ends); the validation "
-            "panels are unsmoothed and logged every few steps; the MEDS memory's eigen ratio "
-            f"exists only for runs with the MEDS plug-in.{switch}",
-            "",
-        ]
-    if "mechanism" in figures:
-        lines += [
-            f"![the mechanism over training]({figures['mechanism']})",
-            "",
-            "The mechanism over training, mean over seeds with the min-max band: visits of the "
-            "step's prompts, MEDS's memory entries per store read, the responses it penalised, "
-            f"the share of the advantage signal shaping rewrote (every method) and the share of "
-            f"the penalty on a group's most frequent wrong answer (the percentages smoothed over "
-            f"{SMOOTH} steps).{switch}",
-            "",
-        ]
+    captions = {  # kind: (alt text, caption)
+        "pass_at_k": ("pass@k per method",
+                      "pass@k against k (log-2 axis) per method: mean over the evaluated seeds (their "
+                      "number in the legend), band ± sample std over seeds."),
+        "training": ("training curves per method",
+                     "Training curves: a line per method is the mean over seeds, the band the min-max "
+                     f"range across seeds. Training accuracy (`train/acc`, per step) is smoothed by a "
+                     f"centred moving average over {SMOOTH} steps (fewer at the ends); the validation "
+                     "panels are unsmoothed and logged every few steps; the MEDS memory's eigen ratio "
+                     f"exists only for runs with the MEDS plug-in.{switch}"),
+        "mechanism": ("the mechanism over training",
+                      "The mechanism over training, mean over seeds with the min-max band: visits of the "
+                      "step's prompts, MEDS's memory entries per store read, the responses it penalised, "
+                      f"the share of the advantage signal shaping rewrote (every method) and the share of "
+                      f"the penalty on a group's most frequent wrong answer (the percentages smoothed over "
+                      f"{SMOOTH} steps).{switch}"),
+    }
+    lines = ["### Figures", ""]
+    for kind, (alt, caption) in captions.items():
+        if kind in figures:
+            lines += [f"![{alt}]({figures[kind]})", "", caption, ""]
     return lines
 
 
-# ------------------------------------------------------------ files and doc
-
-
 def write_figures(study: Study, img_dir: str | os.PathLike) -> dict[str, Path]:
-    """Draw the figures into ``img_dir`` as ``<study>_pass_at_k.png`` and
-    ``<study>_training_curves.png`` (named by study, so a quick and a full study can share the
-    directory); ``{kind: path}`` of those drawn."""
-    img_dir = Path(img_dir)
-    out = {}
-    p = plot_pass_at_k_curves(study, img_dir / f"{study.name}_pass_at_k.png")
-    if p is not None:
-        out["pass_at_k"] = p
-    t = plot_training_curves(study, img_dir / f"{study.name}_training_curves.png")
-    if t is not None:
-        out["training"] = t
+    """``{kind: path}`` of the figures drawn into ``img_dir``, named ``<study>_<kind>.png`` so
+    that a quick and a full study can share the directory."""
+    img = Path(img_dir)
+    drawn = {
+        "pass_at_k": plot_pass_at_k_curves(study, img / f"{study.name}_pass_at_k.png"),
+        "training": plot_training_curves(study, img / f"{study.name}_training_curves.png"),
+    }
     if any(tag in r.curves for r in study.runs.values() for tag, *_ in MECHANISM_PANELS):
-        m = plot_training_curves(study, img_dir / f"{study.name}_mechanism.png", MECHANISM_PANELS, "the mechanism")
-        if m is not None:
-            out["mechanism"] = m
-    return out
+        drawn["mechanism"] = plot_training_curves(
+            study, img / f"{study.name}_mechanism.png", MECHANISM_PANELS, "the mechanism"
+        )
+    return {kind: path for kind, path in drawn.items() if path is not None}
 
 
 def _relative(paths: dict[str, Path], start: Path) -> dict[str, str]:
@@ -580,35 +483,18 @@ def _relative(paths: dict[str, Path], start: Path) -> dict[str, str]:
     }
 
 
-def render_results(
-    study_root: str | os.PathLike,
-    img_dir: str | os.PathLike | None = None,
-    img_rel: str | None = None,
-    *,
-    rounds: int = ROUNDS,
-) -> str:
-    """Markdown results of the study at ``study_root``.
-
-    With ``img_dir`` the figures are drawn there and linked as ``<img_rel>/<file>`` (``img_rel``
-    defaults to ``img_dir`` itself); without it the section has no figures.
-    """
+def render_results(study_root: str | os.PathLike, *, rounds: int = ROUNDS) -> str:
+    """Markdown results of the study at ``study_root``, without figures; writes nothing."""
     study = load_study(study_root)
-    agg = aggregate(study, rounds=rounds)
-    figures: dict[str, str] = {}
-    if img_dir is not None:
-        drawn = write_figures(study, img_dir)
-        rel = str(img_dir) if img_rel is None else img_rel
-        figures = {k: f"{rel.rstrip('/')}/{p.name}" for k, p in drawn.items()}
-    return render_markdown(study, agg, figures)
+    return render_markdown(study, aggregate(study, rounds=rounds), {})
 
 
 def update_study_doc(doc_path: str | os.PathLike, results_md: str) -> Path:
     """Replace what lies between the marker lines of ``doc_path`` with ``results_md``.
 
-    The markers (``<!-- study-results:begin -->`` / ``<!-- study-results:end -->``, each on a
-    line of its own, once, begin before end) stay; everything outside them is kept byte for
-    byte, and the same ``results_md`` gives the same file (idempotent). Written atomically,
-    keeping the file's permissions. Raises ``ValueError`` naming what is wrong with the markers.
+    The markers (``BEGIN`` / ``END``, each once on a line of its own) stay and everything outside
+    them is kept byte for byte (idempotent); written atomically, keeping the file's permissions.
+    Raises ``ValueError`` naming what is wrong with the markers.
     """
     path = Path(doc_path)
     text = path.read_text(encoding="utf-8")
@@ -628,47 +514,26 @@ def update_study_doc(doc_path: str | os.PathLike, results_md: str) -> Path:
     body = results_md.strip("\n")
     new = text[: begin.end()] + "\n" + (body + "\n" if body else "") + text[end.start() :]
     if new != text:
-        mode = path.stat().st_mode & 0o7777
-        data = new.encode("utf-8")
-
-        def write(f) -> None:
-            os.fchmod(f.fileno(), mode)
-            f.write(data)
-
-        atomic_write(path, write)
+        atomic_write_text(path, new, path.stat().st_mode & 0o7777)
     return path
 
 
-def _write_text(path: Path, text: str) -> Path:
-    data = text.encode("utf-8")
-
-    def write(f) -> None:
-        os.fchmod(f.fileno(), 0o644)
-        f.write(data)
-
-    return atomic_write(path, write)
-
-
 def write_report(
-    study_root: str | os.PathLike,
-    doc_path: str | os.PathLike | None = "docs/STUDY.md",
-    img_dir: str | os.PathLike = "docs/img/study",
-    *,
-    rounds: int = ROUNDS,
+    study_root: str | os.PathLike, doc_path: str | os.PathLike | None = "docs/STUDY.md",
+    img_dir: str | os.PathLike = "docs/img/study", *, rounds: int = ROUNDS,
 ) -> str:
     """Figures into ``img_dir``, ``results.md`` + ``results.json`` into the study root, and the
     results block of ``doc_path`` (skipped when ``None``); returns the doc's Markdown.
 
-    The study-root files are written first, so a doc without markers (``ValueError``) still
-    leaves the results next to the study.
+    The study-root files come first, so a doc without markers still leaves the results there.
     """
     root = Path(study_root)
     study = load_study(root)
     agg = aggregate(study, rounds=rounds)
     drawn = write_figures(study, img_dir)
-    _write_text(root / "results.json", json.dumps(agg, indent=2, allow_nan=False) + "\n")
+    atomic_write_text(root / "results.json", json.dumps(agg, indent=2, allow_nan=False) + "\n")
     root_md = render_markdown(study, agg, _relative(drawn, root))
-    _write_text(root / "results.md", root_md)
+    atomic_write_text(root / "results.md", root_md)
     if doc_path is None:
         return root_md
     doc = Path(doc_path)
@@ -689,9 +554,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--img-dir", default="docs/img/study", help="where the PNGs go")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="bootstrap / flip rounds")
     args = parser.parse_args(argv)
-    md = write_report(
-        args.study_root, None if args.no_doc else args.doc, args.img_dir, rounds=args.rounds
-    )
+    md = write_report(args.study_root, None if args.no_doc else args.doc, args.img_dir, rounds=args.rounds)
     print(md)
     where = "" if args.no_doc else f", {args.doc}"
     print(f"[medsrl] results in {Path(args.study_root) / 'results.md'} (.json){where}")

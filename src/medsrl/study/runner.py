@@ -22,18 +22,19 @@ A root made with other settings is refused rather than mixed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import logging
 import os
 import platform
 import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from medsrl.utils.atomic_file import atomic_write
 
 ROOT = Path(__file__).resolve().parents[3]
 METHODS: dict[str, str] = {  # experiment=study_<name> -> label in the tables
@@ -49,7 +50,6 @@ WARM_START = "warm_start"
 _SHORT_NAMES = {"beta": "cap"}  # how a variant's keys read in labels (MEDS's beta is its cap)
 
 
-# ----------------------------------------------------------------------------- methods and variants
 # A method is ``<name>`` (experiment=study_<name>) or a variant ``<name>@key=value,key=value``: the
 # same experiment with overrides, a key without a dot meaning ``algorithm.plugins.<name>.<key>``
 # (``meds@alpha=1.0,beta=2.0``). A variant gets a directory and a label of its own.
@@ -59,43 +59,36 @@ def method_base(spec: str) -> str:
     return spec.split("@", 1)[0]
 
 
-def method_overrides(spec: str) -> list[str]:
-    """The Hydra overrides a method spec adds to its experiment."""
+def _variant(spec: str) -> list[tuple[str, str]]:
+    """The ``(key, value)`` pairs of a variant (none for a plain method)."""
     if "@" not in spec:
         return []
-    base, rest = spec.split("@", 1)
-    out = []
-    for part in rest.split(","):
-        key, sep, value = part.partition("=")
-        if not sep or not key or not value:
-            raise ValueError(f"study method {spec!r}: expected <method>@key=value[,key=value], got {part!r}")
-        out.append(f"{key if '.' in key else f'algorithm.plugins.{base}.{key}'}={value}")
-    return out
+    parts = [part.partition("=") for part in spec.split("@", 1)[1].split(",")]
+    for key, sep, value in parts:
+        if not (key and sep and value):
+            raise ValueError(
+                f"study method {spec!r}: expected <method>@key=value[,key=value], "
+                f"got {key + sep + value!r}"
+            )
+    return [(key, value) for key, _, value in parts]
+
+
+def method_overrides(spec: str) -> list[str]:
+    """The Hydra overrides a method spec adds to its experiment."""
+    base = method_base(spec)
+    return [f"{k if '.' in k else f'algorithm.plugins.{base}.{k}'}={v}" for k, v in _variant(spec)]
 
 
 def method_dir(spec: str) -> str:
     """A file-system and Hydra-safe name: ``meds@alpha=1.0,beta=2.0`` -> ``meds_alpha1.0_beta2.0``."""
-    if "@" not in spec:
-        return spec
-    base, rest = spec.split("@", 1)
-    parts = []
-    for part in rest.split(","):
-        key, _, value = part.partition("=")
-        parts.append(key.rsplit(".", 1)[-1] + value)
-    return "_".join([base, *parts])
+    return "_".join([method_base(spec), *(k.rsplit(".", 1)[-1] + v for k, v in _variant(spec))])
 
 
 def method_label(spec: str) -> str:
     """``MEDS`` or ``MEDS (alpha 1.0, cap 2.0)``."""
-    base = METHODS[method_base(spec)]
-    if "@" not in spec:
-        return base
-    pairs = []
-    for part in spec.split("@", 1)[1].split(","):
-        key, _, value = part.partition("=")
-        key = key.rsplit(".", 1)[-1]
-        pairs.append(f"{_SHORT_NAMES.get(key, key)} {value}")
-    return f"{base} ({', '.join(pairs)})"
+    short = [(k.rsplit(".", 1)[-1], v) for k, v in _variant(spec)]
+    pairs = ", ".join(f"{_SHORT_NAMES.get(k, k)} {v}" for k, v in short)
+    return METHODS[method_base(spec)] + (f" ({pairs})" if pairs else "")
 
 
 @dataclass
@@ -117,10 +110,10 @@ class StudySettings:
     def check(self) -> None:
         unknown = [m for m in self.methods if method_base(m) not in METHODS]
         if unknown:
-            raise ValueError(f"unknown study method(s) {unknown}; known: {list(METHODS)} (a variant: meds@alpha=1.0)")
-        for m in self.methods:
-            method_overrides(m)  # a malformed variant fails here, before any run
-        dirs = [method_dir(m) for m in self.methods]
+            raise ValueError(
+                f"unknown study method(s) {unknown}; known: {list(METHODS)} (a variant: meds@alpha=1.0)"
+            )
+        dirs = [method_dir(m) for m in self.methods]  # a malformed variant fails here
         if len(set(dirs)) != len(dirs):
             raise ValueError(f"study methods {self.methods} name the same run twice")
         if not self.seeds:
@@ -131,12 +124,7 @@ class StudySettings:
             raise ValueError(f"eval_n and eval_problems must be >= 1, got {self.eval_n}, {self.eval_problems}")
 
 
-# ----------------------------------------------------------------------------- layout
-
-
 def _write_json(path: Path, obj) -> None:
-    from medsrl.utils.atomic_file import atomic_write
-
     atomic_write(path, lambda f: f.write(json.dumps(obj, indent=2).encode("utf-8")))
 
 
@@ -162,12 +150,12 @@ def pending_runs(root: Path, s: StudySettings, stage: str) -> list[tuple[str, in
     return [(m, k) for m in s.methods for k in s.seeds if not is_finished_run(run_dir(root, m, k, stage))]
 
 
+def _eval_jobs(s: StudySettings) -> list[tuple[str, int]]:
+    return [(WARM_START, 0)] + [(m, k) for m in s.methods for k in s.seeds]
+
+
 def pending_evals(root: Path, s: StudySettings, where: str = "eval") -> list[tuple[str, int]]:
-    jobs = [(WARM_START, 0)] + [(m, k) for m in s.methods for k in s.seeds]
-    return [(m, k) for m, k in jobs if not is_finished_eval(eval_dir(root, m, k, where))]
-
-
-# ----------------------------------------------------------------------------- commands
+    return [(m, k) for m, k in _eval_jobs(s) if not is_finished_eval(eval_dir(root, m, k, where))]
 
 
 def _python() -> list[str]:
@@ -207,9 +195,8 @@ def train_command(root: Path, s: StudySettings, stage: str, jobs: list[tuple[str
 
 
 def eval_command(root: Path, s: StudySettings, jobs: list[tuple[str, int]], where: str = "eval") -> list[str]:
-    """One ``medsrl-eval -m`` over the pending evaluations of trained policies
-    (``study_run=<method>/seed<k>``, each writing to ``<where>/<method>/seed<k>``): on the test
-    split, or (``where="eval_train"``) on the training pools."""
+    """One ``medsrl-eval -m`` over the pending evaluations of trained policies, each writing to
+    ``<where>/<method>/seed<k>`` (``study_run=<method>/seed<k>``)."""
     return [
         *_python(), "medsrl.eval", "-m",
         "+study_run=" + ",".join(f"{method_dir(m)}/seed{k}" for m, k in jobs),
@@ -233,12 +220,7 @@ def warm_start_eval_command(out: Path, s: StudySettings, warm_start: Path, split
 def eval_overrides(s: StudySettings, split: str) -> list[str]:
     """The study benchmark: ``eval_problems`` per level of ``split``; of ``train``, the whole
     training pools (the problems the policy, and MEDS's memory, trained on)."""
-    out = [
-        "benchmark=study",
-        f"n={s.eval_n}",
-        "max_new_tokens=80",
-        "batch_size=128",
-    ]
+    out = ["benchmark=study", f"n={s.eval_n}", "max_new_tokens=80", "batch_size=128"]
     for level, pool in ((1, s.pool_l1), (2, s.pool_l2)):
         num = pool if split == "train" else s.eval_problems
         out += [f"benchmark.study_l{level}.num={num}", f"benchmark.study_l{level}.split={split}"]
@@ -256,22 +238,17 @@ def _run(cmd: list[str]) -> None:
         )
 
 
-# ----------------------------------------------------------------------------- phases
-
-
 def warm_start_dir(s: StudySettings) -> Path:
     """Build (or find) the study's cached warm start, as a training run would."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from medsrl.models.warmstart import WarmStartConfig, ensure_warm_start
+    from medsrl.warmstart import warm_started
 
     os.environ.setdefault("MEDSRL_ROOT", str(ROOT))
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = compose("train", overrides=[f"experiment=study_{method_base(s.methods[0])}", *_study_overrides(s)])
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    ws = WarmStartConfig(**model["warm_start"])
-    return ensure_warm_start(cfg.paths.cache_dir, dict(model.get("tiny") or {}), ws)
+    return Path(warm_started(OmegaConf.to_container(cfg.model, resolve=True), cfg.paths.cache_dir)["name_or_path"])
 
 
 def write_error_modes(eval_out: Path) -> dict:
@@ -331,27 +308,39 @@ def open_study(root: Path, s: StudySettings) -> dict:
             "commit": _commit(),  # the code the runs were made with; later calls add report_commit
         }
     meta.update(
-        name=s.name,
-        methods=[{"name": method_dir(m), "label": method_label(m)} for m in s.methods],
-        seeds=s.seeds,
-        steps_a=s.steps_a,
-        steps_b=s.steps_b,
-        eval_n=s.eval_n,
-        baseline="dapo",
-        treatment="meds",
-        report_commit=_commit(),
-        machine=_machine(),
+        name=s.name, methods=[{"name": method_dir(m), "label": method_label(m)} for m in s.methods],
+        seeds=s.seeds, steps_a=s.steps_a, steps_b=s.steps_b, eval_n=s.eval_n,
+        baseline="dapo", treatment="meds", report_commit=_commit(), machine=_machine(),
     )
     root.mkdir(parents=True, exist_ok=True)
     _write_json(path, meta)
     return meta
 
 
-def _record_time(root: Path, phase: str, seconds: float) -> None:
+@contextlib.contextmanager
+def _timed(root: Path, phase: str) -> Iterator[None]:
+    """Add the block's seconds to ``timings_s[phase]`` of study.json."""
+    t0 = time.perf_counter()
+    yield
     path = root / "study.json"
     meta = json.loads(path.read_text())
-    meta.setdefault("timings_s", {})[phase] = round(meta.get("timings_s", {}).get(phase, 0.0) + seconds, 1)
+    timings = meta.setdefault("timings_s", {})
+    timings[phase] = round(timings.get(phase, 0.0) + time.perf_counter() - t0, 1)
     _write_json(path, meta)
+
+
+def _evaluate(root: Path, s: StudySettings, warm_start: Path, where: str = "eval") -> None:
+    """The warm start and every final policy evaluated into ``<where>/`` (``eval``: the test
+    split, ``eval_train``: the training pools), then their error modes."""
+    split = "train" if where == "eval_train" else "test"
+    jobs = pending_evals(root, s, where)
+    if (WARM_START, 0) in jobs:
+        _run(warm_start_eval_command(eval_dir(root, WARM_START, 0, where), s, warm_start, split))
+    trained = [job for job in jobs if job[0] != WARM_START]
+    if trained:
+        _run(eval_command(root, s, trained, where=where))
+    for m, k in _eval_jobs(s):
+        write_error_modes(eval_dir(root, m, k, where))
 
 
 def run_study(root: Path, s: StudySettings, *, doc: Path | None, img_dir: Path | None) -> None:
@@ -359,11 +348,9 @@ def run_study(root: Path, s: StudySettings, *, doc: Path | None, img_dir: Path |
     s.check()
     open_study(root, s)
 
-    t0 = time.perf_counter()
-    warm_start = warm_start_dir(s)
-    report = precheck(root, s, warm_start)
-    _record_time(root, "warm_start_and_precheck", time.perf_counter() - t0)
-    trap = report["trap"]
+    with _timed(root, "warm_start_and_precheck"):
+        warm_start = warm_start_dir(s)
+        trap = precheck(root, s, warm_start)["trap"]
     print(
         f"[medsrl-study] warm start on val traps: accuracy {trap['accuracy']:.3f}, "
         f"shortcut share of wrong answers {trap['shortcut_share']:.3f}, "
@@ -372,33 +359,12 @@ def run_study(root: Path, s: StudySettings, *, doc: Path | None, img_dir: Path |
     )
 
     for stage in ("A", "B"):
-        t0 = time.perf_counter()
-        for cmd in train_command(root, s, stage, pending_runs(root, s, stage)):
-            _run(cmd)
-        _record_time(root, f"train_{stage}", time.perf_counter() - t0)
-
-    t0 = time.perf_counter()
-    jobs = pending_evals(root, s)
-    if (WARM_START, 0) in jobs:
-        _run(warm_start_eval_command(eval_dir(root, WARM_START, 0), s, warm_start, split="test"))
-    trained = [job for job in jobs if job[0] != WARM_START]
-    if trained:
-        _run(eval_command(root, s, trained))
-    for m, k in [(WARM_START, 0)] + [(m, k) for m in s.methods for k in s.seeds]:
-        write_error_modes(eval_dir(root, m, k))
-    _record_time(root, "eval", time.perf_counter() - t0)
-
-    if s.eval_train:
-        t0 = time.perf_counter()
-        jobs = pending_evals(root, s, "eval_train")
-        if (WARM_START, 0) in jobs:
-            _run(warm_start_eval_command(eval_dir(root, WARM_START, 0, "eval_train"), s, warm_start, split="train"))
-        trained = [job for job in jobs if job[0] != WARM_START]
-        if trained:
-            _run(eval_command(root, s, trained, where="eval_train"))
-        for m, k in [(WARM_START, 0)] + [(m, k) for m in s.methods for k in s.seeds]:
-            write_error_modes(eval_dir(root, m, k, "eval_train"))
-        _record_time(root, "eval_train", time.perf_counter() - t0)
+        with _timed(root, f"train_{stage}"):
+            for cmd in train_command(root, s, stage, pending_runs(root, s, stage)):
+                _run(cmd)
+    for where in ("eval", "eval_train") if s.eval_train else ("eval",):
+        with _timed(root, where):
+            _evaluate(root, s, warm_start, where)
 
     if doc is not None:
         from medsrl.study.report import write_report

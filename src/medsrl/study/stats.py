@@ -1,15 +1,10 @@
 """Significance statistics for comparing two RL methods over a few seeds and many problems.
 
-A study has two sources of noise. Seeds: retraining with another seed gives another policy, and
-with 3 seeds the seed-level test (Welch's t over per-seed benchmark scores) has little power.
-Problems: given the trained policies, the benchmark is a finite sample of problems; the
-problem-level test (paired over problems, scores averaged over seeds) measures that noise but
-not the seed noise. A difference is called significant only when both tests reject, so neither
-source alone can make it look real.
-
-Conventions: differences are ``b - a`` (treatment minus baseline) everywhere; non-finite values
-are dropped (a seed without features has ``nan`` diversity); random draws use a fixed seed, so
-every number is reproducible.
+Two sources of noise: seeds (another seed trains another policy; Welch's t over per-seed scores,
+little power with 3 seeds) and problems (the benchmark is a finite sample; a paired test over
+problems, scores averaged over seeds). A difference is significant only when both reject, so
+neither source alone can make it look real (docs/STUDY.md). Differences are ``b - a``
+(treatment minus baseline); non-finite values are dropped; random draws use a fixed seed.
 """
 
 from __future__ import annotations
@@ -67,12 +62,8 @@ def _finite(values) -> np.ndarray:
 
 
 def mean_std(values) -> tuple[float, float]:
-    """(mean, sample std with ddof=1) of the finite values.
-
-    Why ddof=1: the seeds are a sample of all possible seeds, and the report states the spread
-    one would expect of a new seed. One value gives std ``nan`` (no spread can be estimated);
-    no values give ``(nan, nan)``.
-    """
+    """(mean, sample std with ddof=1) of the finite values; std ``nan`` for one value. ddof=1:
+    the seeds are a sample of all seeds, and the report states the spread of a new seed."""
     x = _finite(values)
     if len(x) == 0:
         return math.nan, math.nan
@@ -82,12 +73,9 @@ def mean_std(values) -> tuple[float, float]:
 def welch_t_test(a, b) -> WelchResult:
     """Welch's unequal-variance t-test of ``mean(b) - mean(a)``, two-sided.
 
-    Why Welch rather than Student: two methods need not have the same seed variance (a method
-    can be more or less stable), and Welch does not assume they do. t = (mean_b - mean_a) / se
-    with se^2 = var_a/n_a + var_b/n_b (ddof=1), dof by Welch-Satterthwaite
-    se^4 / ((var_a/n_a)^2/(n_a-1) + (var_b/n_b)^2/(n_b-1)), p = 2 * P(T_dof > |t|).
-    Undefined (all ``nan``) with fewer than 2 values on a side. With no variance at all the
-    test cannot judge a difference: equal means give t = 0, p = 1, different ones p = ``nan``.
+    Why Welch: two methods need not have the same seed variance. All ``nan`` with fewer than 2
+    values on a side; with no variance at all, equal means give t = 0, p = 1, different ones
+    p = ``nan`` (the test cannot judge).
     """
     x, y = _finite(a), _finite(b)
     if len(x) < 2 or len(y) < 2:
@@ -116,14 +104,10 @@ def _t_two_sided_p(t: float, dof: float) -> float:
 def paired_problem_test(a, b, *, rounds: int = 10000, seed: int = 0) -> PairedResult:
     """Mean of ``b - a`` over problems, its bootstrap 95% CI and a sign-flip permutation p.
 
-    ``a[i]`` and ``b[i]`` are the two methods' scores on problem i (e.g. pass@k averaged over
-    seeds); pairs with a non-finite value are dropped. Why paired: both methods saw the same
-    problems, and most of the variation is between problems (easy vs hard), which pairing
-    removes. The CI resamples problems with replacement (``rounds`` times, percentile 2.5 and
-    97.5). The p-value tests "no difference" by flipping the sign of each problem's difference
-    at random: p = (1 + #{|mean of flipped| >= |observed|}) / (1 + rounds). With few problems
-    (2^P <= rounds) all 2^P flips are enumerated and p is exact. Both use the fixed ``seed``, so
-    the result is deterministic. Identical inputs give diff 0, CI [0, 0] and p = 1.
+    ``a[i]``, ``b[i]``: the two methods' scores on problem i; pairs with a non-finite value are
+    dropped. Why paired: most of the variation is between problems (easy vs hard), which pairing
+    removes. p = (1 + #{|mean of flipped| >= |observed|}) / (1 + rounds), or exact over all 2^P
+    flips when 2^P <= rounds. Identical inputs give diff 0, CI [0, 0] and p = 1.
     """
     x = np.asarray(a, dtype=np.float64).ravel()
     y = np.asarray(b, dtype=np.float64).ravel()
@@ -164,38 +148,20 @@ def _chunks(rounds: int, n: int, budget: int = 2_000_000):
 
 
 def per_problem_pass_at_k(scores_per_problem: Sequence[Sequence[float]], k: int) -> np.ndarray:
-    """Unbiased pass@k [P] of each problem from its graded samples (correct = score 1).
-
-    Why per problem: the paired test needs one number per problem, and the mean of these is
-    the benchmark's pass@k (``medsrl.evaluation.passk``). Each problem uses its own n, which
-    must be >= k.
-    """
-    out = []
-    for scores in scores_per_problem:
-        c = sum(float(s) >= 1.0 for s in scores)
-        out.append(pass_at_k(len(scores), c, k))
+    """Unbiased pass@k [P] of each problem (its own n >= k) from its graded samples: the paired
+    test needs one number per problem, and their mean is the benchmark's pass@k."""
+    out = [pass_at_k(len(s), sum(float(x) >= 1.0 for x in s), k) for s in scores_per_problem]
     return np.asarray(out, dtype=np.float64)
 
 
 def compare(
-    a_seeds,
-    b_seeds,
-    a_problems=None,
-    b_problems=None,
-    *,
-    a_label: str = "baseline",
-    b_label: str = "treatment",
-    alpha: float = ALPHA,
-    rounds: int = 10000,
-    seed: int = 0,
+    a_seeds, b_seeds, a_problems=None, b_problems=None, *, a_label: str = "baseline",
+    b_label: str = "treatment", alpha: float = ALPHA, rounds: int = 10000, seed: int = 0,
 ) -> Comparison:
     """Seed-level Welch test and problem-level paired test of one metric, and a verdict.
 
-    ``a_seeds`` / ``b_seeds``: the metric of each seed's policy (e.g. the benchmark pass@1);
-    ``a_problems`` / ``b_problems``: per-problem values of the same problems in the same order
-    (averaged over seeds), or ``None``. Why both: with 3 seeds the seed test rarely rejects,
-    while the problem test ignores that another seed could have trained a different policy; a
-    difference is called significant only when both p < ``alpha`` and both point the same way.
+    ``a_seeds`` / ``b_seeds``: the metric of each seed's policy; ``a_problems`` / ``b_problems``:
+    per-problem values (averaged over seeds) of the same problems in the same order, or ``None``.
     """
     a_mean, a_std = mean_std(a_seeds)
     b_mean, b_std = mean_std(b_seeds)
@@ -209,19 +175,11 @@ def compare(
 
 
 def verdict(
-    diff: float,
-    welch: WelchResult,
-    paired: PairedResult | None,
-    *,
-    a_label: str = "baseline",
-    b_label: str = "treatment",
-    alpha: float = ALPHA,
+    diff: float, welch: WelchResult, paired: PairedResult | None, *, a_label: str = "baseline",
+    b_label: str = "treatment", alpha: float = ALPHA,
 ) -> tuple[bool, str]:
-    """(significant, plain sentence): significant only if both tests reject in the same direction.
-
-    Why so strict: either test alone overstates the evidence (see the module docstring), and a
-    study of 3 seeds should not claim more than it shows.
-    """
+    """(significant, plain sentence): significant only if both tests reject in the same
+    direction, since either alone overstates the evidence (module docstring)."""
     seed_p = welch.p
     prob_p = paired.p if paired is not None else math.nan
     both = _below(seed_p, alpha) and _below(prob_p, alpha)

@@ -10,19 +10,22 @@ from pathlib import Path
 from typing import BinaryIO
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> Path:
+def atomic_write(
+    path: str | os.PathLike, write: Callable[[BinaryIO], None], mode: int | None = None
+) -> Path:
     """Write ``path`` through ``write(f)`` so that readers see either the old or the new file.
 
-    The bytes go to a temp file in the same directory (same filesystem, so ``os.replace`` is an
-    atomic rename), which is flushed and fsynced before the rename; the directory is fsynced
-    after it so the rename itself survives a power loss. If ``write`` (or anything after it)
-    raises, the temp file is removed and the exception propagates. Returns ``path``.
+    A temp file in the same directory (so ``os.replace`` is an atomic rename) is fsynced, renamed,
+    then the directory fsynced so the rename survives a power loss; on an exception the temp file
+    is removed. ``mode``: the file's permissions (default mkstemp's 0600). Returns ``path``.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -34,9 +37,14 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
     return path
 
 
+def atomic_write_text(path: str | os.PathLike, text: str, mode: int = 0o644) -> Path:
+    """``atomic_write`` of UTF-8 text, readable like any file (not mkstemp's 0600)."""
+    data = text.encode("utf-8")
+    return atomic_write(path, lambda f: f.write(data), mode)
+
+
 def fsync_dir(directory: str | os.PathLike) -> None:
-    """Make a rename in ``directory`` durable (POSIX); a no-op where directories cannot be
-    opened."""
+    """Make a rename in ``directory`` durable (POSIX); a no-op where it cannot be opened."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:

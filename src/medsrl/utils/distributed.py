@@ -57,11 +57,8 @@ def all_reduce_sum(value: float) -> float:
 
 
 def all_reduce_grads(params: list[torch.nn.Parameter]) -> None:
-    """Sum the gradients of ``params`` over ranks, in one flat buffer.
-
-    A parameter without a gradient on this rank (no rows in this mini-batch) takes part with
-    zeros, so every rank makes the same single collective call per update.
-    """
+    """Sum the gradients of ``params`` over ranks, in one flat buffer; a parameter without a
+    gradient on this rank takes part with zeros, so every rank makes the same single call."""
     if not is_distributed() or not params:
         return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]

@@ -1,23 +1,16 @@
 """Worker processes that end with the process that owns them, however it ends (even ``kill -9``).
 
-Why a worker does not notice on its own: a worker blocked on a pipe sees EOF when its parent
-dies only if no living process holds the pipe's other end. ``ProcessPoolExecutor`` under
-forkserver or spawn pickles *both* ends of its call queue into each worker, so the HDBSCAN re-fit
-worker waits forever. A worker forked by the forkserver also holds the forkserver's "alive" pipe
-and the resource tracker's pipe, so that one survivor keeps both of multiprocessing's helpers
-alive as well (seen after ``kill -9`` of a MEDS run: tracker, forkserver and a ~470 MB re-fit
-worker under PID 1). Once every worker is gone the helpers read EOF and exit by themselves.
+Why a worker does not notice on its own: it sees EOF on a pipe only when no living process holds
+the other end, and ``ProcessPoolExecutor`` under forkserver / spawn pickles *both* ends of its
+call queue into each worker; a forkserver child also keeps the forkserver and the resource
+tracker alive (seen after ``kill -9`` of a MEDS run: all three left under PID 1).
 
-So each worker calls :func:`exit_with_owner` first thing: a daemon thread checks every
-``poll_s`` that the owner (the training process, identified by pid *and* start time, so a reused
-pid does not count, and a zombie counts as dead) still runs, and ``os._exit``s when it does not.
-On Linux, when the worker is a direct child started from the owner's main thread, the kernel's
-``PR_SET_PDEATHSIG`` kills it at once as well (it fires when the *thread* that forked it exits,
-hence the main-thread condition; a forkserver child's parent is the forkserver, not the owner).
-
-Limits: the thread needs the GIL, so a worker inside one long C call that keeps it (an HDBSCAN
-fit) exits when that call returns; a spawn / forkserver worker that is still importing the main
-module when the owner dies exits when that import is done.
+So each worker calls :func:`exit_with_owner` first: a daemon thread checks every ``poll_s`` that
+the owner (pid *and* start time, so a reused pid or a zombie counts as dead) still runs, and
+``os._exit``s when not. A direct child forked from the owner's main thread also gets Linux's
+``PR_SET_PDEATHSIG`` (it fires when the forking *thread* exits, hence the main-thread condition).
+Limits: the thread needs the GIL, so a worker inside a long C call (an HDBSCAN fit) or still
+importing the main module exits when that is done.
 """
 
 from __future__ import annotations
@@ -79,8 +72,8 @@ def is_running(ref: ProcessRef) -> bool:
             os.kill(ref.pid, 0)
         except ProcessLookupError:
             return False
-        except PermissionError:
-            return True
+        except PermissionError:  # it runs, as another user
+            pass
         return True
     stat = _proc_stat(ref.pid)
     return stat is not None and stat[1] not in "ZXx" and stat[2] == ref.start_time

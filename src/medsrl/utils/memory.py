@@ -1,24 +1,14 @@
 """Live tensor bytes and the largest vocabulary-wide tensor during a block of code.
 
-Written to prove what the fused log-prob path (``algo/logprobs.py``) promises: that no
-``[..., V]`` tensor larger than one chunk of tokens ever exists, forward or backward, and how
-many bytes a micro-batch's log-probs really hold at their peak. The CPU has no
-``torch.cuda.max_memory_allocated``, so the two are read from:
-
-* the allocator's own events, through ``torch.profiler`` with ``profile_memory=True``: every
-  allocation and free, an op's internal temporaries included (``logsumexp`` keeps a
-  ``[.., V]`` one), in the calling thread and in autograd's. The peak is the largest running
-  sum, so it counts what the block allocated above what was alive when it began;
-* a ``TorchDispatchMode`` that looks at the outputs of every aten op the block runs (the
-  backward's too: the mode is thread-local state autograd carries over), and keeps the largest
-  one whose last dimension is the vocabulary size and that is new memory (not a view or an
-  in-place result of an input). Only shapes are kept, never the tensors.
-
-Usage (a test and ``benchmarks/logprob_memory.py``)::
+Proves what the fused log-prob path (``algo/logprobs.py``) promises: no ``[..., V]`` tensor
+larger than one chunk of tokens, forward or backward. The CPU has no
+``torch.cuda.max_memory_allocated``, so the peak is the largest running sum of the allocator's
+events (``torch.profiler``, ``profile_memory=True``: op temporaries and autograd's thread
+included), and a ``TorchDispatchMode`` keeps the shape of the largest new (not a view of an
+input) op output whose last dimension is the vocabulary, backward included::
 
     with track_memory(vocab_size=V) as mem:
-        loss = f(hidden).sum()
-        loss.backward()
+        f(hidden).sum().backward()
     mem.peak_bytes, mem.largest_vocab_numel, mem.largest_vocab_shape
 """
 

@@ -4,7 +4,7 @@
 trainer's loggers; the helpers here find it there and log what TensorBoard gets as histograms and
 text (the plug-ins' ``StepContext``), open the run early to say where it writes, and finish it
 with the run's summary. ``wandb`` is an optional dependency (the ``wandb`` extra): nothing here
-imports it unless a ``WandbLogger`` is in use, and ``config_checks`` refuses ``logger=wandb``
+imports it unless a ``WandbLogger`` is in use, and ``medsrl.config`` refuses ``logger=wandb``
 without it, before any model loads.
 """
 

@@ -40,23 +40,18 @@ def _step(step: int, groups: list[tuple[str, list[tuple[np.ndarray, bool]]]], st
     return r
 
 
-def _trainer(tmp_path):
-    return SimpleNamespace(loggers=[], is_global_zero=True, log_dir=str(tmp_path), default_root_dir=str(tmp_path))
-
-
 def _plugin(tmp_path, refit="sync", **settings):
     """A MEDS plug-in fed hand-made features (every response has one) instead of a forward."""
     settings = {"panels_every_n_steps": 0, "snapshot_every_n_steps": 0, "mixed_groups_only": False, **settings}
     plugin = Meds(refit=refit, snapshot_dir=str(tmp_path), **settings)
     plugin.store.open()
-    plugin.trainer = _trainer(tmp_path)
     return plugin
 
 
 def _run(plugin: Meds, rollouts: StepRollouts) -> torch.Tensor:
     """One step through the plug-in's hooks, in the module's order, as one rank."""
-    ctx = StepContext(plugin.trainer, None, rollouts.step, rollouts.stage, PhaseTimer(), sample=None,
-                      num_prompts=len(rollouts.prompts))
+    ctx = StepContext(rollouts.step, rollouts.stage, PhaseTimer(), len(rollouts.prompts),
+                      run_dir=plugin.snapshot_dir)  # as rank 0
     plugin.enter_stage(rollouts.stage)
     plugin.use_features(rollouts, rollouts.features["test"], torch.arange(len(rollouts)), ctx)
     plugin.shape_rewards(rollouts, ctx)

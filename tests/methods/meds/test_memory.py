@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from medsrl.methods.meds import memory as memory_mod
 from medsrl.methods.meds.memory import ErrorMemory, load_snapshot
+from medsrl.utils import columnar
 
 
 def rows(start, n, d=3):
@@ -167,7 +167,7 @@ def test_snapshot_is_atomic(tmp_path, monkeypatch):
         f.write(b"PK\x03\x04 half a zip file")
         raise OSError("disk full")
 
-    monkeypatch.setattr(memory_mod, "_write_npz", broken_writer)
+    monkeypatch.setattr(columnar, "_write_npz", broken_writer)
     with pytest.raises(OSError, match="disk full"):
         second.snapshot(path)
     assert os.listdir(tmp_path) == ["mem.npz"]  # no temp file left behind

@@ -9,13 +9,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from medsrl.config import plugin_problems
 from medsrl.data.example import Prompt
 from medsrl.data.template import PromptTemplate
 from medsrl.methods.dynamic_sampling import DynamicSampling
 from medsrl.methods.r3.history import StoredResponse
 from medsrl.methods.r3.plugin import R3
 from medsrl.plugins.base import StepContext
-from medsrl.plugins.host import PluginHost
+from medsrl.plugins.rounds import fill_batch
 from medsrl.reward.grader import GradeResult
 from medsrl.rollout.base import RolloutBatch
 from medsrl.step.metrics import PhaseTimer
@@ -41,17 +42,20 @@ def _stored(step: int, correct: bool, token: int, logprobs=(-1.0, -1.0), reward=
                           step, "stop", "1" if correct else "7", True, logprobs)
 
 
-def _ctx(step: int = 5, sample=None, num_prompts: int = 1, n: int = 4) -> StepContext:
-    dm = SimpleNamespace(render=PromptTemplate(system_prompt=None).render, extra_prompts=lambda step, r, k: [f"x{r}"] * k)
-    trainer = SimpleNamespace(datamodule=dm, is_global_zero=True, loggers=[])
-    module = SimpleNamespace(rollout_cfg=SimpleNamespace(n=n), seed=3)
-    return StepContext(trainer, module, step, "A", PhaseTimer(), sample=sample, num_prompts=num_prompts)
+def _ctx(step: int = 5, num_prompts: int = 1) -> StepContext:
+    return StepContext(step, "A", PhaseTimer(), num_prompts)
 
 
-def _r3(**kw) -> R3:
+def _r3(n: int = 4, **kw) -> R3:
+    """An R3 plug-in set up as Lightning would: ``n`` responses a prompt, seed 3, the data's template."""
     kw.setdefault("snapshot_every_n_steps", 0)
     kw.setdefault("panels_every_n_steps", 0)
-    return R3(**kw)
+    r3 = R3(**kw)
+    trainer = SimpleNamespace(datamodule=SimpleNamespace(render=PromptTemplate(system_prompt=None).render))
+    module = SimpleNamespace(tokenizer=None, grader_cfg=SimpleNamespace(reasoning_end=None),
+                             rollout_cfg=SimpleNamespace(n=n), seed=3)
+    r3.setup(trainer, module, "fit")
+    return r3
 
 
 def test_replay_mixes_in_the_most_recent_opposite_outcome_responses():
@@ -101,17 +105,14 @@ def test_groups_of_dapos_extra_rounds_pass_through_r3_first():
     r3 = _r3()
     r3.history.add("b", _stored(1, True, 91))
     extra = {1: [_group("b", [0, 0, 0, 0]), _group("c", [1, 1, 1, 1])]}
-    def sample(prompts, r):
-        return extra[r]
-
-    ctx = _ctx(sample=sample, num_prompts=2)
-    ds = DynamicSampling(max_rounds=3)
-    ds.name = "dynamic_sampling"
-    kept = PluginHost([r3, ds]).transform_groups([_group("a", [1, 0, 0, 1]), _group("z", [1, 1, 1, 1])], ctx)
+    dm = SimpleNamespace(extra_prompts=lambda step, r, k: [f"x{r}"] * k)
+    ctx = _ctx(num_prompts=2)
+    first = [_group("a", [1, 0, 0, 1]), _group("z", [1, 1, 1, 1])]
+    kept = fill_batch(first, lambda prompts, r: extra[r], dm, [r3, DynamicSampling(max_rounds=3)], ctx)
     # round 0 keeps a; round 1's all-wrong b is rescued by replay before the filter and kept
     assert [g.prompt.key for g in kept] == ["a", "b"] and kept[1].source[-1] == "r3"
     assert ctx.metrics["r3/replay/rescued_groups"] == 1
-    assert ctx.sample is sample and ctx.metrics["dynamic_sampling/extra_rounds"] == 1
+    assert ctx.metrics["dynamic_sampling/extra_rounds"] == 1
     # every sampled group of the step is noted for the history, also those the filter dropped
     assert [k for k, _ in r3._seen] == ["a", "z", "b", "c"]
 
@@ -134,10 +135,10 @@ def test_reflection_prompt_for_a_failing_prompt_only():
     # the pick is fixed by (seed, step, key): the same on every rank and after a resume
     assert r3.add_prompts([_prompt("a")], _ctx())[0].problem == p.problem
     # tau defaults to 1/n: 0.25 is not below 1/4, but below 1/2
-    default = _r3()
-    default.history = r3.history
-    assert default.add_prompts([_prompt("a")], _ctx(n=4)) == []
-    assert len(default.add_prompts([_prompt("a")], _ctx(n=2))) == 1
+    for n, prompts in [(4, 0), (2, 1)]:
+        default = _r3(n=n)
+        default.history = r3.history
+        assert len(default.add_prompts([_prompt("a")], _ctx())) == prompts
     assert _r3(reflection={"tau": 0.3, "max_prompts": 0}).add_prompts([_prompt("a")], _ctx()) == []
 
 
@@ -227,12 +228,14 @@ def test_state_round_trip_and_bad_settings():
     back = _r3()
     back.load_state_dict(r3.state_dict())
     assert back.digest() == r3.digest() and back.history.responses("a") == r3.history.responses("a")
-    with pytest.raises(ValueError, match="unknown key"):
-        R3(replay={"kk": 1})
-    with pytest.raises(ValueError, match="importance_cap"):
+    r3 = {"_target_": "medsrl.methods.r3.plugin.R3", "replay": {"kk": 1, "importance_cap": 0}, "ranking": {"p": 1.5}}
+    found = plugin_problems({"algorithm": {"plugins": {"r3": r3}}})
+    assert len(found) == 3, found
+    assert "algorithm.plugins.r3.replay.importance_cap must be a positive number or null, got 0" in found
+    assert "algorithm.plugins.r3.ranking.p must be a number in (0, 1], got 1.5" in found
+    assert any(f.startswith("algorithm.plugins.r3.replay.kk is not a setting of R3.replay (known: ") for f in found)
+    with pytest.raises(ValueError, match="importance_cap"):  # the constructor reads the same schema
         R3(replay={"importance_cap": 0})
-    with pytest.raises(ValueError, match="ranking.p"):
-        R3(ranking={"p": 1.5})
 
 
 def test_reflection_groups_are_counted_shown_and_kept_out_of_the_history():

@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from medsrl.methods.r3 import history as history_mod
 from medsrl.methods.r3.history import ResponseHistory, StoredResponse, load_snapshot
+from medsrl.utils import columnar
 
 
 def resp(step, correct=True, text="", reward=None, ids=(1, 2), logprobs=None, **kw):
@@ -202,7 +202,7 @@ def test_snapshot_is_atomic(tmp_path, monkeypatch):
         f.write(b"PAR1 half a parquet file")
         raise OSError("disk full")
 
-    monkeypatch.setattr(history_mod, "_write_parquet", broken_writer)
+    monkeypatch.setattr(columnar, "_write_parquet", broken_writer)
     with pytest.raises(OSError, match="disk full"):
         second.snapshot(path)
     assert os.listdir(tmp_path) == ["history.parquet"]  # no temp file left behind

@@ -1,44 +1,27 @@
 """Where the final answer starts in a response: the token holding the ``{`` of the last ``\\boxed{``.
 
-MEDS reads its feature at that position (PAPER.md step 1): the hidden states of the ``{`` token
-predict the first answer token, which sits at ``position + 1``.
-
-The search works on the *text* of the tokens, not on one fixed token sequence, because a
-tokenizer splits ``\\boxed{`` in many ways. With the Qwen2.5 byte-level BPE, for example::
+MEDS reads its feature there (PAPER.md step 1): that token's hidden states predict the first
+answer token, at ``position + 1``. The search runs on the *text* of the tokens, because a
+tokenizer splits ``\\boxed{`` in many ways (Qwen2.5 byte-level BPE)::
 
     "\\boxed{025}"        -> ['\\', 'boxed', '{', '0', '2', '5', '}']
-    "$\\boxed{\\frac12}$" -> ['Ġ$\\', 'boxed', '{\\', 'frac', ...]    (backslash merged left,
-                                                                       brace merged right)
-    "{\\boxed{5}}"        -> ['{\\', 'boxed', '{', '5', '}}']
+    "$\\boxed{\\frac12}$" -> ['Ġ$\\', 'boxed', '{\\', 'frac', ...]
     "\\(\\boxed{x=3}\\)"  -> ['Ġ\\', '(\\', 'boxed', '{x', '=', ...]
 
-Every token id is decoded on its own to a text piece (cached per id); the pieces, joined, give
-the response text with a known character span per token. The ``{`` that follows the last
-``\\boxed`` in that text is mapped back to the token that holds it.
+Each id is decoded on its own (``decode([id])``, special tokens kept, cached per id), which
+gives every token a character span; the ``{`` after the last ``\\boxed`` maps back to its token.
+Byte-level BPE keeps every ASCII character exact; a multi-byte character split across tokens
+only shifts spans within its own tokens. Behaviour, against the reference:
 
-Reference behaviour kept on purpose:
-
-* **Last box wins.** Only the last ``\\boxed{`` counts (the graded answer is the last box).
-  The reference searches the *token ids* of ``\\boxed{`` backwards; when the final box is split
-  differently from its token sequence it can land on an earlier box or on the fallback. The text
-  search here always finds the final ``\\boxed{`` whatever the split (a strict superset of the
-  exact-sequence match on the common splits).
-* **Fallback.** With no ``\\boxed{`` in the text (e.g. ``\\boxed {7}``), take the last
-  occurrence of ``boxed`` and the first ``{`` after it, provided the token holding that ``{`` is
-  at most ``fallback_window`` tokens after the token that ends ``boxed``. Otherwise ``None``: the
-  response gets no feature, no memory entry and no penalty.
-* **Merged braces.** When BPE merges the ``{`` with what follows (``'{x'``, ``'{\\'``), the
-  located token also holds the start of the answer; the feature is still read at this token and
-  scores the token at ``position + 1`` (``'='`` in ``'{x', '='``, ``'frac'`` in ``'{\\', 'frac'``),
-  exactly as the reference does.
-* **Unbalanced / truncated boxes** (``\\boxed{12`` with no ``}``) are located like any other.
-  When the ``{`` is the very last response token there is no ``position + 1`` token; the caller
-  (:func:`medsrl.methods.meds.logit_capture.answer_targets`) then drops the response.
-
-Per-id decoding: ``tokenizer.decode([id])`` with special tokens kept. For byte-level BPE every
-ASCII character survives exactly (``\\``, ``boxed`` and ``{`` are ASCII); a multi-byte character
-split across tokens decodes to replacement characters, which only shifts spans *within* the
-tokens that hold it and never creates or hides a ``\\boxed{``.
+* **Last box wins**, whatever its split (the reference searches the token ids of ``\\boxed{``
+  backwards and can land on an earlier box when the final one is split differently).
+* **Fallback** without ``\\boxed{`` (e.g. ``\\boxed {7}``): the first ``{`` after the last
+  ``boxed``, if its token is at most ``fallback_window`` tokens later; else ``None`` (no feature,
+  no memory entry, no penalty).
+* **Merged braces** (``'{x'``, ``'{\\'``): the feature is still read at this token and scores
+  the token after it, as the reference does.
+* **Unclosed boxes** are located like any other; a ``{`` that is the last token has nothing
+  to score and :func:`medsrl.methods.meds.logit_capture.answer_targets` drops it.
 """
 
 from __future__ import annotations
@@ -55,9 +38,7 @@ __all__ = ["TokenPieces", "locate_answer", "locate_answers", "token_pieces"]
 BOXED_OPEN = "\\boxed{"
 BOXED_WORD = "boxed"
 DEFAULT_FALLBACK_WINDOW = 10
-# The backwards scan starts with this many tokens and doubles until it finds a box or covers the
-# whole response (the final box is usually within the last few dozen tokens).
-_FIRST_WINDOW = 64
+_FIRST_WINDOW = 64  # tokens of the first backwards scan (the final box is usually near the end)
 
 
 def _token_at(ends: list[int], char_index: int) -> int:
@@ -69,9 +50,8 @@ def _locate(ids: list[int], pieces: TokenPieces, fallback_window: int) -> int | 
     n = len(ids)
     if n == 0:
         return None
-    # 1. Exact: the last "\boxed{" in the text, scanning backwards in doubling windows. An
-    # occurrence found in the text of ids[start:] is the last one of the whole response: any later
-    # occurrence would start later, hence inside the same suffix.
+    # 1. Exact: the last "\boxed{", scanning backwards in doubling windows (one found in the text
+    # of ids[start:] is the last of the response: a later one would lie in the same suffix).
     window = _FIRST_WINDOW
     while True:
         start = max(0, n - window)
@@ -101,13 +81,10 @@ def _locate(ids: list[int], pieces: TokenPieces, fallback_window: int) -> int | 
 
 def _locate_after(ids: list[int], pieces: TokenPieces, fallback_window: int,
                   reasoning_end: str | None) -> int | None:
-    """:func:`_locate` within the answer span (``reward/answer_span.py``): the box after the
-    last ``reasoning_end``; ``None`` when the reasoning never closes."""
+    """:func:`_locate` after the last ``reasoning_end`` (``None`` when the reasoning never closes)."""
     start = answer_start(ids, pieces, reasoning_end)
     if start is None:
         return None
-    if start == 0:
-        return _locate(ids, pieces, fallback_window)
     index = _locate(ids[start:], pieces, fallback_window)
     return None if index is None else start + index
 
@@ -119,13 +96,9 @@ def locate_answer(
     fallback_window: int = DEFAULT_FALLBACK_WINDOW,
     reasoning_end: str | None = None,
 ) -> int | None:
-    """Index within ``response_ids`` of the token holding the ``{`` of the last ``\\boxed{``.
-
-    ``None`` when the response has no box (see the module docstring for the fallback). The first
-    answer token, whose logit is the MEDS feature, is ``response_ids[index + 1]``.
-    ``reasoning_end`` (``grader.reasoning_end``): only a box after the last such tag counts, as
-    in grading; a response without the tag has no answer.
-    """
+    """Index within ``response_ids`` of the token holding the ``{`` of the last ``\\boxed{``
+    (``None``: no box), so the first answer token is ``response_ids[index + 1]``. With
+    ``reasoning_end`` only a box after the last such tag counts, as in grading."""
     return _locate_after(as_list(response_ids), token_pieces(tokenizer), fallback_window, reasoning_end)
 
 

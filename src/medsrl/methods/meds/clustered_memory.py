@@ -15,8 +15,6 @@ In between, the k-NN vote reads the rows fitted so far (as it always does for th
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
 from medsrl.methods.meds.clustering import NOISE, top1_eigen_ratio
@@ -106,14 +104,8 @@ class ClusteredMemory:
         return list(by_store)
 
     def digest(self) -> str:
-        """A hash of every stored key, feature and step (labels left out: a re-fit may have
-        landed on one rank and not yet on another; they follow from the features)."""
-        h = hashlib.sha1()
-        for entry in self.memory.state_dict()["entries"]:
-            h.update(f"{entry['key']}|{entry['correct']}|".encode())
-            h.update(np.ascontiguousarray(entry["features"]).tobytes())
-            h.update(np.ascontiguousarray(entry["steps"]).tobytes())
-        return h.hexdigest()
+        """The memory's hash of keys, features and steps (``ErrorMemory.digest``)."""
+        return self.memory.digest()
 
     def metrics(self, touched: list[Store]) -> dict[str, float]:
         """Size, re-fit waits, and the clusters of the wrong stores touched this step."""

@@ -1,17 +1,10 @@
 """Whether MEDS's penalty lands on the repeated mistake: two figures per step, from the answers.
 
-MEDS clusters the features of wrong responses (the first answer token's logit per layer), not
-their answers. Two different wrong answers that start alike can share a cluster, and one
-repeated answer can be split. These read the step's extracted final answers against what MEDS
-did:
-
-- :func:`cluster_answer_purity`: the step's wrong responses that MEDS assigned to one memory
-  cluster of their prompt, and how many of them give that cluster's most common answer
-  (1: every cluster is one answer);
-- :func:`penalty_on_top_answer`: per group, its most frequent wrong answer (the repeated
-  mistake); the share of the step's penalty that lands on responses giving it, beside their
-  share of the wrong responses. A penalty aimed at the repeated mistake has the first above the
-  second.
+MEDS clusters the features of wrong responses, not their answers: two wrong answers that start
+alike can share a cluster, and one repeated answer can be split. :func:`cluster_answer_purity`
+says how often a memory cluster is one answer; :func:`penalty_on_top_answer` compares the share
+of the penalty on each group's most frequent wrong answer with that answer's share of the wrong
+responses (a penalty aimed at the repeated mistake has the first above the second).
 """
 
 from __future__ import annotations
@@ -40,9 +33,8 @@ def penalty_on_top_answer(
     group_ids: Sequence[int], wrong: Sequence[bool], answers: Sequence[str | None], penalty: Sequence[float]
 ) -> tuple[float | None, float | None]:
     """``(share of the penalty on each group's most frequent wrong answer, share of the wrong
-    responses that give it)``. A group's top answer is its most frequent extracted wrong answer
-    (ties: the first seen); responses with no answer never count as it. ``None`` for the first
-    when no penalty was given, for both when there is no wrong response."""
+    responses giving it)``; ties: the first seen; no answer never counts as it. ``None`` for the
+    first without penalty, for both without wrong responses."""
     by_group: dict[int, Counter] = defaultdict(Counter)
     for g, w, a in zip(group_ids, wrong, answers, strict=True):
         if w and a is not None:

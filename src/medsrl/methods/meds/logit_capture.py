@@ -1,48 +1,24 @@
 """Per-layer answer logits (the MEDS feature) read from the one no-grad forward of a micro-batch.
 
-PAPER.md step 2: at the answer position (the ``{`` of the last ``\\boxed{``, see
-:mod:`medsrl.methods.meds.answer_locator`), for each selected layer ``n`` apply the LM head to that
-layer's hidden state and keep the raw logit (fp32, no softmax) of the token at ``position + 1``.
+PAPER.md step 2: at the answer position (the ``{`` of the last ``\\boxed{``), for each selected
+layer ``n`` apply the LM head to that layer's hidden state and keep the raw fp32 logit of the
+token at ``position + 1``.
 
-Layer numbering and normalisation follow ``output_hidden_states=True`` exactly. With
-``hidden_states = model(..., output_hidden_states=True).hidden_states`` (``N + 1`` entries:
-index 0 the embeddings, index ``n`` the output of decoder block ``n``), the feature of layer
-``n`` (1-based, ``n = 1..N``) is ``lm_head(hidden_states[n])[next_token]``. In transformers 5.x
-(``capture_outputs`` with ``tie_last_hidden_states=True``, checked on 5.23 for Qwen2 / Qwen3 /
-Llama) ``hidden_states[N]`` is replaced by ``last_hidden_state``, i.e. it *is* passed through the
-final norm, while ``hidden_states[1..N-1]`` are raw block outputs. The reference (verl, older
-transformers, where the last entry was appended after ``self.norm``) has the same semantics. So:
+Layers follow ``output_hidden_states=True`` (``N + 1`` entries, index 0 the embeddings): layer
+``n`` (1-based) is ``lm_head(hidden_states[n])[next_token]``. Transformers 5.x (checked on 5.23,
+Qwen2 / Qwen3 / Llama) ties ``hidden_states[N]`` to ``last_hidden_state``, as the reference
+(verl) did, so:
 
-* layers ``1..N-1``: the raw output of block ``n`` (no final norm), unless ``final_norm=True``,
-  which applies ``model.model.norm`` to them too (a textbook logit lens);
-* layer ``N``: the output of block ``N`` passed through ``model.model.norm`` (always; unless the
-  config sets ``tie_last_hidden_states=False``, which makes HF return it un-normed too).
+* layers ``1..N-1``: the raw output of block ``n``, unless ``final_norm=True`` applies
+  ``model.model.norm`` to them too (a textbook logit lens);
+* layer ``N``: passed through ``model.model.norm`` (unless the config sets
+  ``tie_last_hidden_states=False``).
 
-How it is read: forward hooks on the selected decoder blocks, registered only while a
-:meth:`LayerLogitCapture.capture` context is open and removed on exit, so every other forward
-(generation, the training forward with grad) runs without hooks and costs nothing. A hook keeps
-only the ``M`` vectors at the requested ``(row, position)`` pairs (``M x L x H`` values, never the
-full ``B x S x H`` states). On context exit the LM head is applied to those few vectors only, in
-fp32, using just the weight rows of the needed tokens:
-``logit = h.float() @ W[token].float() (+ b[token])``, and only the ``[m, L]`` logits are kept.
-
-This module is the low-level reader. The MEDS feature itself (which layers to read, the
-reference-style first differences, bf16 rounding, one answer per response) is built on it by
-:class:`medsrl.methods.meds.features.AnswerFeatureReader`, the one path shared by training and
-evaluation. Direct use, in the old-log-prob loop (the step packed once, micro-batches are row
-slices)::
-
-    targets = answer_targets(answer_index, response_ids, packed.prompt_length)   # global rows
-    cap = LayerLogitCapture(model, layers=14)                                     # last 14
-    with torch.no_grad():
-        for start in range(0, B, mb):
-            stop = min(start + mb, B)
-            with cap.capture(targets.for_rows(range(start, stop))):              # local rows
-                logits = model(input_ids=packed.input_ids[start:stop], ...)      # the one forward
-    feats = cap.pop_features()        # [M, L] fp32, in targets order (= targets.sample_index)
-
-Limitations: the LM head is taken as a plain (possibly biased) linear map; models with logit
-scaling or soft-capping would need that added. Sharded LM-head weights (FSDP) must be gathered.
+Hooks on the selected blocks exist only inside a :meth:`LayerLogitCapture.capture` context (other
+forwards cost nothing) and keep only the ``M`` targeted vectors; on exit the LM head (a plain,
+possibly biased linear map; FSDP-sharded weights must be gathered) is applied to them in fp32
+with just the needed weight rows. :class:`~medsrl.methods.meds.features.AnswerFeatureReader`
+builds the MEDS feature on this reader.
 """
 
 from __future__ import annotations
@@ -57,16 +33,11 @@ from torch import nn
 
 DEFAULT_LAST_N = 14
 
-# --------------------------------------------------------------------------- layer selection
-
 
 def select_layers(num_layers: int, spec: Any = DEFAULT_LAST_N) -> list[int]:
-    """1-based layer indices (``n`` = output of decoder block ``n``, ``1..num_layers``), ascending.
-
-    ``spec``: ``"half"`` (the last ``num_layers // 2``, at least one: 14 of 28), ``"all"``, an
-    int-like ``last_n`` (``14`` or ``"14"``; clipped to ``num_layers``), or an explicit sequence of
-    1-based layer indices (validated: in range, no duplicates; returned sorted).
-    """
+    """1-based layer indices (``n`` = output of decoder block ``n``), ascending, from ``spec``:
+    ``"half"`` (the last ``num_layers // 2``, at least one), ``"all"``, an int-like ``last_n``
+    (clipped to ``num_layers``), or a sequence of distinct 1-based indices."""
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
         raise ValueError(f"select_layers: num_layers must be a positive int, got {num_layers!r}")
     if isinstance(spec, str):
@@ -86,30 +57,27 @@ def select_layers(num_layers: int, spec: Any = DEFAULT_LAST_N) -> list[int]:
         raise ValueError(f"select_layers: spec must not be a bool, got {spec!r}")
     elif isinstance(spec, int):
         last_n = spec
-    elif isinstance(spec, Sequence) or hasattr(spec, "__iter__"):
-        layers = []
-        for x in spec:
-            if isinstance(x, bool) or not isinstance(x, int):
-                try:
-                    if isinstance(x, bool) or int(x) != x:
-                        raise ValueError
-                    x = int(x)
-                except (TypeError, ValueError):
-                    raise ValueError(
-                        f"select_layers: layer indices must be ints, got {x!r} in {spec!r}"
-                    ) from None
-            layers.append(x)
-        if not layers:
+    elif hasattr(spec, "__iter__"):
+        layers = list(spec)
+        for x in layers:
+            try:
+                is_int = not isinstance(x, bool) and int(x) == x
+            except (TypeError, ValueError):
+                is_int = False
+            if not is_int:
+                raise ValueError(f"select_layers: layer indices must be ints, got {x!r} in {spec!r}")
+        as_ints = [int(x) for x in layers]
+        if not as_ints:
             raise ValueError("select_layers: empty layer list")
-        bad = [n for n in layers if not 1 <= n <= num_layers]
+        bad = [n for n in as_ints if not 1 <= n <= num_layers]
         if bad:
             raise ValueError(
                 f"select_layers: layers {bad} out of range; layers are 1-based, 1..{num_layers} "
                 f"(n = output of decoder block n)"
             )
-        if len(set(layers)) != len(layers):
-            raise ValueError(f"select_layers: duplicate layers in {list(layers)}")
-        return sorted(layers)
+        if len(set(as_ints)) != len(as_ints):
+            raise ValueError(f"select_layers: duplicate layers in {as_ints}")
+        return sorted(as_ints)
     else:
         raise ValueError(f"select_layers: unsupported spec {spec!r}")
     if last_n < 1:
@@ -118,43 +86,35 @@ def select_layers(num_layers: int, spec: Any = DEFAULT_LAST_N) -> list[int]:
     return list(range(num_layers - last_n + 1, num_layers + 1))
 
 
-# --------------------------------------------------------------------------- model layout
-
-
 def _unwrap(model: nn.Module) -> nn.Module:
-    """Strip DDP / torch.compile / PEFT wrappers (``.module``, ``._orig_mod``, the base model
-    of a LoRA policy, whose layers the adapter forward runs through)."""
+    """Strip DDP (``.module``), torch.compile (``._orig_mod``) and PEFT wrappers: the hooks go
+    on the base model's blocks, which the adapter forward runs through."""
     from medsrl.models.lora import unwrap_peft
 
-    seen = 0
-    while seen < 8:
-        seen += 1
+    for _ in range(8):
         if unwrap_peft(model) is not model:
             model = unwrap_peft(model)
-        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
             model = model._orig_mod
-        elif (
-            not hasattr(model, "model")
-            and hasattr(model, "module")
-            and isinstance(model.module, nn.Module)
-        ):
+        elif not hasattr(model, "model") and isinstance(getattr(model, "module", None), nn.Module):
             model = model.module
         else:
             break
     return model
 
 
+def _missing(model: nn.Module, what: str, expected: str) -> ValueError:
+    return ValueError(f"LayerLogitCapture: cannot find the {what} of {type(model).__name__}{expected}")
+
+
 def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The decoder blocks of a causal LM: ``model.model.layers`` (Qwen2, Qwen3, Llama, ...)."""
     model = _unwrap(model)
-    backbone = getattr(model, "model", None)
-    layers = getattr(backbone, "layers", None)
+    layers = getattr(getattr(model, "model", None), "layers", None)
     if isinstance(layers, nn.ModuleList) and len(layers) > 0:
         return layers
-    raise ValueError(
-        f"LayerLogitCapture: cannot find the decoder layers of {type(model).__name__}: expected "
-        f"a causal LM with `model.model.layers` (an nn.ModuleList), as in Qwen2 / Qwen3 / Llama"
-    )
+    raise _missing(model, "decoder layers", ": expected a causal LM with `model.model.layers` (an "
+                   "nn.ModuleList), as in Qwen2 / Qwen3 / Llama")
 
 
 def find_final_norm(model: nn.Module) -> nn.Module:
@@ -162,10 +122,7 @@ def find_final_norm(model: nn.Module) -> nn.Module:
     model = _unwrap(model)
     norm = getattr(getattr(model, "model", None), "norm", None)
     if not isinstance(norm, nn.Module):
-        raise ValueError(
-            f"LayerLogitCapture: cannot find the final norm of {type(model).__name__} "
-            f"(expected `model.model.norm`)"
-        )
+        raise _missing(model, "final norm", " (expected `model.model.norm`)")
     return norm
 
 
@@ -175,26 +132,15 @@ def find_lm_head(model: nn.Module) -> nn.Module:
     if head is None:
         head = getattr(model, "lm_head", None)
     if head is None or not isinstance(getattr(head, "weight", None), torch.Tensor):
-        raise ValueError(
-            f"LayerLogitCapture: cannot find the LM head of {type(model).__name__} "
-            f"(expected `get_output_embeddings()` / `lm_head` with a weight)"
-        )
+        raise _missing(model, "LM head", " (expected `get_output_embeddings()` / `lm_head` with a weight)")
     return head
-
-
-# --------------------------------------------------------------------------- targets
 
 
 @dataclass(frozen=True)
 class CaptureTargets:
-    """Where to read features: ``rows[i]`` / ``positions[i]`` of the packed batch, scoring
-    ``next_token_ids[i]``; ``sample_index[i]`` is the response it belongs to (global row).
-
-    ``seq_len`` is the width the forward would have with every leading column: the packed
-    batch's, or a micro-batch's ``columns_end`` when its right padding is not run. A forward
-    over fewer columns is taken to have dropped leading (left-padding) columns, as
-    ``step.scoring.response_logits`` does per micro-batch, and the positions move left by the
-    difference.
+    """Read ``rows[i]`` / ``positions[i]`` of the packed batch, scoring ``next_token_ids[i]``;
+    ``sample_index[i]``: the response (global row). ``seq_len``: the forward's full width; a
+    forward over fewer columns dropped left padding (``step.scoring``) and positions move left.
     """
 
     rows: torch.Tensor
@@ -207,9 +153,8 @@ class CaptureTargets:
         return int(self.rows.numel())
 
     def for_rows(self, rows: Sequence[int] | torch.Tensor, seq_len: int | None = None) -> CaptureTargets:
-        """The targets in packed ``rows`` (a micro-batch, any order), with rows made local to it:
-        row ``rows[j]`` is its row ``j``. ``seq_len``: that forward's full width, when not the
-        batch's (its right padding is not run)."""
+        """The targets in packed ``rows`` (a micro-batch, any order), made local (``rows[j]`` is
+        its row ``j``); ``seq_len``: that forward's full width, when not the batch's."""
         rows = torch.as_tensor(rows, dtype=torch.long).flatten().to(self.rows.device)
         match = self.rows.unsqueeze(1) == rows.unsqueeze(0)  # [targets, micro-batch rows]
         keep = match.any(dim=1)
@@ -227,47 +172,28 @@ def answer_targets(
     response_ids: Sequence[Sequence[int]],
     prompt_length: int,
 ) -> CaptureTargets:
-    """Capture targets for located answers in a batch packed by ``pack_rollouts``.
-
-    Response ``i`` with answer token index ``t`` (the ``{``) gives row ``i``, position
-    ``prompt_length + t`` and next token ``response_ids[i][t + 1]`` (the first answer token).
-    Responses with no answer (``None``) or whose ``{`` is their last token (nothing to score)
-    are left out; ``sample_index`` says which responses remain, in ascending order.
-    """
+    """Targets for the located answers of a batch packed by ``pack_rollouts``: answer ``t`` of
+    response ``i`` reads row ``i`` at ``prompt_length + t``, scoring ``response_ids[i][t + 1]``.
+    No answer, or a ``{`` as last token: left out (``sample_index`` says which remain)."""
     if len(answer_index) != len(response_ids):
         raise ValueError(
             f"answer_targets: {len(answer_index)} answer indices for {len(response_ids)} responses"
         )
     rows, positions, next_ids = [], [], []
     for i, (t, resp) in enumerate(zip(answer_index, response_ids, strict=True)):
-        if t is None:
-            continue
-        t = int(t)
-        if t < 0 or t + 1 >= len(resp):
+        if t is None or not 0 <= int(t) < len(resp) - 1:
             continue
         rows.append(i)
-        positions.append(prompt_length + t)
-        next_ids.append(int(resp[t + 1]))
+        positions.append(prompt_length + int(t))
+        next_ids.append(int(resp[int(t) + 1]))
     as_long = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
     width = prompt_length + max((len(r) for r in response_ids), default=0)
     return CaptureTargets(as_long(rows), as_long(positions), as_long(next_ids), as_long(rows), width)
 
 
-# --------------------------------------------------------------------------- capture
-
-
 class LayerLogitCapture:
-    """Capture per-layer answer logits during a forward (see the module docstring).
-
-    ``layers`` is a :func:`select_layers` spec: ``14`` (the last 14), ``"half"``, ``"all"`` or
-    a list of 1-based indices. ``final_norm=True`` also passes intermediate layers through the
-    final norm (the last layer always is, as in ``output_hidden_states``).
-
-    Each :meth:`capture` context arms hooks for exactly one forward and, on exit, reduces what
-    the hooks kept to ``[m, L]`` fp32 logits (the ``[m, L, H]`` vectors are dropped at once);
-    :meth:`pop_features` returns everything captured since the last pop, in call order and,
-    within a call, in target order.
-    """
+    """Per-layer answer logits of the forward run inside :meth:`capture`. ``layers``: a
+    :func:`select_layers` spec; ``final_norm=True`` also norms intermediate layers."""
 
     def __init__(self, model: nn.Module, layers: Any = DEFAULT_LAST_N, *, final_norm: bool = False):
         self.model = model
@@ -277,53 +203,31 @@ class LayerLogitCapture:
         self.final_norm = bool(final_norm)
         self._norm = find_final_norm(model)
         self._lm_head = find_lm_head(model)
-        config = getattr(_unwrap(model), "config", None)
-        tie_last = getattr(config, "tie_last_hidden_states", None)
+        tie_last = getattr(getattr(_unwrap(model), "config", None), "tie_last_hidden_states", None)
         self.last_layer_normed = True if tie_last is None else bool(tie_last)
         self._entries: list[torch.Tensor] = []  # [m, L] fp32 per capture call
-        self._armed = False
-
-    # ------------------------------------------------------------- state
-
-    @property
-    def num_features(self) -> int:
-        return len(self.layers)
-
-    @property
-    def armed(self) -> bool:
-        return self._armed
+        self.armed = False  # a capture context is open
 
     @property
     def num_captured(self) -> int:
-        """Number of positions captured since the last pop/clear."""
+        """Positions captured since the last pop/clear."""
         return sum(int(e.shape[0]) for e in self._entries)
 
     def stored_numel(self) -> int:
-        """Number of values held: ``M * L`` (only logits are kept between forwards)."""
+        """Values held: ``M * L`` (only logits are kept between forwards)."""
         return sum(e.numel() for e in self._entries)
 
     def clear(self) -> None:
         self._entries.clear()
 
-    def _normed(self, n: int) -> bool:
-        if n == self.num_layers:
-            return self.last_layer_normed
-        return self.final_norm
-
-    # ------------------------------------------------------------- capture
-
     @contextlib.contextmanager
     def capture(self, targets: CaptureTargets) -> Iterator[LayerLogitCapture]:
-        """Arm the hooks for the one forward run inside this context.
+        """Arm the hooks for the one forward run inside this context (a second one raises).
 
-        ``targets``: :class:`CaptureTargets` with rows local to this forward's batch (see
-        :meth:`CaptureTargets.for_rows`). On exit the logits of ``targets.next_token_ids`` are
-        computed and only ``[m, L]`` fp32 values are kept.
-
-        Exactly one forward must run inside the context (a second one raises); an exception
-        inside it discards this call's captures.
+        ``targets`` has rows local to this forward's batch (:meth:`CaptureTargets.for_rows`).
+        An exception inside the body discards this call's captures.
         """
-        if self._armed:
+        if self.armed:
             raise RuntimeError("LayerLogitCapture.capture: contexts cannot be nested")
         if not isinstance(targets, CaptureTargets):
             raise TypeError(
@@ -331,22 +235,21 @@ class LayerLogitCapture:
                 f"{type(targets).__name__}"
             )
         rows, positions = targets.rows.long(), targets.positions.long()
-        m = int(rows.numel())
         store: dict[int, torch.Tensor] = {}
         handles = []
-        if m > 0:
+        if len(targets):
             for n in self.layers:
                 hook = self._make_hook(n, rows, positions, store, targets.seq_len)
                 handles.append(self._blocks[n - 1].register_forward_hook(hook))
-        self._armed = True
+        self.armed = True
         try:
             yield self
         finally:
             for h in handles:
                 h.remove()
-            self._armed = False
+            self.armed = False
         # Only reached when the body raised nothing.
-        if m == 0:
+        if not len(targets):
             self._entries.append(torch.empty(0, len(self.layers), dtype=torch.float32))
             return
         missing = [n for n in self.layers if n not in store]
@@ -360,8 +263,7 @@ class LayerLogitCapture:
 
     def _make_hook(self, n: int, rows: torch.Tensor, positions: torch.Tensor, store: dict,
                    seq_len: int | None = None):
-        normed = self._normed(n)
-        norm = self._norm
+        normed = self.last_layer_normed if n == self.num_layers else self.final_norm
         cache: dict[str, torch.Tensor] = {}
 
         def hook(module: nn.Module, args: Any, output: Any) -> None:
@@ -374,9 +276,9 @@ class LayerLogitCapture:
             if "rows" not in cache:
                 b, s = hidden.shape[0], hidden.shape[1]
                 pos = positions if seq_len is None or s >= seq_len else positions - (seq_len - s)
-                if rows.numel() and (int(rows.max()) >= b or int(rows.min()) < 0):
+                if int(rows.max()) >= b or int(rows.min()) < 0:
                     raise IndexError(f"LayerLogitCapture: rows out of range for batch size {b}")
-                if pos.numel() and (int(pos.max()) >= s or int(pos.min()) < 0):
+                if int(pos.max()) >= s or int(pos.min()) < 0:
                     raise IndexError(
                         f"LayerLogitCapture: positions out of range for sequence length {s}"
                     )
@@ -385,12 +287,10 @@ class LayerLogitCapture:
             with torch.no_grad():
                 vec = hidden.detach()[cache["rows"], cache["positions"]]  # [m, H], a copy
                 if normed:
-                    vec = norm(vec)
+                    vec = self._norm(vec)
             store[n] = vec
 
         return hook
-
-    # ------------------------------------------------------------- results
 
     @torch.no_grad()
     def logits_of(self, hidden: torch.Tensor, next_token_ids: torch.Tensor) -> torch.Tensor:
@@ -401,8 +301,6 @@ class LayerLogitCapture:
             raise ValueError(
                 f"capture: {ids.numel()} next-token ids for {hidden.shape[0]} captured positions"
             )
-        if hidden.shape[0] == 0:
-            return torch.empty(0, hidden.shape[1], dtype=torch.float32, device=weight.device)
         w = weight.index_select(0, ids).float()  # [M, H]: only the needed rows of the head
         out = torch.einsum("mlh,mh->ml", hidden.to(weight.device).float(), w)
         bias = getattr(self._lm_head, "bias", None)
@@ -419,7 +317,7 @@ class LayerLogitCapture:
         return torch.cat([p.to(device) for p in parts], dim=0)
 
     def pop_features(self) -> torch.Tensor:
-        """:meth:`features`, then clear the store."""
+        """:meth:`features` (in call order, then target order), then clear the store."""
         out = self.features()
         self.clear()
         return out

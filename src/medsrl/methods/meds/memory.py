@@ -13,7 +13,6 @@ without this package, written atomically).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -22,12 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from medsrl.utils.atomic_file import atomic_write
+from medsrl.utils.columnar import Column, Format, check, check_cap, digest, pack, row_ranges
 
 MemoryKey = tuple[str, bool]  # (prompt key, response was correct)
 
-FORMAT = "medsrl.error_memory"
-VERSION = 1
+FORMAT = Format("ErrorMemory", "medsrl.error_memory", 1)
+_STORE = (Column("features", np.float32, ndim=2), Column("steps", np.int64), Column("labels", np.int64))
+_SNAPSHOT_STORES = (Column("store_correct", np.bool_), Column("store_rows", np.int64), Column("store_fitted_upto", np.int64))
+_SNAPSHOT_ROWS = (Column("features", np.float32, ndim=2), Column("step", np.int64), Column("label", np.int64))
 
 
 def _frozen(x: np.ndarray) -> np.ndarray:
@@ -67,9 +68,7 @@ class ErrorMemory:
     """
 
     def __init__(self, cap_per_key: int | None = None) -> None:
-        if cap_per_key is not None and cap_per_key < 1:
-            raise ValueError(f"cap_per_key must be >= 1 or None, got {cap_per_key}")
-        self.cap_per_key = cap_per_key
+        self.cap_per_key = check_cap(cap_per_key, "ErrorMemory")
         self._dim: int | None = None
         self._stores: dict[MemoryKey, MemoryEntry] = {}
 
@@ -100,20 +99,17 @@ class ErrorMemory:
         return (key[0], bool(key[1])) in self._stores
 
     # ----------------------------------------------------------------- changes
-    def _check_dim(self, d: int, key: str, correct: bool) -> None:
-        if self._dim is not None and d != self._dim:
-            raise ValueError(
-                f"feature dim {d} for key {key!r} (correct={correct}) does not match the "
-                f"memory's feature dim {self._dim}"
-            )
-
     def add(self, key: str, correct: bool, features: np.ndarray, step: int) -> None:
         """Append ``features`` [m, D] to the ``(key, correct)`` store, all stamped ``step``."""
         correct = bool(correct)
         x = np.asarray(features, dtype=np.float32)
         if x.ndim != 2:
             raise ValueError(f"features for key {key!r} must be [m, D], got shape {x.shape}")
-        self._check_dim(x.shape[1], key, correct)
+        if self._dim is not None and x.shape[1] != self._dim:
+            raise ValueError(
+                f"feature dim {x.shape[1]} for key {key!r} (correct={correct}) does not match the "
+                f"memory's feature dim {self._dim}"
+            )
         if x.shape[0] == 0:
             return
         if not np.isfinite(x).all():
@@ -122,19 +118,19 @@ class ErrorMemory:
         m = x.shape[0]
         old = self._stores.get((key, correct))
         if old is None:
-            feats, steps, labels, upto = x, np.full(m, step, np.int64), np.full(m, -1, np.int64), 0
-        else:
-            feats = np.concatenate([old.features, x])
-            steps = np.concatenate([old.steps, np.full(m, step, np.int64)])
-            labels = np.concatenate([old.labels, np.full(m, -1, np.int64)])
-            upto = old.fitted_upto
-        drop = 0 if self.cap_per_key is None else max(0, len(steps) - self.cap_per_key)
-        self._stores[(key, correct)] = MemoryEntry(
-            _frozen(np.array(feats[drop:])),
-            _frozen(np.array(steps[drop:])),
-            _frozen(np.array(labels[drop:])),
-            max(0, upto - drop),
+            old = MemoryEntry(np.zeros((0, self._dim), np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        self._stores[(key, correct)] = self._capped(
+            np.concatenate([old.features, x]),
+            np.concatenate([old.steps, np.full(m, step, np.int64)]),
+            np.concatenate([old.labels, np.full(m, -1, np.int64)]),
+            old.fitted_upto,
         )
+
+    def _capped(self, features: np.ndarray, steps: np.ndarray, labels: np.ndarray, upto: int) -> MemoryEntry:
+        """A read-only entry of the newest ``cap_per_key`` rows, its fitted count moved along."""
+        drop = 0 if self.cap_per_key is None else max(0, len(steps) - self.cap_per_key)
+        arrays = (_frozen(np.array(a[drop:])) for a in (features, steps, labels))
+        return MemoryEntry(*arrays, max(0, upto - drop))
 
     def set_labels(
         self, key: str, correct: bool, labels: np.ndarray, upto: int | None = None
@@ -171,78 +167,46 @@ class ErrorMemory:
         ``torch.load`` with its default ``weights_only=True`` refuses numpy arrays; pass
         ``as_tensors=True`` to get CPU tensors instead (``load_state_dict`` takes either).
         """
-
-        def arr(x: np.ndarray):
-            if not as_tensors:
-                return x.copy()
-            import torch
-
-            return torch.from_numpy(x.copy())
-
-        return {
-            "format": FORMAT,
-            "version": VERSION,
-            "dim": self._dim,
-            "cap_per_key": self.cap_per_key,
-            "entries": [
-                {
-                    "key": key,
-                    "correct": correct,
-                    "features": arr(e.features),
-                    "steps": arr(e.steps),
-                    "labels": arr(e.labels),
-                    "fitted_upto": int(e.fitted_upto),
-                }
-                for (key, correct), e in self._stores.items()
-            ],
-        }
+        entries = [
+            {"key": key, "correct": correct, **pack({c.name: getattr(e, c.name) for c in _STORE}, as_tensors=as_tensors),
+             "fitted_upto": int(e.fitted_upto)}
+            for (key, correct), e in self._stores.items()
+        ]  # fmt: skip
+        return {**FORMAT.header(), "dim": self._dim, "cap_per_key": self.cap_per_key, "entries": entries}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Replace the contents with ``state`` (from ``state_dict``), after validating it.
+        """Replace the contents with ``state`` (from ``state_dict``), after validating all of it.
 
         The memory keeps its own ``cap_per_key`` (configuration, not state): stores longer than
         it are trimmed to their newest rows.
         """
-        if state.get("format") != FORMAT or state.get("version") != VERSION:
-            raise ValueError(
-                f"not an ErrorMemory state (format {state.get('format')!r}, version "
-                f"{state.get('version')!r}; expected {FORMAT!r} version {VERSION})"
-            )
-        dim = state["dim"]
-        stores: dict[MemoryKey, MemoryEntry] = {}
+        FORMAT.check(state, ("dim", "entries"))
+        dim, stores = state["dim"], {}
         for e in state["entries"]:
             key, correct = str(e["key"]), bool(e["correct"])
-            where = f"key {key!r} (correct={correct})"
-            feats = np.asarray(e["features"])
-            steps, labels = np.asarray(e["steps"]), np.asarray(e["labels"])
-            n, upto = len(steps), int(e["fitted_upto"])
-            if feats.dtype != np.float32 or feats.ndim != 2 or feats.shape != (n, dim):
+            where = f"ErrorMemory state, key {key!r} (correct={correct})"
+            cols, upto = check(e, _STORE, None, where), int(e["fitted_upto"])
+            if cols["features"].shape[1] != dim or not 0 <= upto <= len(cols["steps"]):
                 raise ValueError(
-                    f"{where}: features {feats.dtype}{feats.shape}, expected float32 ({n}, {dim})"
-                )
-            ints = all(np.issubdtype(a.dtype, np.integer) for a in (steps, labels))
-            if not ints or steps.shape != (n,) or labels.shape != (n,) or not 0 <= upto <= n:
-                raise ValueError(
-                    f"{where}: steps {steps.dtype}{steps.shape}, labels {labels.dtype}{labels.shape} and fitted_upto "
-                    f"{upto} do not match {n} rows"
+                    f"{where}: features {cols['features'].shape} and fitted_upto {upto} do not fit "
+                    f"the memory's feature dim {dim}"
                 )
             if (key, correct) in stores:
                 raise ValueError(f"{where} appears twice")
-            drop = 0 if self.cap_per_key is None else max(0, n - self.cap_per_key)
-            stores[(key, correct)] = MemoryEntry(
-                _frozen(np.array(feats[drop:], dtype=np.float32)),
-                _frozen(np.array(steps[drop:], dtype=np.int64)),
-                _frozen(np.array(labels[drop:], dtype=np.int64)),
-                max(0, upto - drop),
-            )
+            stores[(key, correct)] = self._capped(cols["features"], cols["steps"], cols["labels"], upto)
         self._stores, self._dim = stores, (None if dim is None else int(dim))
+
+    def digest(self) -> str:
+        """SHA-1 of every store's key, features and steps, to check that all ranks hold the same
+        replica. Labels are left out: a re-fit may have landed on one rank and not yet on
+        another, and they follow from the features."""
+        cols = self._columns()
+        names = ("store_correct", "store_rows", "step", "features")
+        return digest({"keys": [k for k, _ in self._stores], **{n: cols[n] for n in names}}, FORMAT.name)
 
     # ---------------------------------------------------------------- snapshot
     def snapshot(self, path: str | os.PathLike) -> Path:
-        """Write the memory to one ``.npz`` file, atomically; returns the path.
-
-        A crash mid-write leaves any previous file at ``path`` intact (``atomic_write``: a temp
-        file in the same directory, fsync, ``os.replace``). Open it without medsrl::
+        """Write the memory to one ``.npz`` file, atomically; returns the path. Open it without medsrl::
 
             z = np.load(path)                     # no pickle needed
             meta = json.loads(str(z["meta"]))    # keys, dim, cap_per_key, per-store info
@@ -254,69 +218,47 @@ class ErrorMemory:
         ``features`` [R, D]; rows are grouped by store in ``meta["keys"]`` order. Per store:
         ``store_correct``, ``store_rows``, ``store_fitted_upto``.
         """
-        arrays = self._snapshot_arrays()
-        return atomic_write(path, lambda f: _write_npz(f, arrays))
+        keys = [key for key, _ in self._stores]
+        return FORMAT.save_npz(path, self._columns(), dim=self._dim, cap_per_key=self.cap_per_key, keys=keys)
 
-    def _snapshot_arrays(self) -> dict[str, np.ndarray]:
-        entries = list(self._stores.items())
-        dim = self._dim or 0
-        meta = {
-            "format": FORMAT,
-            "version": VERSION,
-            "dim": self._dim,
-            "cap_per_key": self.cap_per_key,
-            "keys": [key for (key, _), _ in entries],
-        }
-        rows = np.array([len(e) for _, e in entries], dtype=np.int64)
+    def _columns(self) -> dict[str, np.ndarray]:
+        """All stores end to end in ``keys()`` order: the snapshot's arrays (see ``snapshot``)."""
+        entries = list(self._stores.values())
+        flags = np.array([c for _, c in self._stores], bool)
+        rows = np.array([len(e) for e in entries], np.int64)
 
-        def cat(parts: list[np.ndarray], empty: np.ndarray) -> np.ndarray:
-            return np.concatenate(parts) if parts else empty
+        def cat(name: str, empty: np.ndarray) -> np.ndarray:
+            return np.concatenate([empty, *(getattr(e, name) for e in entries)])
 
         return {
-            "meta": np.array(json.dumps(meta)),
             "store": np.repeat(np.arange(len(entries), dtype=np.int64), rows),
-            "correct": np.repeat(np.array([c for (_, c), _ in entries], dtype=bool), rows),
-            "step": cat([e.steps for _, e in entries], np.zeros(0, np.int64)),
-            "label": cat([e.labels for _, e in entries], np.zeros(0, np.int64)),
-            "features": cat([e.features for _, e in entries], np.zeros((0, dim), np.float32)),
-            "store_correct": np.array([c for (_, c), _ in entries], dtype=bool),
+            "correct": np.repeat(flags, rows),
+            "step": cat("steps", np.zeros(0, np.int64)),
+            "label": cat("labels", np.zeros(0, np.int64)),
+            "features": cat("features", np.zeros((0, self._dim or 0), np.float32)),
+            "store_correct": flags,
             "store_rows": rows,
-            "store_fitted_upto": np.array([e.fitted_upto for _, e in entries], dtype=np.int64),
+            "store_fitted_upto": np.array([e.fitted_upto for e in entries], np.int64),
         }
 
     @classmethod
     def load_snapshot(cls, path: str | os.PathLike) -> ErrorMemory:
         """Rebuild a memory (including its ``cap_per_key``) from a ``snapshot`` file."""
-        with np.load(path, allow_pickle=False) as z:
-            meta = json.loads(str(z["meta"]))
-            if meta.get("format") != FORMAT:
-                raise ValueError(f"{path} is not an ErrorMemory snapshot")
-            bounds = np.concatenate([[0], np.cumsum(z["store_rows"])])
-            feats, step, label = z["features"], z["step"], z["label"]
-            dim = meta["dim"]
-            entries = [
-                {
-                    "key": key,
-                    "correct": bool(z["store_correct"][i]),
-                    "features": feats[bounds[i] : bounds[i + 1]].reshape(-1, dim or 0),
-                    "steps": step[bounds[i] : bounds[i + 1]],
-                    "labels": label[bounds[i] : bounds[i + 1]],
-                    "fitted_upto": int(z["store_fitted_upto"][i]),
-                }
-                for i, key in enumerate(meta["keys"])
-            ]
+        arrays, meta = FORMAT.load_npz(path)
+        s = check(arrays, _SNAPSHOT_STORES, len(meta["keys"]), str(path))
+        ranges = row_ranges(s["store_rows"], str(path))
+        rows = check(arrays, _SNAPSHOT_ROWS, int(s["store_rows"].sum()), str(path))
+        stores = zip(meta["keys"], s["store_correct"].tolist(), s["store_fitted_upto"].tolist(), ranges, strict=True)
+        entries = [
+            {"key": key, "correct": correct, "features": rows["features"][r], "steps": rows["step"][r],
+             "labels": rows["label"][r], "fitted_upto": upto}
+            for key, correct, upto, r in stores
+        ]  # fmt: skip
         mem = cls(cap_per_key=meta["cap_per_key"])
-        mem.load_state_dict(
-            {"format": FORMAT, "version": meta["version"], "dim": dim, "entries": entries}
-        )
+        mem.load_state_dict({**FORMAT.header(), "dim": meta["dim"], "entries": entries})
         return mem
 
 
 def load_snapshot(path: str | os.PathLike) -> ErrorMemory:
     """Module-level alias of ``ErrorMemory.load_snapshot``."""
     return ErrorMemory.load_snapshot(path)
-
-
-def _write_npz(f, arrays: dict[str, np.ndarray]) -> None:
-    """The one place the snapshot bytes are written (tests break it to check atomicity)."""
-    np.savez(f, **arrays)

@@ -1,10 +1,8 @@
 """MEDS reward shaping: the penalty for a repeated mistake and how it enters the score.
 
-Reference (PAPER.md step 6): ``pen = alpha * min(ln(|C| + 1), 2.0)``, i.e.
-``min(alpha * ln(|C| + 1), beta)`` with ``beta = 2 * alpha``; wrong responses get
-``score - pen``. A new mistake (|C| = 0) costs nothing; the cap keeps a huge error cluster from
-swamping the 0/1 correctness reward. The penalty only matters where it differs inside a group:
-a constant shift cancels in the group normalisation of the advantage.
+Reference (PAPER.md step 6): wrong responses get ``score - alpha * min(ln(|C| + 1), 2.0)``. A new
+mistake (|C| = 0) costs nothing; the cap keeps a huge cluster from swamping the 0/1 correctness
+reward. Only differences inside a group matter: a constant shift cancels in the advantage.
 """
 
 from __future__ import annotations
@@ -17,26 +15,18 @@ TARGETS = ("wrong", "right", "both", "none")
 
 
 def meds_penalty(sizes: np.ndarray | Tensor, alpha: float, beta: float | None = None):
-    """Penalty per response from its cluster size: ``min(alpha * ln(size + 1), beta)``.
-
-    ``beta=None`` is the reference cap, computed as ``alpha * min(ln(size + 1), 2.0)``.
-    Size 0 (empty memory, or noise with ``noise_is_cluster=False``) gives 0. Returns a float
-    tensor for a tensor input (same device), else a float64 numpy array.
-    """
-    if isinstance(sizes, Tensor):
+    """Penalty per response from its cluster size: ``min(alpha * ln(size + 1), beta)``; ``beta=None``
+    is the reference cap, ``alpha * min(ln(size + 1), 2.0)``. A float tensor for a tensor input
+    (same device), else a float64 numpy array."""
+    tensor = isinstance(sizes, Tensor)
+    if tensor:
         s = sizes.to(torch.get_default_dtype()) if not sizes.is_floating_point() else sizes
-        if (s < 0).any():
-            raise ValueError("cluster sizes must be >= 0")
-        log = torch.log1p(s)
-        if beta is None:
-            return alpha * log.clamp(max=2.0)
-        return (alpha * log).clamp(max=beta)
-    s = np.asarray(sizes, dtype=np.float64)
+    else:
+        s = np.asarray(sizes, dtype=np.float64)
     if (s < 0).any():
         raise ValueError("cluster sizes must be >= 0")
-    if beta is None:
-        return alpha * np.minimum(np.log1p(s), 2.0)
-    return np.minimum(alpha * np.log1p(s), beta)
+    log = torch.log1p(s) if tensor else np.log1p(s)
+    return alpha * log.clip(max=2.0) if beta is None else (alpha * log).clip(max=beta)
 
 
 def apply_penalty(
@@ -75,11 +65,9 @@ def _as_numpy(x) -> np.ndarray:
 def advantage_order_changed(raw, shaped, group_ids) -> float:
     """Fraction of groups whose ordering of responses differs between ``raw`` and ``shaped``.
 
-    Two orderings are equal when every pair (i, j) of the group has the same relation
-    (``<``, ``=`` or ``>``) under both scores; so a tie broken by shaping (two wrong responses
-    with different penalties) counts as a change, and a constant shift of the group does not.
-    This is the groups where shaping can move the advantages' ranking at all. Groups of one
-    response never change; no groups gives 0.0. Accepts tensors or arrays [B].
+    Equal when every pair of the group keeps its relation (``<``, ``=``, ``>``): a tie broken
+    by shaping counts as a change, a constant shift does not. No groups gives 0.0. Accepts
+    tensors or arrays [B].
     """
     r, s, g = _as_numpy(raw), _as_numpy(shaped), _as_numpy(group_ids)
     if not (r.shape == s.shape == g.shape) or r.ndim != 1:

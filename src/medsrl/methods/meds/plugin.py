@@ -19,6 +19,18 @@ import numpy as np
 import torch
 
 from medsrl.algo import keep_mask_by_group_spread
+from medsrl.config import (
+    Count,
+    FeatureDtype,
+    Flag,
+    Layers,
+    NonNegative,
+    PositiveInt,
+    Text,
+    at_least,
+    nullable,
+    one_of,
+)
 from medsrl.methods.dynamic_sampling import DynamicSampling
 from medsrl.methods.meds.clustered_memory import ClusteredMemory
 from medsrl.methods.meds.clustering import cluster_sizes, predict_labels, single_cluster_sizes
@@ -33,7 +45,6 @@ from medsrl.methods.meds.penalty import (
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.step.rollouts import SAMPLED, StepRollouts
 from medsrl.step.scoring import scoring_pass
-from medsrl.utils.run_dir import run_log_dir
 
 log = logging.getLogger(__name__)
 
@@ -46,38 +57,30 @@ class Meds(Plugin):
 
     def __init__(
         self,
-        alpha: float = 0.1,
-        beta: float | None = None,
-        layers=14,
-        diff: bool = False,
-        final_norm: bool = False,
-        feature_dtype: str = "auto",
-        target: str = "wrong",
-        noise_is_cluster: bool = True,
-        k: int = 3,
-        min_cluster_size: int = 2,
-        min_samples: int = 1,
-        cap_per_key: int | None = None,
-        mode: str = "cluster",
-        refit: str = "background",
-        refit_workers: int = 1,
-        refit_growth: float = 0.0,
-        mixed_groups_only: bool = True,
-        remember_dropped: bool = False,
-        reset_on_stage_change: bool = False,
-        snapshot_every_n_steps: int = 20,
-        panels_every_n_steps: int = 10,
-        panel_prompts: int = 3,
-        snapshot_dir: str | None = None,
+        alpha: NonNegative = 0.1,
+        beta: nullable(NonNegative) = None,
+        layers: Layers = 14,
+        diff: Flag = False,
+        final_norm: Flag = False,
+        feature_dtype: FeatureDtype = "auto",
+        target: one_of(TARGETS) = "wrong",
+        noise_is_cluster: Flag = True,
+        k: PositiveInt = 3,
+        min_cluster_size: at_least(2) = 2,
+        min_samples: PositiveInt = 1,
+        cap_per_key: nullable(PositiveInt) = None,
+        mode: one_of(("cluster", "single")) = "cluster",
+        refit: one_of(("background", "sync")) = "background",
+        refit_workers: PositiveInt = 1,
+        refit_growth: NonNegative = 0.0,
+        mixed_groups_only: Flag = True,
+        remember_dropped: Flag = False,
+        reset_on_stage_change: Flag = False,
+        snapshot_every_n_steps: Count = 20,
+        panels_every_n_steps: Count = 10,
+        panel_prompts: Count = 3,
+        snapshot_dir: nullable(Text) = None,
     ) -> None:
-        if target not in TARGETS:
-            raise ValueError(f"meds.target={target!r}; valid: {', '.join(TARGETS)}")
-        if mode not in ("cluster", "single"):
-            raise ValueError(f"meds.mode={mode!r}; valid: cluster, single")
-        if refit not in ("background", "sync"):
-            raise ValueError(f"meds.refit={refit!r}; valid: background, sync")
-        if alpha < 0 or k < 1:
-            raise ValueError(f"meds.alpha must be >= 0 and meds.k >= 1, got {alpha}, {k}")
         self.alpha, self.beta, self.target = alpha, beta, target
         self.noise_is_cluster, self.k, self.mode = noise_is_cluster, k, mode
         self.spec = FeatureSpec(layers=layers, diff=diff, final_norm=final_norm, dtype=feature_dtype)
@@ -101,6 +104,8 @@ class Meds(Plugin):
         if self.reader is None:
             self.reader = AnswerFeatureReader(pl_module.policy, pl_module.tokenizer, self.spec,
                                               pl_module.grader_cfg.reasoning_end)
+        algo = pl_module.algorithm  # the micro-batch budget of the dropped groups' forward
+        self._budget = dict(micro_batch_size=algo.micro_batch_size, max_tokens=algo.max_tokens_per_microbatch)
         self.store.open()
         filtered = any(isinstance(p, DynamicSampling) for p in getattr(pl_module, "plugins", []))
         if self.remember_dropped and not filtered:
@@ -142,20 +147,18 @@ class Meds(Plugin):
         self.use_features(rollouts, *self.reader.finish(), ctx)
         self._dropped = ([], np.zeros((0, 0), np.float32))
         if self.remember_dropped and ctx.dropped:
-            self._dropped = self.dropped_features(ctx.dropped, ctx)
+            self._dropped = self.dropped_features(ctx.dropped, rollouts.packed.input_ids.device, ctx)
 
-    def dropped_features(self, groups: list, ctx: StepContext) -> tuple[list[tuple[str, bool]], np.ndarray]:
+    def dropped_features(self, groups: list, device, ctx: StepContext) -> tuple[list[tuple[str, bool]], np.ndarray]:
         """``(key, correct)`` and features of the responses of ``groups`` (dropped by DAPO's filter,
         never trained on), from a no-grad forward of the old policy over them alone: the scoring
         forward never saw them. Beyond the reference (``meds.remember_dropped``): a mistake a
         prompt makes in every sample is remembered, and costs when the prompt next gives a
         mixed group."""
         t0 = time.perf_counter()
-        m = ctx.module
-        extra = StepRollouts.from_groups(groups, ctx.step, ctx.stage, m.tokenizer.pad_token_id, m.device)
+        extra = StepRollouts.from_groups(groups, ctx.step, ctx.stage, self.reader.tokenizer.pad_token_id, device)
         self.reader.begin(extra.response_ids, extra.packed.prompt_length)
-        scoring_pass(ctx.scoring_policy, extra.packed, m.algorithm.micro_batch_size,
-                     max_tokens=m.algorithm.max_tokens_per_microbatch,
+        scoring_pass(ctx.scoring_policy, extra.packed, **self._budget,
                      microbatch_context=lambda rows: self.reader.microbatch(rows, extra.packed.columns_end(rows)))
         feats, rows = self.reader.finish()
         correct = (extra.acc > 0.5).tolist()
@@ -261,13 +264,13 @@ class Meds(Plugin):
         touched = self.store.insert(additions, ctx.step)
         ctx.log(self, self.store.metrics(touched))
         if self.snapshot_every_n_steps and (ctx.step + 1) % self.snapshot_every_n_steps == 0:
-            self.snapshot(ctx.trainer, ctx.step)
+            self.snapshot(ctx.run_dir, ctx.step)
 
-    def snapshot(self, trainer, step: int) -> Path | None:
-        """Write ``memory/memory.npz`` atomically (rank 0; open with ``numpy.load``)."""
-        if not trainer.is_global_zero:
+    def snapshot(self, run_dir: str | None, step: int) -> Path | None:
+        """Write ``memory/memory.npz`` atomically (rank 0: has a ``run_dir``; ``numpy.load`` opens it)."""
+        if run_dir is None:
             return None
-        path = Path(self.snapshot_dir or run_log_dir(trainer)) / "memory" / "memory.npz"
+        path = Path(self.snapshot_dir or run_dir) / "memory" / "memory.npz"
         self.store.memory.snapshot(path)
         log.info("MEDS memory snapshot at step %d: %s (%d entries)", step, path, self.store.memory.num_entries())
         return path

@@ -3,44 +3,27 @@
 A step's penalties only need the labels already stored for each key (the k-NN vote, PAPER.md
 step 4); the re-fit after inserting the step's features (step 5) is needed only by the *next*
 visit of that key, typically many steps later. So ``submit`` hands the re-fit to a worker and
-the step goes on (advantages, policy update); ``wait(key)`` is called just before the key is
-used again and returns at once unless the fit is still running.
+``wait(key)``, called just before the key is used again, returns at once unless it still runs.
 
-Threads or processes: processes. hdbscan 0.8.44's Cython has no ``with nogil`` block, so a fit
-holds the GIL from start to end, and a thread running it starves the main thread, which needs
-the GIL between torch ops (and for every kernel launch of a GPU step). Measured on the 2-core
-box this was written on (24 keys x 2048 x 14 features, 1 worker, torch on 1 thread, median of 3
-interleaved rounds; another job kept one core busy throughout, so only one core was free):
+Processes, not threads: hdbscan 0.8.44's Cython has no ``with nogil`` block, so a fit holds the
+GIL throughout and a thread running it starves the main thread, which needs the GIL between torch
+ops and kernel launches. Measured with one free core (24 keys x 2048 x 14 features, 1 worker,
+median of 3): a 256x256 matmul loop took 1.73 s alone, 4.24 s beside a fits thread and 3.45 s
+beside a fits process (serial sum 4.20 s); tiny-op dispatch ran at 88.0 k/s alone, 22.5 k/s and
+41.9 k/s. Where a core is to spare a process runs entirely beside the step; a thread cannot
+(``benchmarks/cluster_refit.py`` repeats the comparison).
 
-=====================================  =========  ===========  ============
-main thread                            alone      fits thread  fits process
-=====================================  =========  ===========  ============
-256x256 matmul loop, wall              1.73 s     4.24 s       3.45 s
-matmul + fits, both done               4.20 s *   4.25 s       4.21 s
-tiny-op dispatch rate (64x64 ops/s)    88.0 k     22.5 k       41.9 k
-=====================================  =========  ===========  ============
+The start method is ``forkserver`` (``spawn`` where unavailable): no fork of a process holding
+torch thread pools or CUDA state; workers import only numpy and hdbscan. ``executor="thread"``
+stays for comparison. ``mode="sync"`` fits inside ``submit``, the reference order; both modes
+give identical labels for the same features.
 
-(* serial sum: fits alone 2.47 s.) With one free core nothing can overlap, but the thread
-variant also takes ~3/4 of the main thread's time (the GIL), while the process gets the fair OS
-half. Where a core is to spare (the CPU side of a GPU box) a process can run entirely beside
-the step; a thread cannot. ``benchmarks/cluster_refit.py`` repeats the comparison
-(``overlap_process`` / ``overlap_thread`` in its JSON; its default run on the same busy box:
-dispatch rate 0.53 of alone beside a process, 0.33 beside a thread, at 2048 points).
-
-The default start method is ``forkserver`` (``spawn`` where unavailable): no fork of a process
-that holds torch thread pools or CUDA state. Workers import only numpy and hdbscan (this
-package's ``__init__`` is lazy); the forkserver itself imports the main module once. A
-[2048, 14] float32 array pickles in microseconds. ``executor="thread"`` stays for comparison.
-``mode="sync"`` fits inside ``submit``, the reference order; both modes give identical labels
-for the same features (same function, same bytes).
-
-Failures: an exception raised by the fit surfaces as ``RefitError`` naming the key. A worker
-process that dies (segfault, OOM kill) breaks the pool: the key being collected is recomputed in
-the main process with a warning, the other pending keys are resubmitted to a fresh pool (at
-most ``max_restarts`` times, then everything runs in the main process). The workers exit by
-themselves when the process that made the pool dies, however it dies (``utils/lifetime.py``):
-a worker blocked on the pool's call queue would otherwise wait forever, keeping the forkserver
-and the resource tracker alive too.
+Failures: a fit's exception surfaces as ``RefitError`` naming the key. A worker that dies
+(segfault, OOM kill) breaks the pool: the key being collected is recomputed here with a warning,
+the other pending keys go to a fresh pool (at most ``max_restarts`` times, then everything runs
+in the main process). Workers exit when the process that made the pool dies
+(``utils/lifetime.py``), which would otherwise leave them, the forkserver and the resource
+tracker waiting forever.
 """
 
 from __future__ import annotations
@@ -91,10 +74,8 @@ class _Job:
 class BackgroundRefitter:
     """Runs ``fit_cluster_labels`` per key in worker processes; results are fetched per key.
 
-    ``key_id`` is any hashable, picklable id (e.g. ``(prompt_key, correct)``). Each result is
-    handed out once, by ``wait``, ``collect`` or ``drain``. ``stats`` counts submits, replaced
-    submits, fits done and their seconds, the ``wait`` calls that actually blocked and the
-    seconds they blocked, and worker failures.
+    ``key_id``: any hashable, picklable id (e.g. ``(prompt_key, correct)``). Each result is
+    handed out once, by ``wait``, ``collect`` or ``drain``.
     """
 
     def __init__(
@@ -125,20 +106,14 @@ class BackgroundRefitter:
         self._local_only = mode == "sync"
         self._pending: dict[Hashable, _Job] = {}
         self._done: dict[Hashable, np.ndarray] = {}
-        self.stats: dict[str, float] = {
-            "submitted": 0,
-            "replaced": 0,
-            "completed": 0,
-            "fit_seconds": 0.0,
-            "blocked_waits": 0,
-            "blocked_seconds": 0.0,
-            "worker_failures": 0,
+        self.stats: dict[str, float] = {  # fits done, waits that blocked, and their seconds
+            "submitted": 0, "replaced": 0, "completed": 0, "fit_seconds": 0.0,
+            "blocked_waits": 0, "blocked_seconds": 0.0, "worker_failures": 0,
         }
         if not self._local_only:
             for _ in range(num_workers):
                 self._ensure_pool().submit(_warm_up)
 
-    # ---------------------------------------------------------------- plumbing
     def _ensure_pool(self) -> Executor:
         if self._pool is None:
             if self.executor_kind == "thread":
@@ -153,9 +128,13 @@ class BackgroundRefitter:
 
     def _fit_here(self, key_id: Hashable, features: np.ndarray) -> np.ndarray:
         try:
-            labels, secs = _fit_job(features, self.min_cluster_size, self.min_samples, self.fit_fn)
+            res = _fit_job(features, self.min_cluster_size, self.min_samples, self.fit_fn)
         except Exception as e:
             raise RefitError(f"HDBSCAN re-fit failed for key {key_id!r}: {e}") from e
+        return self._record(res)
+
+    def _record(self, res: tuple[np.ndarray, float]) -> np.ndarray:
+        labels, secs = res
         self.stats["completed"] += 1
         self.stats["fit_seconds"] += secs
         return labels
@@ -208,12 +187,8 @@ class BackgroundRefitter:
             raise RefitError(f"HDBSCAN re-fit failed for key {key_id!r}: {e}") from e
         if res is None:  # placeholder: the pool was given up, compute here
             return self._fit_here(key_id, job.features)
-        labels, secs = res
-        self.stats["completed"] += 1
-        self.stats["fit_seconds"] += secs
-        return labels
+        return self._record(res)
 
-    # -------------------------------------------------------------------- API
     def submit(self, key_id: Hashable, features: np.ndarray) -> None:
         """Schedule the re-fit of ``key_id`` on ``features`` [N, D] (copied). A pending or
         uncollected result for the same key is superseded: the newest features win."""
@@ -267,10 +242,6 @@ class BackgroundRefitter:
         """True when ``wait(key_id)`` would return without blocking."""
         job = self._pending.get(key_id)
         return job is None or job.future.done()
-
-    def pending(self) -> list[Hashable]:
-        """Keys whose fit has been submitted and not handed out yet."""
-        return list(self._pending)
 
     def close(self) -> None:
         """Stop the workers (joined: no zombies). Unfetched results are dropped; ``drain``

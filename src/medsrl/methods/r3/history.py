@@ -6,35 +6,39 @@ added to, and is not reduced by the cap (a key's age, not its number of stored r
 
 The history is replicated, not sharded: its caller feeds identical ``add`` calls in the same
 order on every rank, so every rank holds the same history (``digest`` checks that cheaply).
-It survives restarts two ways: ``state_dict``/``load_state_dict`` (columnar tensors and plain
-python, loadable by ``torch.load(weights_only=True)``, for Lightning checkpoints) and
-``snapshot``/``load_snapshot`` (one Parquet file a user can open without this package, written
-atomically)::
-
-    df = pandas.read_parquet(path)          # one row per stored response
-    df[df.key == key].sort_values("step")   # the history of one prompt
-    cap = pyarrow.parquet.read_schema(path).metadata[b"medsrl.cap_per_key"]  # JSON
+It survives restarts two ways: ``state_dict``/``load_state_dict`` (for Lightning checkpoints)
+and ``snapshot``/``load_snapshot`` (one Parquet file: ``pandas.read_parquet(path)``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import json
 import math
 import os
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from medsrl.utils.atomic_file import atomic_write
+from medsrl.utils import columnar
+from medsrl.utils.columnar import Column, Ragged, check, normalise, to_columns, to_rows
 
-FORMAT = "medsrl.response_history"
-VERSION = 1
+FORMAT = columnar.Format("ResponseHistory", "medsrl.response_history", 1)
+_STATE = "ResponseHistory state"
+_PER_KEY = (Column("keys", str), *(Column(n, np.int64) for n in ("rows_per_key", "visits", "last_step")))
+_FIELDS = (  # those of StoredResponse, in the snapshot's column order
+    Column("step", np.int64),
+    Column("correct", np.bool_),
+    Column("reward", np.float64),
+    Column("finish_reason", str),
+    Column("extracted", str, nullable=True),
+    Column("has_box", np.bool_),
+    Column("text", str),
+    Column("token_ids", np.int64, ragged=True),
+    Column("logprobs", np.float32, ragged=True, nullable=True),
+)
+_SNAPSHOT = (Column("key", str), *_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -57,45 +61,20 @@ class StoredResponse:
     # None when the response never went through the scoring forward
     logprobs: tuple[float, ...] | None
 
-    def __post_init__(self) -> None:
-        ids = np.asarray(self.token_ids, dtype=np.int64)
-        if ids.ndim != 1:
-            raise ValueError(f"token_ids must be 1-d, got shape {ids.shape}")
-        lp = self.logprobs
-        if lp is not None:
-            lp = np.asarray(lp, dtype=np.float32)
-            if lp.ndim != 1 or lp.shape[0] != ids.shape[0]:
-                raise ValueError(
-                    f"logprobs has length {lp.shape[0] if lp.ndim == 1 else lp.shape} but "
-                    f"token_ids has length {ids.shape[0]}"
-                )
-            lp = tuple(lp.tolist())
-        extracted = None if self.extracted is None else str(self.extracted)
-        _set_fields(
-            self,
-            token_ids=tuple(ids.tolist()),
-            text=str(self.text),
-            reward=float(self.reward),
-            correct=bool(self.correct),
-            step=int(self.step),
-            finish_reason=str(self.finish_reason),
-            extracted=extracted,
-            has_box=bool(self.has_box),
-            logprobs=lp,
-        )
+    def __post_init__(self) -> None:  # frozen: the normalised fields are written directly
+        self.__dict__.update({c.name: normalise(getattr(self, c.name), c) for c in _FIELDS})
+        if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
+            raise ValueError(
+                f"logprobs has length {len(self.logprobs)} but token_ids has length {len(self.token_ids)}"
+            )
 
     @classmethod
     def _trusted(cls, **fields: Any) -> StoredResponse:
         """Build from values already of the right types (loaded from typed columns), skipping
         the per-token normalisation that would dominate a large load."""
         obj = object.__new__(cls)
-        _set_fields(obj, **fields)
+        obj.__dict__.update(fields)
         return obj
-
-
-def _set_fields(obj: StoredResponse, **fields: Any) -> None:
-    for name, value in fields.items():
-        object.__setattr__(obj, name, value)
 
 
 class ResponseHistory:
@@ -108,9 +87,7 @@ class ResponseHistory:
     """
 
     def __init__(self, cap_per_key: int | None = None) -> None:
-        if cap_per_key is not None and cap_per_key < 1:
-            raise ValueError(f"cap_per_key must be >= 1 or None, got {cap_per_key}")
-        self.cap_per_key = cap_per_key
+        self.cap_per_key = columnar.check_cap(cap_per_key, "ResponseHistory")
         self._rows: dict[str, deque[StoredResponse]] = {}
         self._visits: dict[str, int] = {}
         self._last_step: dict[str, int] = {}
@@ -171,39 +148,14 @@ class ResponseHistory:
 
     # ------------------------------------------------------- checkpoint state
     def _columns(self) -> dict[str, Any]:
-        """The whole history as columns (numpy arrays and lists of str), rows grouped by key in
-        ``keys()`` order, oldest first: the one layout behind state, digest and snapshot."""
+        """Per key (in ``keys()`` order), then per response (grouped by key, oldest first): the
+        one layout behind state, digest and snapshot."""
         keys = list(self._rows)
-        rows = [r for key in keys for r in self._rows[key]]
-        n = len(rows)
-        lens = np.fromiter((len(r.token_ids) for r in rows), np.int64, count=n)
-        offsets = np.zeros(n + 1, np.int64)
-        np.cumsum(lens, out=offsets[1:])
-        has_lp = np.fromiter((r.logprobs is not None for r in rows), bool, count=n)
-        with_lp = [r.logprobs for r in rows if r.logprobs is not None]
-        return {
-            "keys": keys,
-            "rows_per_key": np.array([len(self._rows[k]) for k in keys], np.int64),
-            "visits": np.array([self._visits[k] for k in keys], np.int64),
-            "last_step": np.array([self._last_step[k] for k in keys], np.int64),
-            "token_ids": np.fromiter(
-                itertools.chain.from_iterable(r.token_ids for r in rows),
-                np.int64,
-                count=int(offsets[-1]),
-            ),
-            "token_offsets": offsets,
-            "logprobs": np.fromiter(
-                itertools.chain.from_iterable(with_lp), np.float32, count=int(lens[has_lp].sum())
-            ),
-            "has_logprobs": has_lp,
-            "reward": np.fromiter((r.reward for r in rows), np.float64, count=n),
-            "step": np.fromiter((r.step for r in rows), np.int64, count=n),
-            "correct": np.fromiter((r.correct for r in rows), bool, count=n),
-            "has_box": np.fromiter((r.has_box for r in rows), bool, count=n),
-            "text": [r.text for r in rows],
-            "finish_reason": [r.finish_reason for r in rows],
-            "extracted": [r.extracted for r in rows],
-        }
+        rows = [r for k in keys for r in self._rows[k]]
+        per_key = {"rows_per_key": {k: len(v) for k, v in self._rows.items()}, "visits": self._visits}
+        per_key["last_step"] = self._last_step
+        ints = {name: np.array([d[k] for k in keys], np.int64) for name, d in per_key.items()}
+        return {"keys": keys, **ints, **to_columns(rows, _FIELDS)}
 
     def state_dict(self) -> dict[str, Any]:
         """Columnar copy of the history: CPU tensors for the numeric columns, lists of str for
@@ -214,113 +166,55 @@ class ResponseHistory:
         ids of row i are ``token_ids[token_offsets[i]:token_offsets[i + 1]]``; ``logprobs``
         concatenates those of the rows with ``has_logprobs`` only.
         """
-        import torch
-
         cols = self._columns()
-        state: dict[str, Any] = {"format": FORMAT, "version": VERSION}
-        state["cap_per_key"] = self.cap_per_key
-        for name, value in cols.items():
-            state[name] = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
-        return state
+        ids, lps = cols.pop("token_ids"), cols.pop("logprobs")
+        cols.update(token_ids=ids.values, token_offsets=ids.offsets, logprobs=lps.values, has_logprobs=lps.present)
+        return {**FORMAT.header(), "cap_per_key": self.cap_per_key, **columnar.pack(cols, as_tensors=True)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Replace the contents with ``state`` (from ``state_dict``), after validating it.
+        """Replace the contents with ``state`` (from ``state_dict``), after validating all of it.
 
-        The inverse of ``state_dict``, except that the history keeps its own ``cap_per_key``
-        (a run resumed with a smaller cap drops each key's oldest responses beyond it).
+        The history keeps its own ``cap_per_key`` (a run resumed with a smaller cap drops each
+        key's oldest responses beyond it).
         """
-        if not isinstance(state, dict):
-            raise ValueError(f"not a ResponseHistory state: {type(state).__name__}")
-        if state.get("format") != FORMAT or state.get("version") != VERSION:
-            raise ValueError(
-                f"not a ResponseHistory state (format {state.get('format')!r}, version "
-                f"{state.get('version')!r}; expected {FORMAT!r} version {VERSION})"
-            )
-        missing = [n for n in _STATE_COLUMNS if n not in state]
-        if missing:
-            raise ValueError(f"ResponseHistory state lacks {missing}")
-        cap = state["cap_per_key"]
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-            raise ValueError(f"ResponseHistory state: cap_per_key {cap!r} is not None or >= 1")
-        keys = _str_list(state["keys"], "keys")
-        if len(set(keys)) != len(keys):
-            raise ValueError("ResponseHistory state: keys are not unique")
-        per_key = {n: _array(state[n], n, np.integer, len(keys)) for n in _KEY_COLUMNS}
-        if (per_key["rows_per_key"] < 0).any() or (per_key["visits"] < 0).any():
-            raise ValueError("ResponseHistory state: negative rows_per_key or visits")
-        if cap is not None and (per_key["rows_per_key"] > cap).any():
-            raise ValueError(f"ResponseHistory state: a key holds more than cap_per_key={cap} rows")
+        FORMAT.check(state, ("cap_per_key", "token_ids", "token_offsets", "logprobs", "has_logprobs"))
+        per_key = _check_keys(state, state["cap_per_key"], _STATE)
         n = int(per_key["rows_per_key"].sum())
-        rows = _rows_from_columns(state, n)
-        stores: dict[str, deque[StoredResponse]] = {}
-        bounds = np.concatenate([[0], np.cumsum(per_key["rows_per_key"])]).tolist()
-        for i, key in enumerate(keys):
-            stores[key] = deque(rows[bounds[i] : bounds[i + 1]], maxlen=self.cap_per_key)
-        self._rows = stores
+        lengths = np.diff(check(state, [Column("token_offsets", np.int64)], n + 1, _STATE)["token_offsets"])
+        ragged = {
+            "token_ids": Ragged(state["token_ids"], lengths, np.ones(n, bool)),
+            "logprobs": Ragged(state["logprobs"], lengths, state["has_logprobs"]),
+        }
+        self._set(per_key, check({**state, **ragged}, _FIELDS, n, _STATE))
+
+    def _set(self, per_key: dict[str, Any], rows: dict[str, Any]) -> None:
+        """Replace the contents with checked columns (``_check_keys``, ``check``)."""
+        responses = to_rows(rows, _FIELDS, StoredResponse._trusted)
+        keys, ranges = per_key["keys"], per_key["ranges"]
+        self._rows = {k: deque(responses[r], maxlen=self.cap_per_key) for k, r in zip(keys, ranges, strict=True)}
         self._visits = dict(zip(keys, per_key["visits"].tolist(), strict=True))
         self._last_step = dict(zip(keys, per_key["last_step"].tolist(), strict=True))
 
     def digest(self) -> str:
-        """SHA-1 over a canonical encoding of the whole state (cap, keys, every field of every
-        response, visits): equal histories give equal digests, e.g. to check that all ranks
-        hold the same replica. Hashes column bytes, not pickled rows."""
-        cols = self._columns()
-        h = hashlib.sha1()
-        _hash_strings(h, "header", [FORMAT, str(VERSION), json.dumps(self.cap_per_key)])
-        for name, value in cols.items():
-            if isinstance(value, np.ndarray):
-                raw = value.astype(value.dtype.newbyteorder("<"), copy=False).tobytes()
-                h.update(f"{name}:{value.dtype.str}:{len(raw)}:".encode())
-                h.update(raw)
-            else:
-                _hash_strings(h, name, value)
-        return h.hexdigest()
+        """SHA-1 over the whole state (cap, keys, every field of every response, visits): equal
+        histories give equal digests, e.g. to check that all ranks hold the same replica."""
+        return columnar.digest(self._columns(), FORMAT.name, FORMAT.version, self.cap_per_key)
 
     # ---------------------------------------------------------------- snapshot
     def snapshot(self, path: str | os.PathLike) -> Path:
-        """Write the history to one Parquet file, atomically (``atomic_write``); returns the path.
+        """Write the history to one Parquet file, atomically; returns the path.
 
         One row per stored response, grouped by key in ``keys()`` order, oldest first. Columns:
         ``key``, ``step`` (int64), ``correct``, ``reward`` (float64), ``finish_reason``,
         ``extracted`` (null: no box), ``has_box``, ``text``, ``token_ids`` (list<int64>),
         ``logprobs`` (list<float32>, null when None). ``cap_per_key`` is JSON in the schema
-        metadata under ``medsrl.cap_per_key``. Visits are not stored (see ``load_snapshot``).
+        metadata under ``medsrl.cap_per_key``. Visits are not stored (see ``load_snapshot``)::
+
+            df = pandas.read_parquet(path)          # one row per stored response
+            df[df.key == key].sort_values("step")   # the history of one prompt
         """
-        table = self._snapshot_table()
-        return atomic_write(path, lambda f: _write_parquet(f, table))
-
-    def _snapshot_table(self):
-        import pyarrow as pa
-
-        c = self._columns()
-        lens = np.diff(c["token_offsets"])
-        lp_offsets = np.zeros(len(lens) + 1, np.int64)
-        np.cumsum(np.where(c["has_logprobs"], lens, 0), out=lp_offsets[1:])
-        keys = np.repeat(np.array(c["keys"], dtype=object), c["rows_per_key"])
-        columns = {
-            "key": pa.array(keys.tolist(), pa.string()),
-            "step": pa.array(c["step"], pa.int64()),
-            "correct": pa.array(c["correct"], pa.bool_()),
-            "reward": pa.array(c["reward"], pa.float64()),
-            "finish_reason": pa.array(c["finish_reason"], pa.string()),
-            "extracted": pa.array(c["extracted"], pa.string()),
-            "has_box": pa.array(c["has_box"], pa.bool_()),
-            "text": pa.array(c["text"], pa.string()),
-            "token_ids": pa.ListArray.from_arrays(
-                pa.array(c["token_offsets"], pa.int32()), pa.array(c["token_ids"], pa.int64())
-            ),
-            "logprobs": pa.ListArray.from_arrays(
-                pa.array(lp_offsets, pa.int32()),
-                pa.array(c["logprobs"], pa.float32()),
-                mask=pa.array(~c["has_logprobs"], pa.bool_()),
-            ),
-        }
-        metadata = {
-            "medsrl.format": FORMAT,
-            "medsrl.version": str(VERSION),
-            "medsrl.cap_per_key": json.dumps(self.cap_per_key),
-        }
-        return pa.table(columns, metadata=metadata)
+        cols = {"key": [k for k, rows in self._rows.items() for _ in rows], **self._columns()}
+        return FORMAT.save_parquet(path, cols, _SNAPSHOT, cap_per_key=self.cap_per_key)
 
     @classmethod
     def load_snapshot(cls, path: str | os.PathLike) -> ResponseHistory:
@@ -330,49 +224,20 @@ class ResponseHistory:
         number of distinct steps among its stored rows (fewer than the original's once the cap
         has dropped responses of older steps), and its last step as the highest stored step.
         """
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(path)
-        meta = table.schema.metadata or {}
-        if meta.get(b"medsrl.format", b"").decode() != FORMAT:
-            raise ValueError(f"{path} is not a ResponseHistory snapshot")
-        missing = [n for n in _SNAPSHOT_COLUMNS if n not in table.column_names]
-        if missing:
-            raise ValueError(f"{path}: snapshot lacks columns {missing}")
-        cap = json.loads(meta.get(b"medsrl.cap_per_key", b"null"))
-
-        def col(name: str):
-            return table.column(name).combine_chunks()
-
-        tok, lp = col("token_ids"), col("logprobs")
-        if tok.null_count:
-            raise ValueError(f"{path}: token_ids has nulls")
-        offsets = np.zeros(len(tok) + 1, np.int64)
-        np.cumsum(tok.value_lengths().to_numpy(zero_copy_only=False), out=offsets[1:])
-        columns = {
-            "token_ids": tok.flatten().to_numpy(zero_copy_only=False).astype(np.int64),
-            "token_offsets": offsets,
-            "logprobs": lp.flatten().to_numpy(zero_copy_only=False).astype(np.float32),
-            "has_logprobs": lp.is_valid().to_numpy(zero_copy_only=False),
-            "reward": col("reward").to_numpy(zero_copy_only=False).astype(np.float64),
-            "step": col("step").to_numpy(zero_copy_only=False).astype(np.int64),
-            "correct": col("correct").to_numpy(zero_copy_only=False),
-            "has_box": col("has_box").to_numpy(zero_copy_only=False),
-            **{n: col(n).to_pylist() for n in ("text", "finish_reason", "extracted")},
+        cols, meta = FORMAT.load_parquet(path, _SNAPSHOT)
+        cols = check(cols, _SNAPSHOT, None, str(path))
+        key, n = cols["key"], len(cols["key"])
+        bounds = [i for i in range(n) if i == 0 or key[i] != key[i - 1]] + [n]
+        steps = [cols["step"][a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+        per_key = {
+            "keys": [key[i] for i in bounds[:-1]],  # a key twice: its rows were not together
+            "rows_per_key": np.array([len(s) for s in steps], np.int64),
+            "visits": np.array([len(np.unique(s)) for s in steps], np.int64),
+            "last_step": np.array([s.max() for s in steps], np.int64),
         }
-        row_keys = col("key").to_pylist()
-        rows = _rows_from_columns(columns, len(row_keys))
-        hist = cls(cap_per_key=cap)
-        steps: dict[str, set[int]] = {}
-        for key, row in zip(row_keys, rows, strict=True):
-            if not isinstance(key, str):
-                raise ValueError(f"{path}: a row has key {key!r}")
-            hist._rows.setdefault(key, deque(maxlen=cap)).append(row)
-            steps.setdefault(key, set()).add(row.step)
-            if cap is not None and len(hist._rows[key]) > cap:
-                raise ValueError(f"{path}: key {key!r} holds more than cap_per_key={cap} rows")
-        hist._visits = {k: len(s) for k, s in steps.items()}
-        hist._last_step = {k: max(s) for k, s in steps.items()}
+        per_key = _check_keys(per_key, meta.get("cap_per_key"), str(path))
+        hist = cls(cap_per_key=meta.get("cap_per_key"))
+        hist._set(per_key, cols)
         return hist
 
 
@@ -381,130 +246,14 @@ def load_snapshot(path: str | os.PathLike) -> ResponseHistory:
     return ResponseHistory.load_snapshot(path)
 
 
-def _write_parquet(f, table) -> None:
-    """The one place the snapshot bytes are written (tests break it to check atomicity)."""
-    import pyarrow.parquet as pq
-
-    pq.write_table(table, f)
-
-
-# ------------------------------------------------------------------- helpers
-_KEY_COLUMNS = ("rows_per_key", "visits", "last_step")
-_ROW_COLUMNS = ("token_offsets", "has_logprobs", "reward", "step", "correct", "has_box")
-_TEXT_COLUMNS = ("text", "finish_reason", "extracted")
-_STATE_COLUMNS = (
-    ("cap_per_key", "keys", "token_ids", "logprobs") + _KEY_COLUMNS + _ROW_COLUMNS + _TEXT_COLUMNS
-)
-_SNAPSHOT_COLUMNS = (
-    "key", "step", "correct", "reward", "finish_reason", "extracted", "has_box", "text",
-    "token_ids", "logprobs",
-)  # fmt: skip
-_DTYPES = {
-    "token_ids": np.int64,
-    "token_offsets": np.int64,
-    "logprobs": np.float32,
-    "reward": np.float64,
-    "step": np.int64,
-    "has_logprobs": np.bool_,
-    "correct": np.bool_,
-    "has_box": np.bool_,
-}
-
-
-def _array(value: Any, name: str, kind: type, length: int | None = None) -> np.ndarray:
-    """``value`` (tensor or array) as a 1-d numpy array of ``kind``, or a ValueError."""
-    try:
-        arr = np.asarray(value)
-    except Exception as e:  # e.g. a CUDA tensor or a ragged list
-        raise ValueError(f"ResponseHistory state: {name} is not an array ({e})") from e
-    if arr.ndim != 1 or not np.issubdtype(arr.dtype, kind):
-        raise ValueError(
-            f"ResponseHistory state: {name} is {arr.dtype}{arr.shape}, expected 1-d {kind.__name__}"
-        )
-    if length is not None and arr.shape[0] != length:
-        raise ValueError(
-            f"ResponseHistory state: {name} has {arr.shape[0]} entries, expected {length}"
-        )
-    return arr
-
-
-def _str_list(value: Any, name: str, n: int | None = None, nullable: bool = False) -> list:
-    ok = isinstance(value, list) and all(
-        isinstance(s, str) or (nullable and s is None) for s in value
-    )
-    if not ok:
-        raise ValueError(f"ResponseHistory state: {name} must be a list of str")
-    if n is not None and len(value) != n:
-        raise ValueError(f"ResponseHistory state: {name} has {len(value)} entries, expected {n}")
-    return value
-
-
-def _rows_from_columns(cols: dict[str, Any], n: int) -> list[StoredResponse]:
-    """Validate the per-row columns (``n`` rows) and build the responses from them."""
-    a = {name: _array(cols[name], name, _DTYPES[name]) for name in _DTYPES}
-    for name in ("has_logprobs", "reward", "step", "correct", "has_box"):
-        if a[name].shape[0] != n:
-            raise ValueError(
-                f"ResponseHistory state: {name} has {a[name].shape[0]} entries, expected {n}"
-            )
-    off = a["token_offsets"]
-    if off.shape[0] != n + 1 or off[0] != 0 or (np.diff(off) < 0).any():
-        raise ValueError(
-            f"ResponseHistory state: token_offsets must be {n + 1} non-decreasing offsets from 0"
-        )
-    if off[-1] != a["token_ids"].shape[0]:
-        raise ValueError(
-            f"ResponseHistory state: token_offsets end at {off[-1]} but there are "
-            f"{a['token_ids'].shape[0]} token ids"
-        )
-    has_lp = a["has_logprobs"]
-    lens = np.diff(off)
-    if int(lens[has_lp].sum()) != a["logprobs"].shape[0]:
-        raise ValueError(
-            f"ResponseHistory state: {a['logprobs'].shape[0]} logprobs, but the rows with "
-            f"has_logprobs hold {int(lens[has_lp].sum())} tokens"
-        )
-    text = _str_list(cols["text"], "text", n)
-    finish = _str_list(cols["finish_reason"], "finish_reason", n)
-    extracted = _str_list(cols["extracted"], "extracted", n, nullable=True)
-    ids, lps, offs = a["token_ids"].tolist(), a["logprobs"].tolist(), off.tolist()
-    lp_at = 0
-    rows = []
-    for i, (flag, reward, step, correct, has_box) in enumerate(
-        zip(
-            has_lp.tolist(),
-            a["reward"].tolist(),
-            a["step"].tolist(),
-            a["correct"].tolist(),
-            a["has_box"].tolist(),
-            strict=True,
-        )
-    ):
-        lo, hi = offs[i], offs[i + 1]
-        lp = None
-        if flag:
-            lp = tuple(lps[lp_at : lp_at + hi - lo])
-            lp_at += hi - lo
-        rows.append(
-            StoredResponse._trusted(
-                token_ids=tuple(ids[lo:hi]),
-                text=text[i],
-                reward=reward,
-                correct=correct,
-                step=step,
-                finish_reason=finish[i],
-                extracted=extracted[i],
-                has_box=has_box,
-                logprobs=lp,
-            )
-        )
-    return rows
-
-
-def _hash_strings(h, name: str, strings: Iterable[str | None]) -> None:
-    """Hash strings unambiguously: their UTF-8 byte lengths (-1 for None), then the bytes."""
-    encoded = [None if s is None else s.encode("utf-8") for s in strings]
-    lens = np.array([-1 if b is None else len(b) for b in encoded], dtype="<i8")
-    h.update(f"{name}:str:{len(encoded)}:".encode())
-    h.update(lens.tobytes())
-    h.update(b"".join(b for b in encoded if b is not None))
+def _check_keys(columns: dict[str, Any], cap: Any, where: str) -> dict[str, Any]:
+    """The per-key columns, checked (unique keys, counts within ``cap``), and each key's rows."""
+    columnar.check_cap(cap, where)
+    k = check(columns, _PER_KEY, None, where)
+    if len(set(k["keys"])) != len(k["keys"]):
+        raise ValueError(f"{where}: keys are not unique")
+    if (k["visits"] < 0).any():
+        raise ValueError(f"{where}: negative visits")
+    if cap is not None and (k["rows_per_key"] > cap).any():
+        raise ValueError(f"{where}: a key holds more than cap_per_key={cap} rows")
+    return {**k, "ranges": columnar.row_ranges(k["rows_per_key"], where)}

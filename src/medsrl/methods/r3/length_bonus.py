@@ -1,8 +1,5 @@
-"""R3's length bonus: a correct answer earns ``max(0, 1 - l / L)`` on top of its reward.
-
-The paper (arXiv 2601.19620) gives correct responses this bonus with ``L = 32768`` tokens, so a
-shorter right answer is preferred to a longer one and wrong answers are untouched.
-"""
+"""R3's length bonus (arXiv 2601.19620, ``L = 32768``): a correct answer earns ``max(0, 1 - l / L)``
+on top of its reward, so a shorter right answer is preferred; wrong answers are untouched."""
 
 from __future__ import annotations
 

@@ -25,13 +25,23 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from medsrl.config import build
+from medsrl.config import (
+    Count,
+    Flag,
+    Fraction,
+    NonNegative,
+    Number,
+    Positive,
+    PositiveInt,
+    Settings,
+    Text,
+    nullable,
+)
 from medsrl.methods.r3.history import ResponseHistory, StoredResponse
 from medsrl.methods.r3.length_bonus import length_bonus as correct_length_bonus
 from medsrl.methods.r3.ranking import answer_span_mask, entropy_profile, ranking_rewards
@@ -47,33 +57,29 @@ from medsrl.reward.answer_span import answer_starts
 from medsrl.reward.grader import GradeResult
 from medsrl.rollout.base import RolloutBatch
 from medsrl.step.rollouts import SAMPLED, Group, StepRollouts
-from medsrl.utils.run_dir import run_log_dir
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class ReplaySettings:
-    enabled: bool = True
-    k: int | None = None  # responses mixed in; None: n // 4 (at least 1)
-    alpha: float = 1.0
-    lam: float = 1e-6
-    importance_cap: float | None = None  # None: no importance weights (paper); e.g. 2.0
+class ReplaySettings(Settings):
+    enabled: Flag = True
+    k: nullable(PositiveInt) = None  # responses mixed in; None: n // 4 (at least 1)
+    alpha: NonNegative = 1.0
+    lam: Positive = 1e-6
+    importance_cap: nullable(Positive) = None  # None: no importance weights (paper); e.g. 2.0
 
 
-@dataclass
-class ReflectionSettings:
-    enabled: bool = True
-    tau: float | None = None  # stored mean reward below it triggers; None: 1 / n
-    instruction: str = DEFAULT_INSTRUCTION
-    max_prompts: int | None = None  # per step; None: one per qualifying prompt
+class ReflectionSettings(Settings):
+    enabled: Flag = True
+    tau: nullable(Number) = None  # stored mean reward below it triggers; None: 1 / n
+    instruction: Text = DEFAULT_INSTRUCTION
+    max_prompts: nullable(Count) = None  # per step; None: one per qualifying prompt
 
 
-@dataclass
-class RankingSettings:
-    enabled: bool = True
-    p: float = 0.2  # share of a response's tokens whose entropies make E_peak
-    r_max: float = 0.5  # reward of the best-ranked wrong response (below a correct one's 1)
+class RankingSettings(Settings):
+    enabled: Flag = True
+    p: Fraction = 0.2  # share of a response's tokens whose entropies make E_peak
+    r_max: NonNegative = 0.5  # reward of the best-ranked wrong response (below a correct one's 1)
 
 
 class R3(Plugin):
@@ -83,31 +89,22 @@ class R3(Plugin):
 
     def __init__(
         self,
-        replay: dict | ReplaySettings | None = None,
-        reflection: dict | ReflectionSettings | None = None,
-        ranking: dict | RankingSettings | None = None,
-        cap_per_key: int | None = 16,
-        min_visits: int = 1,
-        start_step: int = 0,
-        snapshot_every_n_steps: int = 20,
-        panels_every_n_steps: int = 10,
-        snapshot_dir: str | None = None,
-        length_bonus: int | None = None,
+        replay: ReplaySettings = ReplaySettings(),  # noqa: B008 - never mutated
+        reflection: ReflectionSettings = ReflectionSettings(),  # noqa: B008 - never mutated
+        ranking: RankingSettings = RankingSettings(),  # noqa: B008 - never mutated
+        cap_per_key: nullable(PositiveInt) = 16,
+        min_visits: Count = 1,
+        start_step: Count = 0,
+        snapshot_every_n_steps: Count = 20,
+        panels_every_n_steps: Count = 10,
+        snapshot_dir: nullable(Text) = None,
+        length_bonus: nullable(PositiveInt) = None,  # tokens
     ) -> None:
-        self.replay = build(ReplaySettings, replay, "r3.replay")
-        self.reflection = build(ReflectionSettings, reflection, "r3.reflection")
-        self.ranking = build(RankingSettings, ranking, "r3.ranking")
-        if min_visits < 0 or start_step < 0:
-            raise ValueError(f"r3.min_visits and r3.start_step must be >= 0, got {min_visits}, {start_step}")
-        if not 0 < self.ranking.p <= 1 or self.ranking.r_max < 0:
-            raise ValueError(f"r3.ranking.p must be in (0, 1] and r_max >= 0, got {self.ranking.p}, {self.ranking.r_max}")
-        if self.replay.alpha < 0 or self.replay.lam <= 0:
-            raise ValueError(f"r3.replay.alpha must be >= 0 and lam > 0, got {self.replay.alpha}, {self.replay.lam}")
-        if length_bonus is not None and length_bonus <= 0:
-            raise ValueError(f"r3.length_bonus must be a length in tokens > 0 or null, got {length_bonus}")
+        # Hydra passes mappings: the same schema turns them into settings (config.plugin_problems)
+        self.replay = ReplaySettings.model_validate(replay)
+        self.reflection = ReflectionSettings.model_validate(reflection)
+        self.ranking = RankingSettings.model_validate(ranking)
         self.length_bonus = length_bonus
-        if self.replay.importance_cap is not None and self.replay.importance_cap <= 0:
-            raise ValueError(f"r3.replay.importance_cap must be > 0 or null, got {self.replay.importance_cap}")
         self.history = ResponseHistory(cap_per_key)
         self.min_visits, self.start_step = min_visits, start_step
         self.snapshot_every_n_steps, self.panels_every_n_steps = snapshot_every_n_steps, panels_every_n_steps
@@ -123,6 +120,9 @@ class R3(Plugin):
     def setup(self, trainer, pl_module, stage: str) -> None:
         # Ranking reads the span the grader reads (grader.reasoning_end; reward/answer_span.py).
         self._tokenizer, self._reasoning_end = pl_module.tokenizer, pl_module.grader_cfg.reasoning_end
+        # reflection: tau's default 1/n, the seed of its picks, the data's prompt template
+        self._n, self._seed = pl_module.rollout_cfg.n, pl_module.seed
+        self._render = getattr(trainer.datamodule, "render", None)
 
     # ------------------------------------------------------------------ state
 
@@ -153,8 +153,7 @@ class R3(Plugin):
         cfg = self.reflection
         if not cfg.enabled:
             return []
-        tau = cfg.tau if cfg.tau is not None else 1.0 / ctx.module.rollout_cfg.n
-        render = getattr(ctx.trainer.datamodule, "render", None)
+        tau = cfg.tau if cfg.tau is not None else 1.0 / self._n
         extra = []
         for prompt in prompts:
             if cfg.max_prompts is not None and len(extra) >= cfg.max_prompts:
@@ -165,8 +164,8 @@ class R3(Plugin):
             wrong = [r for r in self.history.responses(prompt.key) if not r.correct]
             if mean is None or mean >= tau or not wrong:
                 continue
-            pick = wrong[_rng(ctx.module.seed, ctx.step, prompt.key).integers(len(wrong))]
-            extra.append(reflection_prompt(prompt, pick.text, cfg.instruction, render))
+            pick = wrong[_rng(self._seed, ctx.step, prompt.key).integers(len(wrong))]
+            extra.append(reflection_prompt(prompt, pick.text, cfg.instruction, self._render))
         ctx.log(self, {"reflection/prompts": float(len(extra))})
         return extra
 
@@ -292,13 +291,13 @@ class R3(Plugin):
             "history/keys": float(self.history.num_keys()),
         })
         if self.snapshot_every_n_steps and (ctx.step + 1) % self.snapshot_every_n_steps == 0:
-            self.snapshot(ctx.trainer, ctx.step)
+            self.snapshot(ctx.run_dir, ctx.step)
 
-    def snapshot(self, trainer, step: int) -> Path | None:
-        """Write ``r3/history.parquet`` atomically (rank 0; ``pandas.read_parquet`` opens it)."""
-        if not trainer.is_global_zero:
+    def snapshot(self, run_dir: str | None, step: int) -> Path | None:
+        """Write ``r3/history.parquet`` atomically (rank 0: has a ``run_dir``; ``pandas.read_parquet`` opens it)."""
+        if run_dir is None:
             return None
-        path = Path(self.snapshot_dir or run_log_dir(trainer)) / "r3" / "history.parquet"
+        path = Path(self.snapshot_dir or run_dir) / "r3" / "history.parquet"
         self.history.snapshot(path)
         log.info("R3 history snapshot at step %d: %s (%d responses)", step, path, self.history.num_responses())
         return path

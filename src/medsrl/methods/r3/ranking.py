@@ -7,10 +7,9 @@ mean over all ``L`` tokens; ``i`` beats ``j`` when ``E_peak_i > E_peak_j`` and
 ``E_global_i < E_global_j``. Ranked by the number of responses beaten (ties: lower ``E_global``
 first, then the original order), rank ``r`` of ``N`` gets ``R_max * (1 - r / (N - 1))``.
 
-With ``grader.reasoning_end`` set (reasoning models), the entropies are read over the span the
-grader reads, the answer after the reasoning (:func:`answer_span_mask`); a response that never
-closed its reasoning, or wrote nothing after it, is read whole (all of it is reasoning: the
-paper's truncated response).
+With ``grader.reasoning_end`` set, the entropies are read over the answer after the reasoning
+(:func:`answer_span_mask`); a response with nothing after it is read whole (the paper's truncated
+response).
 """
 
 from __future__ import annotations
@@ -35,10 +34,8 @@ def answer_span_mask(mask: Tensor, starts: Sequence[int | None]) -> Tensor:
 
 
 def entropy_profile(entropy: Tensor, mask: Tensor, p: float = 0.2) -> tuple[Tensor, Tensor]:
-    """``(E_peak, E_global)`` per row of ``entropy`` ``[N, R]`` over its ``mask`` tokens.
-
-    A row without tokens gets 0 for both.
-    """
+    """``(E_peak, E_global)`` per row of ``entropy`` ``[N, R]`` over its ``mask`` tokens (0 for
+    both without tokens)."""
     if not 0 < p <= 1:
         raise ValueError(f"ranking p must be in (0, 1], got {p}")
     m = mask.bool()

@@ -1,9 +1,8 @@
 """In-context self-reflection (ISR): a second chance at a prompt the policy keeps failing.
 
 The reflection prompt shows the problem, one past wrong response and an instruction to find the
-mistake and solve again; it is graded against the same answer and trained on as its own group.
-Its key is the original key with ``REFLECT_SUFFIX`` so its per-prompt state (MEDS memory) stays
-apart from the original's, and is shared by every reflection on the same problem.
+mistake; it is graded against the same answer as its own group. Its key gets ``REFLECT_SUFFIX``,
+so its per-prompt state (MEDS memory) is apart from the original's, shared by its reflections.
 """
 
 from __future__ import annotations
@@ -22,16 +21,11 @@ DEFAULT_INSTRUCTION = (
 )
 
 
-def reflection_problem(problem: str, wrong_response: str, instruction: str = DEFAULT_INSTRUCTION) -> str:
-    """The user turn of a reflection prompt."""
-    return f"{problem}\n\nA previous attempt:\n\n{wrong_response.strip()}\n\n{instruction}"
-
-
 def reflection_prompt(prompt: Prompt, wrong_response: str, instruction: str = DEFAULT_INSTRUCTION,
                       render: Callable[[str], str] | None = None) -> Prompt:
     """``prompt``'s reflection prompt, rendered in the data's prompt format (``render``: the
     datamodule's ``render``; the Qwen-Math template by default)."""
-    problem = reflection_problem(prompt.problem, wrong_response, instruction)
+    problem = f"{prompt.problem}\n\nA previous attempt:\n\n{wrong_response.strip()}\n\n{instruction}"
     return Prompt(
         key=prompt.key + REFLECT_SUFFIX,
         text=(render or render_prompt)(problem),

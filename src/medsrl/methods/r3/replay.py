@@ -1,10 +1,9 @@
 """Cross-context replay (CCR): the math of mixing stored responses into a zero-spread group.
 
-A group whose responses are all right (or all wrong) has no advantage signal. R3 appends up to
-``k`` stored responses of the opposite outcome for the same prompt, the most recent first, and
-normalises over the mixed group with its own scale: ``(R - mean) / (alpha * std + lambda)``.
-Replayed responses were sampled by an older policy; the optional truncated importance weight
-``min(pi_old / pi_behaviour, cap)`` per token corrects for it (off in the paper).
+A group all right (or all wrong) has no advantage signal: R3 appends up to ``k`` stored responses
+of the opposite outcome, most recent first, and normalises the mixed group as
+``(R - mean) / (alpha * std + lambda)``. An optional truncated importance weight corrects for the
+older policy that sampled them (off in the paper).
 """
 
 from __future__ import annotations
@@ -29,11 +28,8 @@ def pick_replay(history: ResponseHistory, key: str, all_correct: bool, k: int) -
 
 
 def mixed_group_advantages(scores: Tensor, group_ids: Tensor, alpha: float = 1.0, lam: float = 1e-6) -> Tensor:
-    """``(R - group mean) / (alpha * group std + lam)`` per row (unbiased std, as GRPO's).
-
-    With ``alpha = 1`` and ``lam`` = GRPO's eps this is GRPO's advantage; ``alpha`` scales how
-    much the spread of the mixed group damps it, ``lam`` bounds it when the spread is tiny.
-    """
+    """``(R - group mean) / (alpha * group std + lam)`` per row (unbiased std): GRPO's advantage
+    for ``alpha = 1`` and ``lam`` = eps; ``lam`` bounds it when the spread is tiny."""
     if alpha < 0 or lam <= 0:
         raise ValueError(f"replay alpha must be >= 0 and lambda > 0, got {alpha}, {lam}")
     if alpha == 0:
@@ -43,11 +39,8 @@ def mixed_group_advantages(scores: Tensor, group_ids: Tensor, alpha: float = 1.0
 
 
 def truncated_is_weights(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, cap: float) -> Tensor:
-    """Per-token ``min(exp(old_logp - behaviour_logp), cap)`` (1 at padding), detached.
-
-    ``old_logp`` is this step's policy before the update, ``behaviour_logp`` the log-probs the
-    stored response got when it was sampled; the cap bounds the variance of the correction.
-    """
+    """Per-token ``min(exp(old_logp - behaviour_logp), cap)`` (1 at padding), detached:
+    ``behaviour_logp`` are the stored response's log-probs from when it was sampled."""
     if cap <= 0:
         raise ValueError(f"importance weight cap must be > 0, got {cap}")
     w = torch.exp((old_logp - behaviour_logp).detach()).clamp(max=cap)

@@ -1,23 +1,9 @@
 """FSDP for the policy: sharded per decoder layer for the update, whole for generation and scoring.
 
-Lightning's ``FSDPStrategy`` would wrap the whole LightningModule and expect every forward to go
-through it. An RL step has two kinds of forward:
-
-* the update's forward/backward passes: these go through the FSDP wrapper. Each decoder layer
-  (the model's ``_no_split_modules``) is its own FSDP unit and the root unit holds the rest
-  (embeddings, final norm, LM head), so a pass gathers one layer at a time (plus the one FSDP
-  prefetches) and frees it after use: the whole model is never gathered for the update.
-  Gradients are reduce-scattered per layer, AdamW states are sharded. These are collectives, so
-  every rank runs the same number of passes (``step/schedule.py`` pads with zero-weight passes);
-* generation, the no-grad scoring forward, MEDS capture, weight export: rank-local work of
-  different lengths on each rank. :func:`full_weights` gathers the weights once for the block
-  (``summon_full_params``) and hands out the plain module with the per-layer wrappers stepped
-  around, so nothing inside is a collective.
-
-Precision: with ``trainer.precision=bf16-mixed`` the shards (the master weights, their gradients
-and AdamW states) stay fp32; FSDP gathers them as bf16 for the update's compute and reduces the
-gradients in fp32 (:meth:`PolicyFSDPStrategy.mixed_precision_config`). Buffers (RoPE's inverse
-frequencies) stay fp32.
+The update's passes go through the FSDP wrapper, one unit per decoder layer (collectives: every
+rank runs the same number of passes); rank-local work of different lengths (generation, scoring,
+MEDS capture, export) runs inside :func:`full_weights`, so nothing in it is a collective. Layout
+and precision: docs/ARCHITECTURE.md (multi-GPU) and docs/GPU.md.
 """
 
 from __future__ import annotations
@@ -29,23 +15,29 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
+from torch.distributed.fsdp import (
+    FullOptimStateDictConfig,
+    FullStateDictConfig,
+    MixedPrecision,
+    OptimStateKeyType,
+    StateDictType,
+)
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
+
+from medsrl.utils.distributed import all_reduce_sum
 
 
 def is_sharded(module: nn.Module) -> bool:
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    return isinstance(module, FullyShardedDataParallel)
+    return isinstance(module, FSDP)
 
 
 class PolicyFSDPStrategy(FSDPStrategy):
-    """Lightning's ``FSDPStrategy`` for a module that shards its own policy (``shard_policy``,
-    called from ``RLModule.configure_model``; Lightning then wraps nothing more).
+    """Lightning's ``FSDPStrategy`` for a module that shards its own policy (``shard_policy``).
 
-    It checks the two settings that wrapping needs at construction, and it also runs on the CPU
-    (gloo): Lightning's own class refuses ``accelerator=cpu``, although torch's FSDP runs there
-    with ``device_id=cpu``. That is what ``tests/test_distributed.py`` runs. On the CPU the full
-    checkpoint is gathered without ``offload_to_cpu`` (already there; with it, torch 2.13's FSDP
-    crashes with a segmentation fault while cloning the gathered weights).
+    It also runs on the CPU (gloo, ``tests/test_distributed.py``): Lightning's own class refuses
+    ``accelerator=cpu`` although torch's FSDP runs there. On the CPU the full checkpoint is
+    gathered without ``offload_to_cpu`` (with it, torch 2.13's FSDP segfaults cloning the weights).
     """
 
     strategy_name = "medsrl_fsdp"
@@ -59,7 +51,7 @@ class PolicyFSDPStrategy(FSDPStrategy):
         if kwargs.get("auto_wrap_policy") is not None:
             raise ValueError(
                 "trainer=fsdp wraps each decoder layer of the policy itself (the model's "
-                "_no_split_modules; see medsrl.utils.sharding): remove strategy.auto_wrap_policy"
+                "_no_split_modules; see medsrl.models.sharding): remove strategy.auto_wrap_policy"
             )
         super().__init__(*args, **kwargs)
 
@@ -73,21 +65,12 @@ class PolicyFSDPStrategy(FSDPStrategy):
         low = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(str(self.precision_plugin.precision))
         if low is None:
             return super().mixed_precision_config
-        from torch.distributed.fsdp import MixedPrecision
-
         return MixedPrecision(param_dtype=low, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
 
     def _full_on_cpu(self) -> bool:
         return self._state_dict_type == "full" and self.root_device.type == "cpu"
 
     def _full_context_without_offload(self):
-        from torch.distributed.fsdp import (
-            FullOptimStateDictConfig,
-            FullStateDictConfig,
-            StateDictType,
-        )
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
         return FSDP.state_dict_type(
             self.model,
             StateDictType.FULL_STATE_DICT,
@@ -104,9 +87,6 @@ class PolicyFSDPStrategy(FSDPStrategy):
     def optimizer_state(self, optimizer) -> dict[str, Any]:
         if not self._full_on_cpu():
             return super().optimizer_state(optimizer)
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.distributed.fsdp import OptimStateKeyType
-
         optimizer = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer's own
         with self._full_context_without_offload():
             state = FSDP.optim_state_dict(self.model, optimizer)
@@ -116,9 +96,8 @@ class PolicyFSDPStrategy(FSDPStrategy):
 
 
 def layer_classes(policy: nn.Module) -> set[type[nn.Module]]:
-    """The classes of the blocks FSDP must not split: the model's ``_no_split_modules`` (its
-    decoder layers, e.g. ``Qwen2DecoderLayer``), found among its modules; a LoRA policy's are
-    its base model's (the adapters sit inside the layers and shard with them)."""
+    """The classes of the model's ``_no_split_modules`` (its decoder layers) found among its
+    modules; a LoRA policy's are its base model's (the adapters shard with the layers)."""
     from medsrl.models.lora import unwrap_peft
 
     names = set(getattr(unwrap_peft(policy), "_no_split_modules", None) or [])
@@ -132,20 +111,16 @@ def layer_classes(policy: nn.Module) -> set[type[nn.Module]]:
 
 
 def shard_policy(policy: nn.Module, strategy: FSDPStrategy) -> nn.Module:
-    """``policy`` with one FSDP unit per decoder layer and a root unit for the rest, with the
-    sharding, precision and offload of ``strategy``, on its root device. A LoRA policy's
-    adapter weights are units of their own: FSDP keeps a flat gradient the size of every unit
-    with a trainable weight, so a layer's unit then holds only frozen weights and none."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
-    from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
-
+    """``policy`` with one FSDP unit per decoder layer and a root unit for the rest, set up as
+    ``strategy`` says. LoRA adapters are units of their own: FSDP keeps a flat gradient the size
+    of every unit with a trainable weight, so a layer's unit then holds frozen weights and none."""
     from medsrl.models.lora import is_adapter_leaf, is_lora
 
     classes = tuple(layer_classes(policy))
     wrap = ModuleWrapPolicy(classes)
     if is_lora(policy):
         wrap = CustomPolicy(lambda m: isinstance(m, classes) or is_adapter_leaf(m))
-    return FullyShardedDataParallel(
+    return FSDP(
         policy,
         auto_wrap_policy=wrap,
         sharding_strategy=strategy.sharding_strategy,
@@ -160,15 +135,11 @@ def shard_policy(policy: nn.Module, strategy: FSDPStrategy) -> nn.Module:
 def full_weights(module: nn.Module) -> Iterator[nn.Module]:
     """The plain module with all its weights for the block: gathered on every rank when
     ``module`` is FSDP-wrapped (a collective: all ranks enter together), itself otherwise.
-
-    Changes made inside are discarded (``writeback=False``): the block is for reading.
-    """
+    Changes made inside are discarded (``writeback=False``): the block is for reading."""
     if not is_sharded(module):
         yield module
         return
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    with FullyShardedDataParallel.summon_full_params(module, writeback=False), torch.no_grad(), \
+    with FSDP.summon_full_params(module, writeback=False), torch.no_grad(), \
             _without_inner_units(module.module) as plain:
         yield plain
 
@@ -177,16 +148,13 @@ def full_weights(module: nn.Module) -> Iterator[nn.Module]:
 def _without_inner_units(module: nn.Module) -> Iterator[nn.Module]:
     """``module`` with each nested FSDP unit replaced by the module it wraps, for the block.
 
-    Inside ``summon_full_params`` every weight is already whole; a nested unit's own forward
-    would cast its inputs to the mixed-precision dtype against the gathered fp32 weights, and
-    free its weights after running. Stepping around it runs the plain layer on them.
+    Inside ``summon_full_params`` every weight is whole; a nested unit's own forward would cast
+    its inputs to the mixed-precision dtype against the fp32 weights and free them after running.
     """
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
     swapped = []
     for parent in list(module.modules()):
         for name, child in list(parent._modules.items()):
-            if isinstance(child, FullyShardedDataParallel):
+            if isinstance(child, FSDP):
                 parent._modules[name] = child.module
                 swapped.append((parent, name, child))
     try:
@@ -199,8 +167,6 @@ def _without_inner_units(module: nn.Module) -> Iterator[nn.Module]:
 def grad_norm(params: list[nn.Parameter], sharded: bool) -> float:
     """The global L2 norm of the gradients; with sharded gradients the squares are summed over
     ranks first (each rank holds a disjoint slice)."""
-    from medsrl.utils.distributed import all_reduce_sum
-
     norms = [p.grad.detach().float().norm(2) for p in params if p.grad is not None]
     sq = float(torch.stack(norms).square().sum()) if norms else 0.0
     if sharded:

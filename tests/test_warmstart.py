@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -14,12 +15,12 @@ from medsrl.data.template import QWEN_MATH_SYSTEM_PROMPT
 from medsrl.models import warmstart
 from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.tiny import build_tiny_model
-from medsrl.models.warmstart import (
+from medsrl.reward.grader import MathGrader
+from medsrl.warmstart import (
     WarmStartConfig,
     collate,
     encode_examples,
     ensure_warm_start,
-    is_correct,
     sequence_loss,
     warm_start_dir,
 )
@@ -44,6 +45,11 @@ def micro_ws(**overrides) -> WarmStartConfig:
     )
     base.update(overrides)
     return WarmStartConfig(**base)
+
+
+def entries(root) -> list[str]:
+    """What a cache directory holds besides the writers' lock files."""
+    return sorted(p.name for p in root.iterdir() if not p.name.endswith(".lock"))
 
 
 @pytest.fixture
@@ -85,7 +91,7 @@ def test_creates_loadable_dir_and_reuses_it(tmp_path, count_training):
     assert again == path
     assert count_training == [1]  # not retrained
     assert (path / "metrics.json").stat().st_mtime_ns == mtime
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp dirs left behind
+    assert entries(tmp_path) == [path.name]  # no temp dirs left behind
 
 
 def test_changed_config_changes_dir(tmp_path):
@@ -104,7 +110,7 @@ def test_changed_config_changes_dir(tmp_path):
 
 def test_crash_leaves_no_cache_entry(tmp_path, monkeypatch):
     calls = []
-    original = warmstart._train_step
+    original = warmstart.sequence_loss
 
     def crashing(*args, **kwargs):
         calls.append(1)
@@ -112,35 +118,63 @@ def test_crash_leaves_no_cache_entry(tmp_path, monkeypatch):
             raise RuntimeError("simulated crash")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(warmstart, "_train_step", crashing)
+    monkeypatch.setattr(warmstart, "sequence_loss", crashing)
     ws = micro_ws()
     with pytest.raises(RuntimeError, match="simulated crash"):
         ensure_warm_start(tmp_path, MICRO_MODEL, ws, num_threads=1)
     assert len(calls) == 2
-    assert list(tmp_path.iterdir()) == []
+    assert entries(tmp_path) == []
     assert not warm_start_dir(tmp_path, MICRO_MODEL, ws).exists()
 
 
-def test_killed_builder_temp_dir_is_cleaned_up(tmp_path):
-    """A temp dir whose builder process died (SIGKILL skips clean-up) is removed on the next call."""
-    import socket
-    import subprocess
-    import sys
+# A writer in its own process that says when it starts training, then takes its time.
+WRITER = """
+import json, sys, time
+from medsrl.models import warmstart
+train = warmstart.train_model
+def slow(*args, **kwargs):
+    print("building", flush=True)
+    time.sleep(2)
+    return train(*args, **kwargs)
+warmstart.train_model = slow
+ws = warmstart.WarmStartConfig(**json.loads(sys.argv[3]))
+print(warmstart.ensure_warm_start(sys.argv[1], json.loads(sys.argv[2]), ws, num_threads=1))
+"""
 
+
+@pytest.mark.slow
+def test_concurrent_writers_build_one_entry(tmp_path, count_training):
+    """A second writer asking while the first builds waits for it and reuses its entry."""
+    ws = micro_ws()
+    args = [str(tmp_path), json.dumps(MICRO_MODEL), json.dumps(ws.__dict__)]
+    first = subprocess.Popen([sys.executable, "-c", WRITER, *args], stdout=subprocess.PIPE, text=True)
+    assert first.stdout.readline().strip() == "building"
+    path = ensure_warm_start(tmp_path, MICRO_MODEL, ws, num_threads=1)
+    assert count_training == []  # this writer waited for the lock, then found the entry built
+    assert first.communicate(timeout=300)[0].strip() == str(path)
+    assert first.returncode == 0
+    assert entries(tmp_path) == [path.name]
+
+
+def test_killed_writer_blocks_no_one_and_its_temp_dir_is_cleaned(tmp_path):
+    """A writer killed mid-build (SIGKILL skips clean-up) leaves a temp dir but no held lock."""
     ws = micro_ws()
     name = warm_start_dir(tmp_path, MICRO_MODEL, ws).name
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    holder = subprocess.Popen(
+        [sys.executable, "-c", (
+            "import sys, time, pathlib; from filelock import FileLock\n"
+            f"FileLock({str(tmp_path / f'.{name}.lock')!r}).acquire()\n"
+            f"tmp = pathlib.Path({str(tmp_path / f'.{name}.tmp-dead')!r}); tmp.mkdir()\n"
+            "(tmp / 'model.safetensors').write_text('half written')\n"
+            "print('building', flush=True); time.sleep(600)"
+        )],
+        stdout=subprocess.PIPE, text=True,
     )
-    stale = tmp_path / f".{name}.tmp-dead"
-    stale.mkdir()
-    (stale / "builder.pid").write_text(f"{socket.gethostname()} {int(dead.stdout)}")
-    (stale / "model.safetensors").write_text("half written")
-    live = tmp_path / f".{name}.tmp-live"  # a concurrent builder that is still running
-    live.mkdir()
-    (live / "builder.pid").write_text(f"{socket.gethostname()} {os.getpid()}")
+    assert holder.stdout.readline().strip() == "building"
+    holder.kill()
+    holder.wait()
     path = ensure_warm_start(tmp_path, MICRO_MODEL, ws, num_threads=1)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, live.name])
+    assert entries(tmp_path) == [path.name]
 
 
 def test_loss_decreases_on_a_fixed_batch():
@@ -195,9 +229,11 @@ def test_no_system_prompt_has_no_shared_prefix():
     assert tok.decode(enc.suffixes[0]).startswith("<|im_start|>user\n")
 
 
-def test_local_grading():
-    assert is_correct("5 * 2 = 10. 10 - 4 = 6. \\boxed{6}", "6")
-    assert is_correct("\\boxed{1} then \\boxed{ 12 }", "12")
-    assert not is_correct("\\boxed{12} then \\boxed{1}", "12")
-    assert not is_correct("\\boxed{10}", "12")
-    assert not is_correct("10", "10")
+def test_grading_is_the_rl_graders():
+    """The accuracy counts what RL rewards: the last boxed answer, as MathGrader reads it."""
+    grader = MathGrader(num_workers=0)
+    assert grader.grade("5 * 2 = 10. 10 - 4 = 6. \\boxed{6}", "6").score == 1.0
+    assert grader.grade("\\boxed{1} then \\boxed{ 12 }", "12").score == 1.0
+    assert grader.grade("\\boxed{12} then \\boxed{1}", "12").score == 0.0
+    assert grader.grade("\\boxed{10}", "12").score == 0.0
+    assert grader.grade("10", "10").score == 0.0

@@ -8,28 +8,28 @@ import math
 import pytest
 import torch
 
-from medsrl.algo.guard import (
-    RunawayError,
-    nonfinite_tensors,
-    param_norm_sq,
-    runaway_message,
-    runaway_reason,
-)
 from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.tiny import build_tiny_model
 from medsrl.rollout.base import SamplingParams
 from medsrl.rollout.hf import HFRolloutEngine
 from medsrl.utils.checkpoint_io import AtomicCheckpointIO
+from medsrl.utils.guard import (
+    RunawayError,
+    RunawayGuard,
+    nonfinite_tensors,
+    param_norm,
+    runaway_reason,
+)
 
 NAN, INF = float("nan"), float("inf")
 
 
-def test_param_norm_sq_is_the_sum_of_squares_over_dtypes_and_skips_empty_tensors():
+def test_param_norm_is_the_l2_norm_over_dtypes_and_skips_empty_tensors():
     ts = [torch.tensor([3.0, 4.0]), torch.ones(2, 2, dtype=torch.bfloat16), torch.empty(0)]
-    assert param_norm_sq(ts) == pytest.approx(25.0 + 4.0)
-    assert param_norm_sq([]) == 0.0
-    assert math.isinf(param_norm_sq([torch.full((2,), 1e30)]))  # overflows float32: counts as broken
-    assert math.isnan(param_norm_sq([torch.tensor([1.0, NAN])]))
+    assert param_norm(ts, sharded=False) == pytest.approx((25.0 + 4.0) ** 0.5)
+    assert param_norm([], sharded=False) == 0.0
+    assert math.isinf(param_norm([torch.full((2,), 1e30)], sharded=False))  # overflows float32: broken
+    assert math.isnan(param_norm([torch.tensor([1.0, NAN])], sharded=False))
 
 
 @pytest.mark.parametrize(("norm", "start", "growth", "broken"), [
@@ -47,10 +47,17 @@ def test_runaway_reason(norm, start, growth, broken):
 
 
 def test_the_message_names_step_cause_and_settings():
-    msg = runaway_message(7, runaway_reason(1e33, 10.0, 100.0), 1e30, "16-mixed")
+    msg = str(RunawayGuard(100.0, 10.0, 1e30, "16-mixed").error(7, runaway_reason(1e33, 10.0, 100.0)))
     assert msg.startswith("step 7: runaway update: the policy's parameter norm grew from 10 to 1e+33")
     for part in ("learning rate", "optim.lr=1e+30", "fp16", "trainer.precision=16-mixed", "no checkpoint"):
         assert part in msg
+
+
+def test_the_guard_checks_growth_from_its_start_norm_and_names_where():
+    guard = RunawayGuard(max_growth=10.0, start_norm=2.0, lr=0.5, precision="16-mixed")
+    guard.check([torch.full((4,), 9.0)], False, 4, "update 1/1")  # 18 <= 10 x 2
+    with pytest.raises(RunawayError, match=r"^step 4: .* grew from 2 to 22, .*\(update 2/2\).*trainer.precision=16-mixed"):
+        guard.check([torch.full((4,), 11.0)], False, 4, "update 2/2")
 
 
 def test_nonfinite_tensors_names_nan_and_inf_only():

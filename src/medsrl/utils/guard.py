@@ -1,0 +1,95 @@
+"""Runaway updates: weights that an optimiser step made non-finite or exploded.
+
+A non-finite loss or gradient is caught before the step (``step/update.py`` skips that update).
+A finite gradient times an absurd learning rate is not: ``optim.lr=1e30`` gives weights of about
+1e30, the next step's sampling fails deep inside ``torch.multinomial`` and the checkpoint in
+between saves the broken weights. So after every optimiser step :class:`RunawayGuard` checks
+that the global L2 norm of the policy's parameters is finite (a float32 overflow counts) and at
+most ``optim.max_param_norm_growth`` times its value at the start of this fit (after a resume:
+the resumed weights; 0: finiteness only). Relative, because a sensible absolute bound depends on
+the model's size: 100x is far above a working run's drift and far below a runaway's (1e30x).
+
+On a runaway the run stops (:class:`RunawayError`) with the step and the likely causes, before
+Lightning's checkpoint of that step: a roll-back would also have to undo the optimiser's moments
+and would repeat the same update, so a clear stop is the honest outcome.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from medsrl.utils.distributed import all_reduce_sum
+
+LIKELY_CAUSES = (
+    "Likely causes: a learning rate far too high (optim.lr) or an overflow of the training "
+    "precision (fp16: use bf16 or 32-bit)"
+)
+
+NONFINITE_SAMPLING = "the sampling probabilities are not finite (inf or nan logits)"
+
+
+class RunawayError(RuntimeError):
+    """The weights, logits or sampling probabilities became non-finite or exploded."""
+
+
+def param_norm(params: Iterable[torch.Tensor], sharded: bool) -> float:
+    """The global L2 norm of ``params`` (float32 per tensor, one fused pass); when each rank holds
+    a shard, the squares are summed over ranks first."""
+    tensors = [t.detach() for t in params if t.numel()]
+    sq = 0.0
+    if tensors:
+        norms = torch._foreach_norm(tensors, 2, dtype=torch.float32)
+        sq = float(torch.stack([n.to(norms[0].device) for n in norms]).square().sum())
+    return (all_reduce_sum(sq) if sharded else sq) ** 0.5
+
+
+def runaway_reason(norm: float, start_norm: float | None, max_growth: float) -> str | None:
+    """Why the weights of norm ``norm`` are broken, or None when they are fine."""
+    if not math.isfinite(norm):
+        return (f"the policy's parameter norm is {norm} (non-finite weights, or weights too "
+                "large for float32)")
+    if max_growth > 0 and start_norm and norm > max_growth * start_norm:
+        return (f"the policy's parameter norm grew from {start_norm:.4g} to {norm:.4g}, more "
+                f"than {max_growth:g}x its value at the start")
+    return None
+
+
+@dataclass(frozen=True)
+class RunawayGuard:
+    """The run's one guard: the weights' norm at the start of this fit, the growth allowed from
+    it, and the settings its error names. Used after each optimiser step and on sampling errors."""
+
+    max_growth: float
+    start_norm: float | None = None
+    lr: float | None = None
+    precision: str | None = None
+
+    def check(self, params: list[torch.Tensor], sharded: bool, step: int, where: str) -> None:
+        """Raise when the last optimiser step broke the weights: before Lightning checkpoints
+        ``step``. Every rank sees the same norm (replicated weights, or one all-reduce)."""
+        reason = runaway_reason(param_norm(params, sharded), self.start_norm, self.max_growth)
+        if reason is not None:
+            raise self.error(step, f"{reason} ({where})")
+
+    def error(self, step: int, what: str) -> RunawayError:
+        """The error of a runaway at ``step``: what broke, that the run stops, the likely causes."""
+        settings = {"optim.lr": self.lr, "trainer.precision": self.precision}
+        named = ", ".join(f"{k}={v}" for k, v in settings.items() if v is not None)
+        return RunawayError(f"step {step}: runaway update: {what}; stopping the run here (no checkpoint of this "
+                            f"step is written). {LIKELY_CAUSES}" + (f"; this run has {named}" if named else ""))
+
+
+def nonfinite_tensors(named: Mapping[str, object]) -> list[str]:
+    """The names of the floating-point tensors in ``named`` holding NaN or inf (one fused
+    max-abs pass, which cannot overflow)."""
+    items = [(k, v.detach()) for k, v in named.items()
+             if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()]
+    if not items:
+        return []
+    peaks = torch._foreach_norm([v for _, v in items], float("inf"))
+    finite = torch.stack([torch.isfinite(p).to("cpu") for p in peaks]).tolist()
+    return [k for (k, _), ok in zip(items, finite, strict=True) if not ok]
