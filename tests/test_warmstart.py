@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from medsrl.data.arithmetic import generate_arithmetic
 from medsrl.data.template import QWEN_MATH_SYSTEM_PROMPT
-from medsrl.models import warmstart
+from medsrl import warmstart
 from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.tiny import build_tiny_model
 from medsrl.reward.grader import MathGrader
@@ -130,7 +130,7 @@ def test_crash_leaves_no_cache_entry(tmp_path, monkeypatch):
 # A writer in its own process that says when it starts training, then takes its time.
 WRITER = """
 import json, sys, time
-from medsrl.models import warmstart
+from medsrl import warmstart
 train = warmstart.train_model
 def slow(*args, **kwargs):
     print("building", flush=True)

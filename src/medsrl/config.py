@@ -287,6 +287,8 @@ def parse_section(cls: type[BaseModel], values: Any, section: str) -> Any:
     """``values`` (a mapping, an instance or None) as ``cls``; bad values raise one ``ValueError``
     naming each by its key under ``section``."""
     try:
+        if isinstance(values, DictConfig):  # strict: OmegaConf's lists are not lists
+            values = OmegaConf.to_container(values, resolve=True)
         return cls.model_validate(values if isinstance(values, cls) else dict(values or {}))
     except ValidationError as err:
         raise ValueError("; ".join(_message(cls, e, section, "") for e in err.errors())) from None
