@@ -138,8 +138,9 @@ DTYPE_NAMES = {
     "bfloat16": ("bfloat16", "bf16", "bf16-mixed", "bf16-true"),
     "float16": ("float16", "fp16", "half", "16", "16-mixed", "16-true"),
 }
-ModelDtype = one_of(lambda: ("auto", *sorted(n for names in DTYPE_NAMES.values() for n in names)))
-FeatureDtype = one_of(imported("medsrl.methods.meds.features.DTYPES"))
+ModelDtype = one_of(("auto", *sorted(n for names in DTYPE_NAMES.values() for n in names)))
+FEATURE_DTYPES = ("auto", "float32", "bfloat16")  # MEDS features (methods/meds/features.py)
+FeatureDtype = one_of(FEATURE_DTYPES)
 
 # --------------------------------------------------------------------------- sections the code owns
 

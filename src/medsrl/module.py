@@ -35,7 +35,7 @@ from medsrl.plugins import Plugin, PluginHost, StepContext
 from medsrl.plugins.rounds import fill_batch
 from medsrl.reward.grader import MathGrader
 from medsrl.rollout.base import SamplingParams
-from medsrl.rollout.factory import BACKENDS, build_engine
+from medsrl.rollout.factory import build_engine
 from medsrl.step.metrics import (
     PhaseTimer,
     PromptVisits,
@@ -89,8 +89,6 @@ class RLModule(L.LightningModule):
         # LoRA (models/lora.py): adapters train and are checkpointed, the base stays frozen
         self.lora = lora.is_lora(policy)
         self.merge_on_export = merge_on_export
-        if self.rollout_cfg.backend not in BACKENDS:
-            raise ValueError(f"rollout.backend={self.rollout_cfg.backend!r}; valid: {', '.join(BACKENDS)}")
         r = self.rollout_cfg
         check_engine_correction(self.algorithm.engine_is_cap, r.logprobs, r.temperature, r.top_p)
         self.save_hyperparameters({

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from medsrl.config import FEATURE_DTYPES
 from medsrl.methods.meds.answer_locator import locate_answers
 from medsrl.methods.meds.logit_capture import (
     DEFAULT_LAST_N,
@@ -39,7 +40,7 @@ from medsrl.methods.meds.logit_capture import (
     select_layers,
 )
 
-DTYPES = ("auto", "float32", "bfloat16")
+DTYPES = FEATURE_DTYPES
 
 
 @dataclass(frozen=True)
