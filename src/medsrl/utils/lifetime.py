@@ -73,7 +73,7 @@ def is_running(ref: ProcessRef) -> bool:
         except ProcessLookupError:
             return False
         except PermissionError:  # it runs, as another user
-            pass
+            return True
         return True
     stat = _proc_stat(ref.pid)
     return stat is not None and stat[1] not in "ZXx" and stat[2] == ref.start_time
