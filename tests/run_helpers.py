@@ -11,6 +11,8 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
+import medsrl.config  # noqa: F401  (registers the schema defaults the presets extend)
+
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("MEDSRL_ROOT", str(ROOT))
 

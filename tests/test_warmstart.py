@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from medsrl import warmstart
 from medsrl.data.arithmetic import generate_arithmetic
 from medsrl.data.template import QWEN_MATH_SYSTEM_PROMPT
-from medsrl import warmstart
 from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.tiny import build_tiny_model
 from medsrl.reward.grader import MathGrader

@@ -1,16 +1,12 @@
-"""The settings of a run, one home each: typed schemas (pydantic, strict) with their defaults and
-ranges, checked once at start, before any model loads.
+"""The settings of a run, one home each: strict pydantic schemas with their defaults and ranges,
+checked once at start, before any model loads, so that a bad value (``optim.lr=abc``,
+``rollout.n=0``) does not fail late and far from its key. :func:`check_train_config` /
+:func:`check_eval_config` raise one ``ValueError`` listing every problem as ``<hydra key> must be
+<what>, got <value>`` (:func:`must`). Strings are never numbers here, nor bools ints.
 
-A bad value would otherwise fail late and far from its key (``optim.lr=abc`` inside AdamW,
-``rollout.n=0`` in the first step). Each constrained type carries what a value must be
-(:func:`must`), so :func:`check_train_config` / :func:`check_eval_config` raise one
-``ValueError`` listing every problem as ``<hydra key> must be <what>, got <value>``. Strings are
-never numbers here (``"1e-5"``, a quoted YAML value, is refused), nor bools ints.
-
-Sections the code owns (algorithm, rollout, optim, grader, model.lora) are models that refuse
-unknown keys; sections Hydra instantiates (trainer, callbacks, data sources) are checked on the
-keys named here only. Plug-ins declare their settings by their ``__init__`` signature, annotated
-with these types (:func:`plugin_problems`).
+Sections the code owns (algorithm, rollout, optim, grader, model.lora) refuse unknown keys;
+sections Hydra instantiates (trainer, callbacks, data sources) are checked on the keys named here
+only; plug-ins by their annotated ``__init__`` signature (:func:`plugin_problems`).
 """
 
 import importlib
@@ -18,8 +14,10 @@ import inspect
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import (
@@ -50,21 +48,15 @@ def must(what: str | Callable[[], str]) -> WrapValidator:
         try:
             return handler(value)
         except ValidationError:
-            text = what() if callable(what) else what
-            raise PydanticCustomError("must", "must be {what}", {"what": text}) from None
+            raise PydanticCustomError("must", "must be {what}", {"what": check.what()}) from None
 
-    check.what = what
+    check.what = what if callable(what) else lambda: what
     return WrapValidator(check)
 
 
-def _what(alias: Any) -> str:
-    what = alias.__metadata__[-1].func.what
-    return what() if callable(what) else what
-
-
 def nullable(alias: Any) -> Any:
-    """``alias`` or null."""
-    return Annotated[alias | None, must(lambda: f"{_what(alias)} or null")]
+    """``alias`` (a type made with :func:`must`) or null."""
+    return Annotated[alias | None, must(lambda: f"{alias.__metadata__[-1].func.what()} or null")]
 
 
 def one_of(options: Iterable[str] | Callable[[], Iterable[str]]) -> Any:
@@ -171,22 +163,18 @@ class AlgorithmConfig(Settings):
     ppo_epochs: PositiveInt = 1
     mini_batch_prompts: nullable(PositiveInt) = None  # prompts per optimiser update; None = the whole step
     micro_batch_size: PositiveInt = 32  # sequences per forward/backward (at most)
-    # padded tokens per forward/backward (rows x their longest prompt + response); None: cut by
-    # micro_batch_size alone, in row order. Set: rows sorted by length, cut by this budget
-    # (step/micro_batches.py), each micro-batch as wide as its own longest row
+    # padded tokens per forward/backward: rows sorted by length, cut by this budget
+    # (step/micro_batches.py); None: cut by micro_batch_size alone, in row order
     max_tokens_per_microbatch: nullable(PositiveInt) = None
-    # truncated importance sampling of the rollout engine's sampling mismatch: the policy-gradient
-    # term of each token weighted by min(pi_old / pi_engine, cap) (algo/engine_correction.py).
-    # None: off. Needs rollout.logprobs (the engine's own log-probs)
+    # truncated importance sampling of the engine's sampling mismatch: each token's policy-gradient
+    # term times min(pi_old / pi_engine, cap) (algo/engine_correction.py); needs rollout.logprobs
     engine_is_cap: nullable(Positive) = None
 
 
 class VLLMConfig(Settings):
     """Engine settings of the vLLM backend (``rollout.backend=vllm``); the HF backend ignores them.
-
-    On the CPU build ``gpu_memory_utilization`` is a fraction of host memory; set
-    ``kv_cache_memory_bytes`` there instead to size the KV cache exactly.
-    """
+    On the CPU build ``gpu_memory_utilization`` is a fraction of host memory: size the KV cache with
+    ``kv_cache_memory_bytes`` there instead."""
 
     gpu_memory_utilization: Fraction = 0.5  # colocated: the trainer needs the rest
     kv_cache_memory_bytes: nullable(PositiveInt) = None  # overrides gpu_memory_utilization when set
@@ -404,7 +392,7 @@ class Callbacks(TypedDict, total=False):
 
 
 class AlgorithmSection(AlgorithmConfig):
-    plugins: dict[str, Any] | None = None  # each checked by its class (plugin_problems)
+    plugins: dict[str, Any] | None = {}  # each checked by its class (plugin_problems)
 
 
 class TrainConfig(TypedDict, total=False):
@@ -513,21 +501,17 @@ def plain(node: Any, missing: list[str], key: str = "") -> Any:
     if not isinstance(node, (DictConfig, ListConfig)):
         return node
     is_dict = isinstance(node, DictConfig)
-    out: Any = {} if is_dict else []
+    out = {}
     for part in node.keys() if is_dict else range(len(node)):
         where = _dotted(key, part)
         if OmegaConf.is_missing(node, part):
             missing.append(where)
             continue
         try:
-            value = plain(node[part], missing, where)
+            out[part] = plain(node[part], missing, where)
         except OmegaConfBaseException:  # not resolvable outside the run: not a value checked here
             continue
-        if is_dict:
-            out[part] = value
-        else:
-            out.append(value)
-    return out
+    return out if is_dict else list(out.values())
 
 
 def lookup(values: Any, key: str) -> Any:
@@ -661,35 +645,38 @@ def logger_problems(run: dict) -> list[str]:
             if isinstance(node, dict) and is_wandb_target(node.get("_target_")) and not wandb_installed()]
 
 
-def _raise(found: list[str], what: str) -> None:
+def _benchmark_problems(run: dict) -> list[str]:
+    benchmarks = run.get("benchmark") if isinstance(run.get("benchmark"), dict) else {}
+    return source_problems((f"benchmark.{k}", v, f"benchmark {k!r}") for k, v in benchmarks.items())
+
+
+def _check(cfg: DictConfig, what: str, *checks: Callable[[dict], list[str]]) -> None:
+    """Raise one ``ValueError`` listing every ``???`` value of ``cfg`` and every problem the
+    ``checks`` of its plain values find, each by its key."""
+    missing: list[str] = []
+    run = plain(cfg, missing)
+    found = [f"{key} must be set (it is ???)" for key in missing]
+    for check in checks:
+        found += check(run)
     if found:
         listed = "\n  ".join(found)
         raise ValueError(f"{len(found)} bad value(s) in the {what} config:\n  {listed}")
 
 
 def check_train_config(cfg: DictConfig, *checks: Callable[[dict], list[str]]) -> None:
-    """Check the training config; raise one ``ValueError`` listing every bad value by its key
-    (``checks``: more checks of the plain config, e.g. ``train.lora_target_problems``)."""
-    missing: list[str] = []
-    run = plain(cfg, missing)
-    found = [f"{key} must be set (it is ???)" for key in missing]
-    found += problems(TrainConfig, run)
-    found += plugin_problems(run)
-    found += source_problems(_train_sources(run))
-    found += precision_problems(run)
-    found += logger_problems(run)
-    for check in checks:
-        found += check(run)
-    _raise(found, "training")
+    """Check the training config (``checks``: more checks of its plain values, e.g.
+    ``train.lora_target_problems``)."""
+    _check(cfg, "training", partial(problems, TrainConfig), plugin_problems,
+           lambda run: source_problems(_train_sources(run)), precision_problems, logger_problems,
+           *checks)
 
 
 def check_eval_config(cfg: DictConfig) -> None:
-    """Check the evaluation config (benchmarks included); raise one ``ValueError`` listing every
-    bad value by its key."""
-    missing: list[str] = []
-    run = plain(cfg, missing)
-    found = [f"{key} must be set (it is ???)" for key in missing]
-    found += problems(EvalConfig, run)
-    benchmarks = run.get("benchmark") if isinstance(run.get("benchmark"), dict) else {}
-    found += source_problems((f"benchmark.{k}", v, f"benchmark {k!r}") for k, v in benchmarks.items())
-    _raise(found, "evaluation")
+    """Check the evaluation config, benchmarks included."""
+    _check(cfg, "evaluation", partial(problems, EvalConfig), _benchmark_problems)
+
+
+# The schemas' defaults as Hydra nodes ``<group>/_defaults``, which the presets extend: a preset
+# lists only what it changes, and every setting stays overridable (``optim.lr=...``).
+for _group, _schema in {"algorithm": AlgorithmSection, "optim": OptimConfig, "rollout": RolloutConfig}.items():
+    ConfigStore.instance().store(group=_group, name="_defaults", node=_schema().model_dump(mode="json"))

@@ -1,15 +1,10 @@
 """Evaluation entry point (``medsrl-eval``): pass@k, mean@n, maj@n and diversity on benchmarks.
 
-Models: ``model_path`` (an exported Hugging Face directory, a model name or a training run's
-``.ckpt``; one, a list, or ``{row name: path}``) and/or ``runs_dir`` (a multirun directory: each
-run's exported policy, else its ``last.ckpt``). Benchmarks: the ``benchmark`` config group
-(``benchmark=[math500,aime24]``). MEDS features (for the diversity columns): a model from a
-training run with the MEDS plug-in gets that run's feature settings, any other model eval's
-``features`` (:func:`feature_spec_for`).
-
-Writes into the output directory: ``generations.jsonl`` (every response with its grade and MEDS
-feature, appended as produced; rerunning into the same directory resumes), ``results.md`` /
-``.csv`` / ``.json`` (one row per run and benchmark) and ``pass_at_k.png``.
+Models: ``model_path`` and/or ``runs_dir`` (:func:`models_to_evaluate`); benchmarks: the
+``benchmark`` config group; MEDS features: :func:`feature_spec_for`. Writes into the output
+directory ``generations.jsonl`` (every graded response, appended as produced: rerunning into the
+same directory resumes), ``results.md`` / ``.csv`` / ``.json`` (one row per model and benchmark)
+and ``pass_at_k.png``.
 """
 
 from __future__ import annotations
@@ -19,77 +14,75 @@ import logging
 import os
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-os.environ.setdefault("MEDSRL_ROOT", str(ROOT))
-CONFIG_DIR = str(ROOT / "configs")
+import hydra
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-import hydra  # noqa: E402
-import torch  # noqa: E402
-from hydra.utils import instantiate  # noqa: E402
-from omegaconf import DictConfig, ListConfig, OmegaConf  # noqa: E402
-
-from medsrl.config import GraderConfig, check_eval_config  # noqa: E402
-from medsrl.data.loaders import default_name  # noqa: E402
-from medsrl.evaluation.responses import (  # noqa: E402
+from medsrl.config import GraderConfig, check_eval_config
+from medsrl.data.loaders import default_name
+from medsrl.evaluation.responses import (
     EvalSettings,
     problems_from,
     sample_problems,
     summarize_records,
 )
-from medsrl.evaluation.store import GenerationStore  # noqa: E402
-from medsrl.evaluation.tables import (  # noqa: E402
-    plot_pass_at_k,
-    write_csv,
-    write_json,
-    write_markdown,
-)
-from medsrl.methods.meds.features import FeatureSpec  # noqa: E402
-from medsrl.models.loading import load_policy, load_tokenizer  # noqa: E402
-from medsrl.reward.grader import MathGrader  # noqa: E402
-from medsrl.rollout.hf import HFRolloutEngine  # noqa: E402
+from medsrl.evaluation.store import GenerationStore
+from medsrl.evaluation.tables import plot_pass_at_k, write_csv, write_json, write_markdown
+from medsrl.methods.meds.features import FeatureSpec
+from medsrl.models.loading import load_policy, load_tokenizer
+from medsrl.reward.grader import MathGrader
+from medsrl.rollout.hf import HFRolloutEngine
 
 log = logging.getLogger(__name__)
+ROOT = Path(__file__).resolve().parents[2]
+os.environ.setdefault("MEDSRL_ROOT", str(ROOT))  # configs/paths: root_dir
+CONFIG_DIR = str(ROOT / "configs")
 
 
 def load_for_eval(model_path: str, tokenizer: str | None, dtype: str):
     """``(policy, tokenizer)`` from an HF dir/name or a training run's ``.ckpt``."""
-    if str(model_path).endswith(".ckpt"):
-        from medsrl.models.policy import build_policy
+    if not str(model_path).endswith(".ckpt"):
+        return load_policy(model_path, dtype=dtype), load_tokenizer(tokenizer or model_path)
+    from medsrl.models.policy import build_policy
 
-        ckpt = Path(model_path)
-        run_cfg = ckpt.parent.parent / ".hydra" / "config.yaml"
-        if not run_cfg.exists():
-            raise FileNotFoundError(
-                f"{ckpt}: cannot rebuild the model, {run_cfg} (the run's Hydra config) is missing; "
-                "evaluate the exported policy directory instead"
-            )
-        cfg = OmegaConf.load(run_cfg)
-        model_cfg = OmegaConf.to_container(cfg.model, resolve=False)
-        policy, tok = build_policy(model_cfg)  # the architecture: the checkpoint holds every weight
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
-        policy.load_state_dict(
-            {k.removeprefix("policy."): v for k, v in state.items() if k.startswith("policy.")}
+    ckpt = Path(model_path)
+    run_cfg = ckpt.parent.parent / ".hydra" / "config.yaml"
+    if not run_cfg.exists():
+        raise FileNotFoundError(
+            f"{ckpt}: cannot rebuild the model, {run_cfg} (the run's Hydra config) is missing; "
+            "evaluate the exported policy directory instead"
         )
-        return policy, tok
-    return load_policy(model_path, dtype=dtype), load_tokenizer(tokenizer or model_path)
+    # the architecture from the run's config: the checkpoint holds every weight
+    policy, tok = build_policy(OmegaConf.to_container(OmegaConf.load(run_cfg).model, resolve=False))
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    policy.load_state_dict({k.removeprefix("policy."): v for k, v in state.items()
+                            if k.startswith("policy.")})
+    return policy, tok
+
+
+def _run_of(path: Path) -> Path | None:
+    """The run directory of ``<run>/policy`` or ``<run>/checkpoints/*.ckpt``, else None."""
+    if path.name == "policy":
+        return path.parent
+    if path.suffix == ".ckpt" and path.parent.name == "checkpoints":
+        return path.parent.parent
+    return None
 
 
 def run_name(path: str | Path) -> str:
-    """A short row label: the run directory of ``<run>/policy`` and ``<run>/checkpoints/x.ckpt``."""
+    """A short row label: ``<run>`` for ``<run>/policy``, ``<run>/x`` for a checkpoint ``x``."""
     p = Path(path)
-    if p.name == "policy":
-        return p.parent.name
-    if p.suffix == ".ckpt" and p.parent.name == "checkpoints":
-        return f"{p.parent.parent.name}/{p.stem}"
-    return str(path) if not p.exists() else p.name
+    run = _run_of(p)
+    if run is None:
+        return p.name if p.exists() else str(path)
+    return run.name if p.name == "policy" else f"{run.name}/{p.stem}"
 
 
 def runs_in(runs_dir: str | Path) -> list[tuple[str, str]]:
-    """``(name, model path)`` of every run under a (multi)run directory, in name order.
-
-    A run is a directory with a ``policy/`` export or a ``checkpoints/last.ckpt``; its name
-    carries the Hydra overrides that distinguish it (``0: optim.lr=1e-5``).
-    """
+    """``(name, model path)`` of every run (a directory with a ``policy/`` export or a
+    ``checkpoints/last.ckpt``) under a (multi)run directory, in name order; its name carries the
+    Hydra overrides that distinguish it (``0: optim.lr=1e-5``)."""
     found = []
     for d in sorted(Path(runs_dir).iterdir(), key=lambda p: (len(p.name), p.name)):
         if (d / "policy" / "config.json").exists():
@@ -99,15 +92,11 @@ def runs_in(runs_dir: str | Path) -> list[tuple[str, str]]:
         else:
             continue
         overrides = d / ".hydra" / "overrides.yaml"
-        label = d.name
-        if overrides.exists():
-            items = [str(x) for x in OmegaConf.load(overrides)]
-            label += (": " + " ".join(items)) if items else ""
-        found.append((label, str(path)))
+        items = [str(x) for x in OmegaConf.load(overrides)] if overrides.exists() else []
+        found.append((f"{d.name}: {' '.join(items)}" if items else d.name, str(path)))
     if not found:
-        raise FileNotFoundError(
-            f"{runs_dir}: no run with a policy/ export or checkpoints/last.ckpt"
-        )
+        raise FileNotFoundError(f"{runs_dir}: no run with a policy/ export or "
+                                "checkpoints/last.ckpt")
     return found
 
 
@@ -137,10 +126,8 @@ def feature_spec_from(features: DictConfig | dict | None) -> FeatureSpec | None:
     """eval.yaml's ``features`` mapping as a :class:`FeatureSpec`; null: no features."""
     if features is None:
         return None
-    if isinstance(features, DictConfig):
-        given = OmegaConf.to_container(features, resolve=True)
-    else:
-        given = dict(features)
+    given = (OmegaConf.to_container(features, resolve=True) if isinstance(features, DictConfig)
+             else dict(features))
     valid = [f.name for f in dataclasses.fields(FeatureSpec)]
     unknown = sorted(set(given) - set(valid))
     if unknown:
@@ -148,21 +135,11 @@ def feature_spec_from(features: DictConfig | dict | None) -> FeatureSpec | None:
     return FeatureSpec(**given)
 
 
-def training_run_dir(model_path: str | Path) -> Path | None:
-    """The run a model comes from (``<run>/policy`` or ``<run>/checkpoints/*.ckpt``) when that
-    run kept its Hydra config (``<run>/.hydra/config.yaml``); ``None`` otherwise."""
-    p = Path(model_path)
-    if p.name == "policy":
-        run = p.parent
-    elif p.suffix == ".ckpt" and p.parent.name == "checkpoints":
-        run = p.parent.parent
-    else:
-        return None
-    return run if (run / ".hydra" / "config.yaml").is_file() else None
-
-
 # Where a training config keeps the MEDS settings: the plug-in, then the layout before plug-ins.
 _MEDS_KEYS = ("algorithm.plugins.meds", "algorithm.meds")
+# FeatureSpec's fields by the MEDS plug-in's names for them
+_FEATURE_KEYS = {"layers": "layers", "diff": "diff", "final_norm": "final_norm",
+                 "dtype": "feature_dtype"}
 
 
 def _meds_settings(run_config: Path) -> DictConfig | None:
@@ -177,50 +154,28 @@ def _meds_settings(run_config: Path) -> DictConfig | None:
 
 def feature_spec_for(model_path: str | Path, default: FeatureSpec | None) -> FeatureSpec | None:
     """The features to compute for a model: its training run's MEDS settings when it has them
-    (so its diversity is measured on the feature it was shaped with), else ``default``.
-
-    ``default=None`` (eval's ``features: null``) turns features off for every model. Keys the
-    run's config leaves out take the plug-in's defaults (those of :class:`FeatureSpec`).
-    """
+    (so its diversity is measured on the feature it was shaped with; keys the run leaves out take
+    the plug-in's defaults), else ``default``. ``default=None`` (``features: null``): none."""
     if default is None:
         return None
-    run = training_run_dir(model_path)
-    meds = _meds_settings(run / ".hydra" / "config.yaml") if run is not None else None
+    run = _run_of(Path(model_path))
+    run_config = run / ".hydra" / "config.yaml" if run is not None else None
+    meds = _meds_settings(run_config) if run_config is not None and run_config.is_file() else None
     if meds is None:
         log.info("features of %s: %s (eval's features)", model_path, default)
         return default
-    plugin = FeatureSpec()
-    spec = FeatureSpec(
-        layers=_plain(meds.get("layers", plugin.layers)),
-        diff=meds.get("diff", plugin.diff),
-        final_norm=meds.get("final_norm", plugin.final_norm),
-        dtype=meds.get("feature_dtype", plugin.dtype),
-    )
-    log.info(
-        "features of %s: %s (the MEDS settings of its training run, %s)",
-        model_path,
-        spec,
-        run / ".hydra" / "config.yaml",
-    )
+    spec = FeatureSpec(**{field: meds[key] for field, key in _FEATURE_KEYS.items() if key in meds})
+    log.info("features of %s: %s (the MEDS settings of its training run, %s)",
+             model_path, spec, run_config)
     return spec
 
 
-def _plain(value):
-    """A config value as plain Python (a ListConfig of layers becomes a list)."""
-    return OmegaConf.to_container(value, resolve=True) if isinstance(value, ListConfig) else value
-
-
 def settings_from(cfg: DictConfig) -> EvalSettings:
-    return EvalSettings(
-        n=cfg.n,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        max_new_tokens=cfg.max_new_tokens,
-        seed=cfg.seed,
-        batch_size=cfg.batch_size,
-        features=feature_spec_from(cfg.features),
-        extra={"template": OmegaConf.to_container(cfg.template, resolve=True), "limit": cfg.limit},
-    )
+    return EvalSettings(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p,
+                        max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, batch_size=cfg.batch_size,
+                        features=feature_spec_from(cfg.features),
+                        extra={"template": OmegaConf.to_container(cfg.template, resolve=True),
+                               "limit": cfg.limit})
 
 
 def benchmark_name(key: str, source: DictConfig | dict) -> str:
@@ -250,7 +205,7 @@ def build_benchmarks(cfg: DictConfig) -> dict[str, list]:
         examples = list(instantiate(source))
         if not examples:
             raise ValueError(f"benchmark {name!r} (benchmark.{key}, {source.get('_target_')}) has no problems")
-        benchmarks[name] = examples if cfg.limit is None else examples[: cfg.limit]
+        benchmarks[name] = examples[: cfg.limit]  # limit null: all
         log.info("benchmark %s: %d problems", name, len(benchmarks[name]))
     return benchmarks
 
@@ -263,7 +218,6 @@ def evaluate(cfg: DictConfig) -> list[dict]:
     check_eval_config(cfg)
     out_dir = Path(cfg.paths.output_dir)
     settings = settings_from(cfg)
-    template = settings.extra["template"]
     benchmarks = build_benchmarks(cfg)
     models = models_to_evaluate(cfg)
     grader_cfg = GraderConfig.model_validate(OmegaConf.to_container(cfg.grader, resolve=True))
@@ -280,32 +234,17 @@ def evaluate(cfg: DictConfig) -> list[dict]:
             policy.to(device).eval()
             engine = HFRolloutEngine(policy, tok, max_batch_size=cfg.batch_size)
             # Per model: its run's MEDS feature when it has one (part of the fingerprint).
-            model_settings = dataclasses.replace(
-                settings, features=feature_spec_for(path, settings.features)
-            )
+            features = feature_spec_for(path, settings.features)
+            model_settings = dataclasses.replace(settings, features=features)
             for bench, examples in benchmarks.items():
-                records = sample_problems(
-                    policy,
-                    tok,
-                    engine,
-                    grader,
-                    problems_from(examples, template, tok),
-                    model_settings,
-                    run=run,
-                    benchmark=bench,
-                    store=store,
-                    fingerprint=model_settings.fingerprint(path, bench),
-                )
+                problems = problems_from(examples, settings.extra["template"], tok)
+                records = sample_problems(policy, tok, engine, grader, problems, model_settings,
+                                          run=run, benchmark=bench, store=store,
+                                          fingerprint=model_settings.fingerprint(path, bench))
                 row = summarize_records(run, bench, records)
                 rows.append(row)
-                log.info(
-                    "%s / %s: pass@1 %.4f, pass@%d %.4f",
-                    run,
-                    bench,
-                    row["pass@1"],
-                    cfg.n,
-                    row[f"pass@{cfg.n}"],
-                )
+                log.info("%s / %s: pass@1 %.4f, pass@%d %.4f", run, bench, row["pass@1"], cfg.n,
+                         row[f"pass@{cfg.n}"])
             del policy, engine
     write_markdown(rows, out_dir / "results.md")
     write_csv(rows, out_dir / "results.csv")

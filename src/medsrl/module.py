@@ -1,12 +1,6 @@
-"""The LightningModule: Lightning glue around one RL step. The math is in ``medsrl.algo``, the
-phases in ``medsrl.step``, the training methods in ``medsrl.plugins``. One step
-(``trainer.global_step`` counts these; ``docs/ARCHITECTURE.md`` draws it):
-
-    prompts (+ plug-ins' extra prompts) -> generate -> grade -> groups -> plug-ins transform the
-    groups (replay; DAPO's filter, refilled by more rounds: plugins/rounds.py) -> pack -> one no-grad
-    scoring forward (old log-probs; plug-ins' hooks and token stats) -> plug-ins shape rewards ->
-    replicated plug-in state committed -> advantage estimator -> plug-ins shape advantages ->
-    policy update -> sync the engine
+"""The LightningModule: Lightning glue around one RL step (``trainer.global_step`` counts these;
+``docs/ARCHITECTURE.md`` draws one, :meth:`RLModule.training_step` runs it). The math is in
+``medsrl.algo``, the phases in ``medsrl.step``, the training methods in ``medsrl.plugins``.
 
 Several processes (``trainer=ddp`` / ``fsdp``): each rank generates, grades and scores a
 contiguous shard of the step's prompts (a group never spans ranks); ``step/schedule.py`` keeps
@@ -17,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Mapping
 from contextlib import nullcontext
 from functools import partial
 from typing import Any
@@ -66,10 +61,10 @@ class RLModule(L.LightningModule):
         self,
         policy: torch.nn.Module,
         tokenizer,
-        algorithm: dict | AlgorithmConfig | None = None,
-        rollout: dict | RolloutConfig | None = None,
-        optim: dict | OptimConfig | None = None,
-        grader: dict | GraderConfig | None = None,
+        algorithm: Mapping | AlgorithmConfig | None = None,
+        rollout: Mapping | RolloutConfig | None = None,
+        optim: Mapping | OptimConfig | None = None,
+        grader: Mapping | GraderConfig | None = None,
         plugins: list[Plugin] | None = None,
         seed: int = 0,
         merge_on_export: bool = True,
@@ -104,8 +99,6 @@ class RLModule(L.LightningModule):
         # how many times each prompt key was sampled (every rank counts the whole step's prompts):
         # per-prompt methods (MEDS's memory) act only on prompts that come back
         self.prompt_visits = PromptVisits()
-
-    # ------------------------------------------------------------------ setup
 
     def configure_callbacks(self) -> list[Plugin]:
         """Plug-ins are Lightning callbacks too: setup, teardown and checkpoint state."""
@@ -197,11 +190,9 @@ class RLModule(L.LightningModule):
         o = self.optim_cfg
         params = [p for p in self.policy.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-        warmup = max(0, o.warmup_steps)
+        warmup = o.warmup_steps  # linear warm-up, then constant
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
-    # ------------------------------------------------------------- the step
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         step = self.global_step
@@ -275,15 +266,11 @@ class RLModule(L.LightningModule):
 
     def _sample(self, step: int, timer: PhaseTimer, prompts: list, round_: int) -> list[Group]:
         """Generate for this rank's contiguous shard of ``prompts`` and grade: one group each.
-
-        Seeded by (seed, step, round) and the shard's first prompt ``s`` (the engine continues
-        the seed per chunk), so a resumed run, or one on another number of ranks, samples what
-        an uninterrupted single process would.
-        """
+        Seeded by (seed, step, round) and the shard's first prompt (the engine continues the seed
+        per chunk), so a resumed run, or one on other ranks, samples what one process would."""
         cfg = self.rollout_cfg
         self.prompt_visits.add(p.key for p in prompts)
-        rank, size = rank_and_size()
-        start, stop = shard_bounds(len(prompts), rank, size)
+        start, stop = shard_bounds(len(prompts), *rank_and_size())
         seed = (self.seed * 1_000_003 + step * 101 + round_) % (2**31) + start
         params = SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p,
                                 max_new_tokens=cfg.max_new_tokens, seed=seed, logprobs=cfg.logprobs)
@@ -297,29 +284,24 @@ class RLModule(L.LightningModule):
                 raise self.guard.error(step, NONFINITE_SAMPLING) from e
         with timer("grade"):
             grades = self.grader.grade_batch(rollout.response_text, [shard[i].answer for i in rollout.prompt_index])
-        return split_groups(shard, rollout, grades, round_)
-
-    # ------------------------------------------------------------ logging
+        return split_groups(shard, rollout, grades)
 
     def _log_step(self, metrics: dict[str, float], stage: str | None) -> None:
         if is_distributed():
             metrics = mean_over_ranks(all_gather_objects(metrics))
-        bar = {"reward", "acc"}
         for k, v in metrics.items():
             if v is not None:
-                self.log(f"train/{k}", float(v), on_step=True, on_epoch=False, prog_bar=k in bar, batch_size=1)
+                self.log(f"train/{k}", float(v), on_step=True, on_epoch=False,
+                         prog_bar=k in ("reward", "acc"), batch_size=1)
         if stage is not None:
             names = [s.name for s in getattr(self.trainer.datamodule, "stages", [])]
             idx = names.index(stage) if stage in names else -1
             self.log("train/stage", float(idx), on_step=True, on_epoch=False, batch_size=1)
 
-    # --------------------------------------------------------------- export
-
     def export_policy(self, path, dtype: torch.dtype | None = None) -> None:
-        """Save the policy and tokenizer the Hugging Face way (every rank calls; rank 0 writes),
-        in ``dtype`` when given (the weights cast, config.json saying so), else as they are.
-        With LoRA: the merged weights as a plain model (``model.lora.merge_on_export``), else
-        the adapter alone."""
+        """Save the policy and tokenizer the Hugging Face way (every rank calls; rank 0 writes), in
+        ``dtype`` when given, else as they are. With LoRA: the merged weights as a plain model
+        (``model.lora.merge_on_export``), else the adapter alone."""
         with self.full_policy() as full:
             if rank_and_size()[0] == 0:
                 save_policy(full, self.tokenizer, path, dtype=dtype, merge_on_export=self.merge_on_export)

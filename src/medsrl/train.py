@@ -15,36 +15,36 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-os.environ.setdefault("MEDSRL_ROOT", str(ROOT))
-CONFIG_DIR = str(ROOT / "configs")
+import hydra
+import lightning as L
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ProgressBar
+from omegaconf import DictConfig, OmegaConf
+from pydantic import ValidationError
 
-import hydra  # noqa: E402
-import lightning as L  # noqa: E402
-import torch  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from hydra.types import RunMode  # noqa: E402
-from hydra.utils import instantiate  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
-from pydantic import ValidationError  # noqa: E402
-
-from medsrl.callbacks.hparams import WandbRunConfig, log_final_hparams, run_config  # noqa: E402
-from medsrl.callbacks.pass_at_k import _NOT_LOGGED, PassAtKValidation  # noqa: E402
-from medsrl.callbacks.progress import StepProgressBar  # noqa: E402
-from medsrl.config import LoraSettings, check_train_config  # noqa: E402
-from medsrl.models.lora import lora_settings, target_problems  # noqa: E402
-from medsrl.models.policy import build_policy  # noqa: E402
-from medsrl.module import RLModule  # noqa: E402
-from medsrl.plan.model_size import meta_model  # noqa: E402
-from medsrl.plugins import Plugin  # noqa: E402
-from medsrl.utils.atomic_file import atomic_write  # noqa: E402
-from medsrl.utils.checkpoint_io import AtomicCheckpointIO  # noqa: E402
-from medsrl.utils.wandb_log import describe as describe_wandb  # noqa: E402
-from medsrl.utils.wandb_log import finish as finish_wandb  # noqa: E402
-from medsrl.utils.wandb_log import wandb_loggers  # noqa: E402
-from medsrl.warmstart import warm_started  # noqa: E402
+from medsrl.callbacks.hparams import WandbRunConfig, log_final_hparams, run_config
+from medsrl.callbacks.pass_at_k import _NOT_LOGGED, PassAtKValidation
+from medsrl.callbacks.progress import StepProgressBar
+from medsrl.config import LoraSettings, check_train_config
+from medsrl.models.lora import lora_settings, target_problems
+from medsrl.models.policy import build_policy
+from medsrl.module import RLModule
+from medsrl.plan.model_size import meta_model
+from medsrl.plugins import Plugin
+from medsrl.utils.atomic_file import atomic_write
+from medsrl.utils.checkpoint_io import AtomicCheckpointIO
+from medsrl.utils.wandb_log import describe as describe_wandb
+from medsrl.utils.wandb_log import finish as finish_wandb
+from medsrl.utils.wandb_log import wandb_loggers
+from medsrl.warmstart import warm_started
 
 log = logging.getLogger(__name__)
+ROOT = Path(__file__).resolve().parents[2]
+os.environ.setdefault("MEDSRL_ROOT", str(ROOT))  # configs/paths: root_dir
+CONFIG_DIR = str(ROOT / "configs")
 
 # The step's updates are explicit (manual optimisation); checkpoints hold post-update state by design.
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
@@ -55,9 +55,8 @@ warnings.filterwarnings("ignore", message="Found .* module\\(s\\) in eval mode a
 
 
 def lora_target_problems(run: dict) -> list[str]:
-    """With ``model.lora.r > 0``, every ``target_modules`` name must match a module of the model,
-    checked on the model built on the ``meta`` device (as medsrl-plan builds it) before any weight
-    loads; a model that cannot be built so is checked after load (apply_lora)."""
+    """With LoRA on, every ``target_modules`` name must match a module of the model built on the
+    ``meta`` device (as medsrl-plan does) before weights load; else apply_lora checks after load."""
     try:
         lora = LoraSettings.model_validate((run.get("model") or {}).get("lora") or {})
     except ValidationError:  # reported by the schema
@@ -78,9 +77,7 @@ def check_config(cfg: DictConfig) -> None:
 
 def instantiate_group(group: DictConfig | None) -> list[Any]:
     """Instantiate every entry of a config group that is a dict of named ``_target_`` configs."""
-    if not group:
-        return []
-    return [instantiate(c) for c in group.values() if c is not None and "_target_" in c]
+    return [instantiate(c) for c in (group or {}).values() if c is not None and "_target_" in c]
 
 
 def build_plugins(group: DictConfig | dict | None) -> list[Plugin]:
@@ -132,19 +129,18 @@ def build_run(cfg: DictConfig) -> Run:
     torch.set_float32_matmul_precision("high")
 
     datamodule = instantiate(cfg.data, _convert_="object")
-    policy, tokenizer = build_policy(warm_started(OmegaConf.to_container(cfg.model, resolve=True), cfg.paths.cache_dir))
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    policy, tokenizer = build_policy(warm_started(model_cfg, cfg.paths.cache_dir))
     datamodule.use_tokenizer(tokenizer)  # data.template.kind=chat renders with its chat template
     algorithm = OmegaConf.to_container(cfg.algorithm, resolve=True)
     module = RLModule(
         policy,
         tokenizer,
         algorithm={k: v for k, v in algorithm.items() if k != "plugins"},
-        rollout=OmegaConf.to_container(cfg.rollout, resolve=True),
-        optim=OmegaConf.to_container(cfg.optim, resolve=True),
-        grader=OmegaConf.to_container(cfg.grader, resolve=True),
+        rollout=cfg.rollout, optim=cfg.optim, grader=cfg.grader,  # parse_section resolves them
         plugins=build_plugins(cfg.algorithm.get("plugins")),
         seed=cfg.seed,
-        merge_on_export=lora_settings(OmegaConf.to_container(cfg.model, resolve=True)).merge_on_export,
+        merge_on_export=lora_settings(model_cfg).merge_on_export,
     )
     callbacks = with_step_progress_bar(instantiate_group(cfg.get("callbacks")), cfg)  # the plug-ins join through the module
     loggers = instantiate_group(cfg.get("logger"))
@@ -160,8 +156,6 @@ def with_step_progress_bar(callbacks: list, cfg: DictConfig) -> list:
     """The step bar, never Lightning's epoch bar ("Epoch 0/-2 ... 0.03it/s"): a
     ``StepProgressBar`` added last when the callbacks have no progress bar (``callbacks=none``),
     and none when ``trainer.enable_progress_bar=false`` (Lightning refuses a bar then)."""
-    from lightning.pytorch.callbacks import ProgressBar
-
     if not cfg.trainer.get("enable_progress_bar", True):
         return [c for c in callbacks if not isinstance(c, ProgressBar)]
     if not any(isinstance(c, ProgressBar) for c in callbacks):
@@ -202,12 +196,11 @@ def train(cfg: DictConfig, run: Run | None = None) -> dict[str, float]:
 
 def _fit(cfg: DictConfig, run: Run, ckpt_path: str | None, out_dir: Path) -> dict[str, float]:
     """``fit``, then the summary, the exported policy, the HParams session and summary.json."""
-    trainer, module, datamodule = run.trainer, run.module, run.datamodule
-    callbacks, loggers = run.callbacks, run.loggers
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    trainer = run.trainer
+    trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=ckpt_path)
 
     summary: dict[str, float] = {}
-    validation = next((cb for cb in callbacks if isinstance(cb, PassAtKValidation)), None)
+    validation = next((cb for cb in run.callbacks if isinstance(cb, PassAtKValidation)), None)
     if validation is not None and validation.history:
         if validation.history[0][0] == 0:
             summary["val_accuracy_start"] = validation.history[0][1]
@@ -215,11 +208,11 @@ def _fit(cfg: DictConfig, run: Run, ckpt_path: str | None, out_dir: Path) -> dic
         summary.update(final_validation(validation.last_rows))
     summary["steps"] = trainer.global_step
     if cfg.export_policy:
-        module.export_policy(out_dir / "policy")  # every rank: FSDP gathers the weights
+        run.module.export_policy(out_dir / "policy")  # every rank: FSDP gathers the weights
         if trainer.is_global_zero:
             print(f"[medsrl] final policy saved to {out_dir / 'policy'}")
     if trainer.is_global_zero:
-        log_final_hparams(loggers, cfg, summary, step=trainer.global_step)  # TensorBoard's HParams
+        log_final_hparams(run.loggers, cfg, summary, step=trainer.global_step)  # for HParams
         write_summary(out_dir, summary)  # last: its presence means the run is complete (skip_if_done)
         print(f"[medsrl] summary: {json.dumps(summary)}")
     return summary
@@ -306,9 +299,8 @@ def _is_rank_zero() -> bool:
 
 def finished_summary(out_dir: Path) -> dict[str, float] | None:
     """The summary of a run that completed in ``out_dir`` (written last, atomically), else None."""
-    path = out_dir / "summary.json"
     try:
-        summary = json.loads(path.read_text())
+        summary = json.loads((out_dir / "summary.json").read_text())
     except (OSError, ValueError):
         return None
     return summary if isinstance(summary, dict) else None

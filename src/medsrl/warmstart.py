@@ -2,8 +2,7 @@
 
 A randomly initialised tiny model earns no reward, so RL would have no signal. ``ensure_warm_start``
 fine-tunes it first (a plain Lightning run, teacher forcing, loss on the response only), measures
-it with RL validation's own sampler and grader, and caches model + char tokenizer the Hugging Face
-way. See docs/WARMSTART.md for the measured settings behind the defaults.
+it with RL validation's own sampler and grader, and caches model + char tokenizer the HF way.
 """
 
 from __future__ import annotations
@@ -49,12 +48,8 @@ _MIN_SHARED_PREFIX = 16
 
 @dataclass
 class WarmStartConfig:
-    """How the tiny model is warm-started (every field is part of the cache key).
-
-    Measured on a 2-core CPU (docs/WARMSTART.md): the default tiny model trains in about 2.5
-    minutes to 23-38% sampled (T=1) / 44-63% greedy accuracy on level-1 val problems over seeds
-    0-2. The learning rate matters most: 1.5e-3 and above stall on a loss plateau.
-    """
+    """How the tiny model is warm-started (every field is part of the cache key). The defaults
+    are the recipe measured in docs/WARMSTART.md; lr matters most (1.5e-3 and above stall)."""
 
     steps: int = 1000
     batch_size: int = 16
@@ -66,7 +61,7 @@ class WarmStartConfig:
     level: int = 1
     num_examples: int = 20000
     seed: int = 0
-    system_prompt: str | None = field(default=QWEN_MATH_SYSTEM_PROMPT)
+    system_prompt: str | None = QWEN_MATH_SYSTEM_PROMPT
     max_length: int = 320  # training sequences (prompt + solution) longer than this are dropped
     eval_examples: int = 128  # val problems for the final sampled / greedy accuracy
     eval_max_new_tokens: int = 96
@@ -96,13 +91,10 @@ def task_examples(ws: WarmStartConfig, num: int, split: str) -> list[MathExample
 
 def warm_start_key(model_config: dict, ws: WarmStartConfig) -> str:
     """sha256 over the resolved model config, the warm-start config and the code versions."""
-    fields = asdict(ws)
-    if ws.task == "arithmetic" and not ws.task_options:  # keys from before tasks existed
-        del fields["task"], fields["task_options"]
     resolved = tiny_qwen2_config(**model_config).to_dict()
     resolved.pop("transformers_version", None)
     payload = {
-        "model": resolved, "warm_start": fields, "medsrl": medsrl.__version__,
+        "model": resolved, "warm_start": asdict(ws), "medsrl": medsrl.__version__,
         "generator": GENERATOR_VERSION, "warmstart": WARMSTART_VERSION,
         "template": render_prompt("{problem}", system_prompt=ws.system_prompt),
         "tokenizer": char_vocab(),  # the saved tokenizer must match the code's
@@ -121,14 +113,11 @@ def _is_complete(path: Path) -> bool:
 
 
 def ensure_warm_start(cache_root: str | Path, model_config: dict, ws: WarmStartConfig, *,
-                      log_every: int = 50, num_threads: int | None = None,
-                      progress_bar: bool = False) -> Path:
+                      log_every: int = 50, num_threads: int | None = None) -> Path:
     """A cache entry with a warm-started tiny model + char tokenizer, ``metrics.json`` and
     ``warmstart.json``; trained first if missing (``num_threads``: default all cores, not in the key).
-
-    A ``FileLock`` next to the entry admits one writer at a time; the OS releases it when a writer
-    dies, so a crash blocks no one. The writer builds in a temp dir moved into place when complete.
-    """
+    One writer at a time (a ``FileLock`` next to the entry, released by the OS when a writer dies),
+    building in a temp dir moved into place when complete."""
     target = warm_start_dir(cache_root, model_config, ws)
     if _is_complete(target):  # no lock needed: entries only ever appear complete
         return target
@@ -138,7 +127,7 @@ def ensure_warm_start(cache_root: str | Path, model_config: dict, ws: WarmStartC
             _remove_leftovers(target)
             tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
             try:
-                _build(tmp, model_config, ws, log_every, num_threads, progress_bar)
+                _build(tmp, model_config, ws, log_every, num_threads)
                 os.replace(tmp, target)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -207,12 +196,9 @@ def collate(enc: Encoded, indices: list[int]) -> tuple[torch.Tensor, torch.Tenso
 
 
 def sequence_loss(model, prefix: torch.Tensor | None, ids: torch.Tensor, labels: torch.Tensor):
-    """Mean next-token cross entropy on the labelled tokens.
-
-    The shared ``prefix`` (1, P) is run once and its key/value cache repeated over the batch, which
-    is exactly equivalent to running every full sequence (right padding, causal attention) but
-    roughly halves the cost when the prefix is the system prompt.
-    """
+    """Mean next-token cross entropy on the labelled tokens. The shared ``prefix`` (1, P) runs
+    once, its key/value cache repeated over the batch: exactly the full sequences' loss (right
+    padding, causal attention) at about half the cost when the prefix is the system prompt."""
     batch, width = ids.shape
     if prefix is not None and prefix.shape[1] > 0:
         p = prefix.shape[1]
@@ -283,20 +269,16 @@ class SupervisedWarmStart(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
-def train_model(model, enc: Encoded, ws: WarmStartConfig, *, log_every: int = 50,
-                progress_bar: bool = False) -> list[dict]:
-    """Train ``model`` for ``ws.steps`` steps over shuffled epochs of ``enc``; return the loss curve.
-
-    The curve has one entry per ``log_every`` steps (and one for the last step): the mean loss
-    over those steps, the learning rate and the elapsed seconds.
-    """
+def train_model(model, enc: Encoded, ws: WarmStartConfig, *, log_every: int = 50) -> list[dict]:
+    """Train ``model`` for ``ws.steps`` steps over shuffled epochs of ``enc``; return the loss
+    curve: per ``log_every`` steps (and the last) their mean loss, the lr and the seconds so far."""
     loader = DataLoader(range(len(enc.suffixes)), batch_sampler=batch_indices(len(enc.suffixes), ws),
                         collate_fn=functools.partial(collate, enc))
     module = SupervisedWarmStart(model, enc, ws, log_every)
     with _quiet_lightning():
         trainer = L.Trainer(
             accelerator="cpu", devices=1, max_steps=ws.steps, logger=False, enable_checkpointing=False,
-            enable_progress_bar=progress_bar, enable_model_summary=False,
+            enable_progress_bar=False, enable_model_summary=False,
         )
         trainer.fit(module, loader)
     model.eval()
@@ -363,7 +345,7 @@ def _summary(name: str, records: list[dict], seconds: float) -> dict[str, Any]:
 
 
 def _build(out_dir: Path, model_config: dict, ws: WarmStartConfig, log_every: int,
-           num_threads: int | None, progress_bar: bool) -> None:
+           num_threads: int | None) -> None:
     """Train, evaluate and save into ``out_dir``; ``metrics.json`` last (it marks completion)."""
     t0, cpu0 = time.perf_counter(), time.process_time()
     previous_threads = torch.get_num_threads()
@@ -378,7 +360,7 @@ def _build(out_dir: Path, model_config: dict, ws: WarmStartConfig, log_every: in
         log.info("warm start: %d params, %d examples (%s %s), %d steps x %d -> %s", num_params,
                  len(enc.suffixes), ws.task, ws.task_options or f"level {ws.level}", ws.steps,
                  ws.batch_size, out_dir)
-        curve = train_model(model, enc, ws, log_every=log_every, progress_bar=progress_bar)
+        curve = train_model(model, enc, ws, log_every=log_every)
         train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
         ev = evaluate(model, tokenizer, ws)
         threads = torch.get_num_threads()

@@ -9,8 +9,8 @@ from medsrl.evaluation.diversity import (
     DIVERSITY_KEYS,
     distinct_answers,
     distinct_wrong_answers,
-    feature_eigen_ratio,
     problem_diversity,
+    top1_eigen_ratio,
     wrong_cluster_count,
 )
 
@@ -44,15 +44,15 @@ def test_eigen_ratio_rank_one_vs_isotropic():
     rng = np.random.default_rng(0)
     d = 8
     line = rng.normal(size=(200, 1)) * rng.normal(size=(1, d)) + 3.0  # rank-1 spread
-    assert feature_eigen_ratio(line) == pytest.approx(1.0, abs=1e-9)
+    assert top1_eigen_ratio(line) == pytest.approx(1.0, abs=1e-9)
     iso = rng.normal(size=(20000, d))
-    assert feature_eigen_ratio(iso) == pytest.approx(1 / d, abs=0.02)
+    assert top1_eigen_ratio(iso) == pytest.approx(1 / d, abs=0.02)
 
 
 def test_eigen_ratio_undefined_cases():
-    assert math.isnan(feature_eigen_ratio(np.ones((1, 4))))  # one row: no covariance
-    assert math.isnan(feature_eigen_ratio(np.ones((5, 4))))  # all equal: zero variance
-    assert math.isnan(feature_eigen_ratio(np.zeros((0, 4))))
+    assert math.isnan(top1_eigen_ratio(np.ones((1, 4))))  # one row: no covariance
+    assert math.isnan(top1_eigen_ratio(np.ones((5, 4))))  # all equal: zero variance
+    assert math.isnan(top1_eigen_ratio(np.zeros((0, 4))))
 
 
 def test_wrong_cluster_count_two_blobs():
@@ -80,7 +80,7 @@ def test_problem_diversity_uses_present_wrong_rows():
     assert out["distinct_answers"] == 3.0
     assert out["distinct_wrong"] == 2.0
     assert out["wrong_clusters"] == 2.0  # the right rows and the NaN row are left out
-    assert out["eigen_ratio"] == pytest.approx(feature_eigen_ratio(feats[:8]))
+    assert out["eigen_ratio"] == pytest.approx(top1_eigen_ratio(feats[:8]))
 
 
 def test_problem_diversity_without_features():

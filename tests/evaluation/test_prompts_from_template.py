@@ -16,7 +16,7 @@ EXAMPLES = [MathExample(key="k", problem="What is 2+3?", answer="5", source="t",
 
 def test_default_is_the_qwen_math_prompt():
     p = problems_from(EXAMPLES, {"system_prompt": "S."})
-    assert p[0].prompt == render_prompt("What is 2+3?", system_prompt="S.") and p[0].answer == "5"
+    assert p[0].text == render_prompt("What is 2+3?", system_prompt="S.") and p[0].answer == "5"
 
 
 @pytest.mark.shared
@@ -24,4 +24,4 @@ def test_chat_kind_uses_the_models_tokenizer(tmp_path):
     tok = load_tokenizer(str(tokenizer_dir_with_template(
         require_shared("tokenizers", "qwen2.5-math"), tmp_path / "tok", R1_STYLE)))
     p = problems_from(EXAMPLES, {"kind": "chat", "system_prompt": None, "instruction": "Box it."}, tok)
-    assert p[0].prompt == "<｜User｜>What is 2+3? Box it.<｜Assistant｜><think>\n"
+    assert p[0].text == "<｜User｜>What is 2+3? Box it.<｜Assistant｜><think>\n"

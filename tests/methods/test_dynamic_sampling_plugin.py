@@ -15,11 +15,11 @@ from medsrl.step.metrics import PhaseTimer
 from medsrl.step.rollouts import Group
 
 
-def _group(key: str, scores: list[float], round_: int = 0) -> Group:
+def _group(key: str, scores: list[float]) -> Group:
     n = len(scores)
     batch = RolloutBatch([0] * n, [[1]] * n, [[2]] * n, ["r"] * n, ["stop"] * n)
     grades = [GradeResult(s, None, True) for s in scores]
-    return Group(Prompt(key, key, key, "1", "t"), batch, grades, ["sampled"] * n, round_)
+    return Group(Prompt(key, key, key, "1", "t"), batch, grades, ["sampled"] * n)
 
 
 def _ctx(rounds: dict[int, list[Group]], num_prompts: int):
@@ -40,8 +40,8 @@ def test_spread_means_both_right_and_wrong():
 
 def test_keeps_mixed_groups_and_refills_from_extra_rounds_until_full():
     first = [_group("a", [1, 0]), _group("b", [0, 0]), _group("c", [1, 1]), _group("d", [0, 1])]
-    extra = {1: [_group("e", [0, 0], 1), _group("f", [1, 0], 1)],
-             2: [_group("g", [0, 1], 2), _group("h", [1, 0], 2)]}
+    extra = {1: [_group("e", [0, 0]), _group("f", [1, 0])],
+             2: [_group("g", [0, 1]), _group("h", [1, 0])]}
     ctx, asked, *gen = _ctx(extra, num_prompts=4)
     kept = _fill(first, 5, ctx, *gen)
     # round 0 keeps a, d; round 1 adds f (3 of 4); round 2 fills the batch with g, h cut off
@@ -53,7 +53,7 @@ def test_keeps_mixed_groups_and_refills_from_extra_rounds_until_full():
 
 
 def test_stops_after_max_rounds_with_a_partial_batch():
-    ctx, asked, *gen = _ctx({1: [_group("e", [0, 0], 1)]}, num_prompts=2)
+    ctx, asked, *gen = _ctx({1: [_group("e", [0, 0])]}, num_prompts=2)
     kept = _fill([_group("a", [1, 0]), _group("b", [1, 1])], 1, ctx, *gen)
     assert [g.prompt.key for g in kept] == ["a"] and len(asked) == 1
     assert ctx.metrics["dynamic_sampling/batch_fill"] == 0.5

@@ -11,7 +11,6 @@ from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
 from medsrl.methods.meds.logit_capture import find_decoder_layers, find_final_norm, find_lm_head
-from medsrl.methods.novelty import final_norm_of
 from medsrl.models.lora import (
     DEFAULT_TARGETS,
     LoraSettings,
@@ -205,6 +204,5 @@ def test_layer_finders_see_inside_the_wrapper():
     policy = apply_lora(base, SETTINGS)
     assert unwrap_peft(policy) is base
     assert find_decoder_layers(policy) is layers  # MEDS's capture hooks
-    assert find_final_norm(policy) is norm and find_lm_head(policy) is head
-    assert final_norm_of(policy) is norm  # the novelty plug-in
+    assert find_final_norm(policy) is norm and find_lm_head(policy) is head  # and novelty's hook
     assert {c.__name__ for c in layer_classes(policy)} == {"Qwen2DecoderLayer"}  # FSDP's units

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from medsrl.reward.extract import extract_last_boxed, find_last_boxed
+from medsrl.reward.extract import extract_last_boxed
 
 
 @pytest.mark.parametrize(
@@ -45,18 +45,3 @@ def test_extracts_last_box(text: str, expected: str) -> None:
 )
 def test_no_answer(text: str) -> None:
     assert extract_last_boxed(text) is None
-
-
-def test_span_points_at_the_opening_brace() -> None:
-    text = "We get \\boxed{\\frac{1}{2}} in the end."
-    span = find_last_boxed(text)
-    assert span is not None
-    assert text[span.start : span.start + 6] == "\\boxed"
-    assert span.brace is not None and text[span.brace] == "{"
-    assert text[span.content_start : span.content_end] == "\\frac{1}{2}"
-    assert text[span.content_end] == "}"
-
-
-def test_span_of_space_form_has_no_brace() -> None:
-    span = find_last_boxed("so \\boxed 42$")
-    assert span is not None and span.brace is None and span.content == "42"

@@ -1,8 +1,5 @@
-"""The RL math: advantages, policy loss, loss aggregation, KL, log-probs, dynamic sampling.
-
-Small pure functions on tensors, each tested with hand-computed values; estimators and losses
-are also reachable by name through their registries.
-"""
+"""The RL math: advantages, policy loss, loss aggregation, KL, log-probs, dynamic sampling;
+small pure functions on tensors, estimators and losses also by name through their registries."""
 
 from medsrl.algo.advantages import (
     ADVANTAGE_ESTIMATORS,

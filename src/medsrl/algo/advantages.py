@@ -1,7 +1,5 @@
-"""Advantage estimators (GRPO, Dr.GRPO, RLOO, GDPO) and their registry.
-
-Registered by name (verl style): ``algorithm.advantage`` picks one, ``algorithm.advantage_options``
-are its keyword options; the math lives in the pure functions below.
+"""Advantage estimators (GRPO, Dr.GRPO, RLOO, GDPO) and their registry: ``algorithm.advantage``
+picks one by name (verl style), with ``algorithm.advantage_options``.
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {}
 
 
 def register_advantage(name: str) -> Callable[[_F], _F]:
-    """Decorator adding ``fn(inputs: AdvantageInputs, **options) -> Tensor`` as ``name``; a
-    duplicate name is refused (no silent replacement)."""
+    """Decorator adding ``fn(inputs: AdvantageInputs, **options) -> Tensor`` as ``name``."""
 
     def deco(fn: _F) -> _F:
         if name in ADVANTAGE_ESTIMATORS:
@@ -50,8 +47,7 @@ def register_advantage(name: str) -> Callable[[_F], _F]:
 
 def compute_advantages(name: str, inputs: AdvantageInputs, **options: Any) -> Tensor:
     """Advantages from the estimator registered as ``name``: [B], or [B,T] for token-level ones.
-    Options are bound to its signature first: a misspelt option is a config error, while a
-    TypeError raised inside the estimator stays one."""
+    Options are bound first: a misspelt one is a config error, a TypeError inside stays one."""
     fn = ADVANTAGE_ESTIMATORS.get(name)
     if fn is None:
         valid = ", ".join(sorted(ADVANTAGE_ESTIMATORS))
@@ -85,11 +81,9 @@ def _group_deviation(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor,
 def group_advantages(
     scores: Tensor, group_ids: Tensor, *, norm_by_std: bool = True, eps: float = 1e-6
 ) -> Tensor:
-    """Per-response advantage ``(score - group mean) / (group std + eps)`` (GRPO).
-
-    ``norm_by_std=False`` gives Dr.GRPO's ``score - group mean``, dropping the division that
-    up-weights near-uniform groups. The std is unbiased (n-1), like ``torch.std``. Groups may be
-    ragged, with arbitrary shuffled ids; a singleton or all-equal group gets 0.
+    """GRPO's ``(score - group mean) / (group std + eps)`` per response (unbiased std);
+    ``norm_by_std=False``: Dr.GRPO's ``score - group mean``, without the division that up-weights
+    near-uniform groups. Groups may be ragged, ids arbitrary; a singleton or all-equal group gets 0.
     """
     dev, counts, inv, g = _group_deviation(scores, group_ids)
     if not norm_by_std:
@@ -99,11 +93,8 @@ def group_advantages(
 
 
 def rloo_advantages(scores: Tensor, group_ids: Tensor) -> Tensor:
-    """RLOO: ``r_i - mean of the others in its group`` = ``n/(n-1) (r_i - mean)``; no std.
-
-    A baseline free of the response's own reward keeps the gradient unbiased (the plain group
-    mean scales it by (n-1)/n). A group of size 1 gets 0.
-    """
+    """RLOO: ``r_i - mean of the others in its group`` = ``n/(n-1) (r_i - mean)``, no std: a
+    baseline free of the response's own reward keeps the gradient unbiased. A singleton gets 0."""
     dev, counts, inv, _ = _group_deviation(scores, group_ids)
     # n = 1: dev is already 0, the clamp only avoids 1/0
     return dev * (counts / (counts - 1).clamp(min=1))[inv]
@@ -117,16 +108,14 @@ def gdpo_advantages(
     eps: float = 1e-6,
     reduce_sum: Callable[[float], float] | None = None,
 ) -> Tensor:
-    """GDPO (arXiv 2601.05242): normalise each reward term within its group, then combine.
-
-    GRPO normalises the *sum*, so a term's influence depends on its raw scale (a small MEDS
-    penalty is drowned, a large one swamps correctness); here only its ``weights`` entry (default
-    1.0) sets it. The weighted sum is whitened over the batch (unbiased std; ``reduce_sum`` sums
-    the sum, sum of squares and row count over ranks, in that order). [B], in the terms' dtype.
+    """GDPO (arXiv 2601.05242): each reward term normalised within its group, so that its
+    ``weights`` entry (default 1.0), not its raw scale, sets its influence; the weighted sum is
+    whitened over the batch (unbiased std; ``reduce_sum`` sums the sum, sum of squares and row
+    count over ranks, in that order). [B], in the terms' dtype.
     """
     if not terms:
         raise ValueError("gdpo_advantages needs at least one reward term")
-    weights = {} if weights is None else weights
+    weights = weights or {}
     unknown = sorted(set(weights) - set(terms))
     if unknown:
         raise ValueError(f"gdpo weights for unknown terms {unknown}; terms are {sorted(terms)}")
@@ -176,9 +165,9 @@ def _gdpo(
 
 def advantage_change_fraction(shaped: Tensor, base: Tensor, response_mask: Tensor) -> float:
     """How much of the policy-gradient signal shaping rewrote: mean |shaped - base| over mean
-    |base| per response token (``base``: advantages of the unshaped reward). NaN when there was
-    no signal to change and shaping made some.
-    """
+    |base| per response token (``base``: advantages of the unshaped reward); NaN when shaping
+    made a signal where there was none. On the host: the step's tensors may sit on two devices."""
+    shaped, base, response_mask = (t.detach().cpu() for t in (shaped, base, response_mask))
     mask = response_mask.to(torch.float64)
     shaped, base = per_token(shaped, response_mask).double(), per_token(base, response_mask).double()
     tokens = mask.sum()

@@ -17,19 +17,16 @@ def aggregate_loss(
     num_seqs: float | None = None,
     norm_length: float | None = None,
 ) -> Tensor:
-    """Aggregate ``loss_mat`` [B,T] over the positions where ``mask`` [B,T] is set.
+    """Aggregate ``loss_mat`` [B,T] over the positions where ``mask`` [B,T] is set:
 
-    - ``token-mean`` (DAPO): ``sum(loss*mask) / num_tokens``; every token weighs the same, so
-      long responses are not down-weighted.
-    - ``seq-mean-token-sum``: per-sequence token sum, summed over sequences / ``num_seqs``.
-    - ``seq-mean-token-mean`` (original GRPO): per-sequence masked mean, summed / ``num_seqs``;
-      sequences with an empty mask contribute 0.
-    - ``seq-mean-token-sum-norm`` (Dr.GRPO): ``sum(loss*mask) / (num_seqs * norm_length)`` with a
-      constant ``norm_length`` (default ``T = mask.shape[-1]``), removing the length bias.
+    - ``token-mean`` (DAPO): ``sum(loss*mask) / num_tokens``, long responses not down-weighted;
+    - ``seq-mean-token-sum``: per-sequence token sums, summed / ``num_seqs``;
+    - ``seq-mean-token-mean`` (GRPO): per-sequence masked means (0 if empty), summed / ``num_seqs``;
+    - ``seq-mean-token-sum-norm`` (Dr.GRPO): ``sum(loss*mask) / (num_seqs * norm_length)``, a
+      constant ``norm_length`` (default ``T``) removing the length bias.
 
-    Defaults: ``num_tokens = mask.sum()``, ``num_seqs = B``; pass the *mini-batch* totals (and
-    a fixed ``norm_length``) so micro-batch results sum to the full-batch value. Masked-out
-    positions may hold NaN/inf.
+    Defaults ``num_tokens = mask.sum()``, ``num_seqs = B``: pass the mini-batch totals (and a fixed
+    ``norm_length``) so micro-batches sum to its value. Masked-out positions may hold NaN/inf.
     """
     m = mask.to(loss_mat.dtype)
     masked = torch.where(m != 0, loss_mat, 0) * m

@@ -1,9 +1,7 @@
-"""Entropy-covariance policy losses, ``clip_cov`` and ``kl_cov`` ("The Entropy Mechanism of
-Reinforcement Learning for Reasoning Language Models"; verl's ``loss_mode`` of the same names).
-
-Entropy falls fastest through the tokens whose log-prob and advantage covary most (a confident
-token with a positive advantage grows more confident); both losses act on a small share of them
-(docs/NEIGHBOURS.md). Defaults are verl's.
+"""Entropy-covariance policy losses ``clip_cov`` and ``kl_cov`` ("The Entropy Mechanism of
+Reinforcement Learning for Reasoning Language Models"; verl's names and defaults): entropy falls
+fastest through the tokens whose log-prob and advantage covary most, so both act on a small share
+of those (docs/NEIGHBOURS.md).
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ import torch
 from torch import Tensor
 
 from medsrl.algo.logprobs import masked_mean, per_token
+from medsrl.algo.lp_reg import lowest_fraction
 from medsrl.algo.policy_loss import (
     PolicyLossOutput,
     _frac,
@@ -24,8 +23,7 @@ from medsrl.algo.policy_loss import (
 def token_covariance(advantages: Tensor, logp: Tensor, mask: Tensor) -> Tensor:
     """``(A - mean A) * (logp - mean logp)`` per token ``[B, T]``, means over the masked tokens;
     detached (it selects tokens, it is not differentiated)."""
-    adv = per_token(advantages, logp)
-    adv = adv.detach().expand_as(logp).float()
+    adv = per_token(advantages, logp).detach().expand_as(logp).float()
     lp = logp.detach().float()
     return (adv - masked_mean(adv, mask)) * (lp - masked_mean(lp, mask))
 
@@ -88,13 +86,9 @@ def kl_cov_loss(
     adv = per_token(advantages, logp)
     log_ratio = clamped_log_ratio(logp, old_logp)
     loss = -adv * torch.exp(log_ratio)
-    with torch.no_grad():
-        cov = token_covariance(advantages, logp, mask).masked_fill(~mask.bool(), float("-inf")).flatten()
-        valid = int(mask.sum())
-        picked = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
-        if valid:
-            picked[torch.topk(cov, max(1, int(kl_cov_ratio * valid))).indices] = True
-        picked = picked.view_as(mask)
+    with torch.no_grad():  # the largest covariances: the lowest of their negatives
+        cov = token_covariance(advantages, logp, mask)
+        picked = lowest_fraction(-cov, mask.bool(), kl_cov_ratio)
     loss = torch.where(picked, loss + ppo_kl_coef * log_ratio.abs(), loss)
     zero = torch.zeros((), device=logp.device)
     return PolicyLossOutput(

@@ -1,10 +1,7 @@
-"""Truncated importance sampling (TIS) against the rollout engine's own sampling distribution.
-
-vLLM in bf16 samples from a distribution a little off the trainer's, so rollouts are slightly
-off-policy even on the first update. Each token's policy-gradient term is weighted by
-``min(pi_old / pi_engine, cap)`` (detached), as verl's ``tis_imp_ratio_cap`` and TRL's
-``vllm_importance_sampling_cap``; the KL and entropy terms are not estimates over the engine's
-samples and stay unweighted.
+"""Truncated importance sampling (TIS) against the rollout engine's own sampling distribution:
+vLLM in bf16 samples a little off the trainer's, so each token's policy-gradient term is weighted
+by a detached ``min(pi_old / pi_engine, cap)`` (verl's ``tis_imp_ratio_cap``, TRL's
+``vllm_importance_sampling_cap``); the KL and entropy terms stay unweighted.
 """
 
 from __future__ import annotations

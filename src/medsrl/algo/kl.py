@@ -29,10 +29,9 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
 
 
 def sampling_mismatch(engine_logp: Tensor, trainer_logp: Tensor, mask: Tensor) -> dict[str, float]:
-    """How far the engine's sampling log-probs are from the trainer's (old-policy forward) for
-    the same tokens: its numerics (vLLM kernels, bf16, KV cache) and any temperature / top-p. As
-    verl's ``rollout_probs_diff``, a diagnostic: a jump flags a broken weight sync or a precision
-    problem. Token means over ``mask`` (and the max of ``|diff|``)."""
+    """How far the engine's sampling log-probs are from the trainer's (old-policy forward), token
+    means over ``mask`` (and the max of ``|diff|``); as verl's ``rollout_probs_diff``, a jump flags
+    a broken weight sync or a precision problem."""
     m = mask.bool()
     if not m.any():
         return {}

@@ -1,10 +1,9 @@
 """Per-token log-probabilities, entropies and masked means, in fp32 and light on memory.
 
-The ``[b, R, V]`` logits are the largest tensors of an RL step (V = 151,936 for Qwen: 7 GiB in
-bf16 at 8 x 3072 tokens). :func:`head_logprobs`, what the step uses, fuses the LM head and the
-log-softmax over chunks of ``CHUNK_TOKENS`` tokens, so only one chunk's logits ever exist (the
-backward recomputes them). :func:`token_logprobs` / :func:`token_entropy` work on logits already
-made (tests' references, tools), chunked the same way.
+The ``[b, R, V]`` logits are an RL step's largest tensors (7 GiB in bf16 for Qwen at 8 x 3072
+tokens), so :func:`head_logprobs` fuses the LM head and the log-softmax over chunks of
+``CHUNK_TOKENS`` tokens (recomputed in backward); :func:`token_logprobs` / :func:`token_entropy`
+chunk logits already made (tests' references, tools).
 """
 
 from __future__ import annotations
@@ -77,11 +76,8 @@ def token_logprobs(logits: Tensor, labels: Tensor) -> Tensor:
 
 
 def token_entropy(logits: Tensor) -> Tensor:
-    """Entropy of softmax(logits) per position, ``logsumexp(x) - sum(p * x)``: [B,T,V] -> [B,T].
-
-    fp32, chunked like ``token_logprobs``; plain autograd keeps each fp32 chunk for backward, so
-    call under ``torch.no_grad()`` when it is only a metric. Logits must be finite.
-    """
+    """Entropy of softmax(logits) per position, ``logsumexp(x) - sum(p * x)``: [B,T,V] -> [B,T],
+    fp32, chunked; finite logits only; autograd keeps each fp32 chunk (a metric: ``no_grad``)."""
     parts = []
     for c in logits.split(_chunk_rows(logits), dim=-2):
         c = _acc(c)
@@ -111,12 +107,11 @@ def head_logprobs(
 ) -> HeadLogprobs:
     """``log_softmax(hidden @ weight.T + bias)[label]`` per token, without the full logits.
 
-    ``hidden`` ``[..., H]``: the states predicting ``labels`` ``[...]``; ``weight`` ``[V, H]``,
-    ``bias`` ``[V]``: the LM head's. Logits are made ``chunk_tokens`` tokens at a time as the head
-    makes them (``F.linear`` under the active autocast) and upcast to fp32 per chunk: the numbers
-    of ``token_logprobs(head(hidden), labels)``. ``entropy`` is differentiable when
-    ``entropy_grad``, else a detached metric. ``reducers`` (no-grad only) see each chunk's
-    logits, ``[1, n, V]``, while they exist.
+    ``hidden`` ``[..., H]`` predicts ``labels`` ``[...]``; ``weight``, ``bias``: the LM head's.
+    Logits are made ``chunk_tokens`` at a time as the head makes them (``F.linear`` under the
+    active autocast), then upcast: the numbers of ``token_logprobs(head(hidden), labels)``.
+    ``entropy`` is differentiable when ``entropy_grad``; ``reducers`` (no-grad only) see each
+    chunk's logits, ``[1, n, V]``.
     """
     reducers = reducers or {}
     chunk = chunk_tokens or CHUNK_TOKENS
@@ -188,12 +183,10 @@ def _head_forward(
 
 
 class _FusedHeadLogprob(torch.autograd.Function):
-    """The LM head and the log-softmax (and entropy) of :func:`head_logprobs`, with recompute.
-
-    Saves the inputs (alive anyway) and ``[N]`` logsumexps / entropies. Backward remakes each
-    chunk's logits under the forward's autocast state; their gradient
-    ``g_logp * (onehot - p) + g_H * (-p * (log p + H))`` goes to the head's two matmuls in the
-    logits' dtype, as autograd would; the weight and bias gradients are summed in fp32.
+    """The LM head and the log-softmax (and entropy) of :func:`head_logprobs`, with recompute:
+    saves the inputs (alive anyway) and ``[N]`` logsumexps / entropies; backward remakes each
+    chunk's logits under the forward's autocast and feeds their gradient to the head's matmuls in
+    the logits' dtype, as autograd would, summing the weight and bias gradients in fp32.
     """
 
     @staticmethod
@@ -231,8 +224,10 @@ class _FusedHeadLogprob(torch.autograd.Function):
                 )
                 if need_h:
                     grad_h[sl] = g @ w
-                if need_w:
-                    _add_matmul_(grad_w, g.t(), h)
+                if need_w and g.dtype == h.dtype == grad_w.dtype:
+                    grad_w.addmm_(g.t(), h)  # in place: no [V, H] temporary
+                elif need_w:  # autocast's low-precision product, added to the fp32 sum
+                    grad_w.add_(g.t() @ h)
                 if need_b:
                     grad_b += g.sum(0, dtype=grad_b.dtype)
         return (
@@ -262,15 +257,6 @@ def _logits_grad(
     return d.to(out_dtype)
 
 
-def _add_matmul_(acc: Tensor, a: Tensor, b: Tensor) -> None:
-    """``acc += a @ b``; in place (no ``[V, H]`` temporary) when the three dtypes agree, else
-    through the low-precision product autocast makes (then added to the fp32 ``acc``)."""
-    if a.dtype == b.dtype == acc.dtype:
-        acc.addmm_(a, b)
-    else:
-        acc.add_(a @ b)
-
-
 def per_token(advantages: Tensor, like: Tensor) -> Tensor:
     """Sequence advantages ``[B]`` as ``[B, 1]`` (broadcast over the tokens of ``like`` ``[B, T]``);
     token-level ``[B, T]`` ones unchanged."""
@@ -281,7 +267,6 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Mean of ``x`` over positions where ``mask`` (0/1 or weights) is non-zero: 0 (with finite
     gradients) where the mask sums to 0; NaN/inf at masked-out positions are ignored."""
     m = mask.to(x.dtype) if x.is_floating_point() else mask.float()
-    num = torch.where(m != 0, x, 0) * m
-    num = num.sum() if dim is None else num.sum(dim)
-    den = m.sum() if dim is None else m.sum(dim)
+    num = (torch.where(m != 0, x, 0) * m).sum(dim)
+    den = m.sum(dim)
     return num / den.clamp(min=torch.finfo(den.dtype).tiny)

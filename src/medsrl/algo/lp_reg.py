@@ -1,9 +1,7 @@
-"""Lp-Reg, low-probability regularisation (arXiv 2510.03222) as the policy loss ``lp_reg``.
-
-RL keeps pushing down the rare tokens of failed responses, and with them the "reasoning sparks"
-exploration needs. Lp-Reg pulls such tokens towards ``pi_proxy``, the old policy restricted to the
-tokens above ``tau`` and renormalised (docs/NEIGHBOURS.md). The proxy's log-probs are a token stat
-of the scoring forward, read chunk by chunk, so no ``[B, T, V]`` tensor outlives its micro-batch.
+"""Lp-Reg, low-probability regularisation (arXiv 2510.03222), the policy loss ``lp_reg``: RL
+keeps pushing down the rare tokens of failed responses (the "reasoning sparks" exploration needs);
+Lp-Reg pulls them towards ``pi_proxy``, the old policy renormalised over the tokens above ``tau``
+(docs/NEIGHBOURS.md), whose log-probs are a token stat of the scoring forward.
 """
 
 from __future__ import annotations
@@ -27,9 +25,10 @@ def proxy_logprobs(logits: Tensor, labels: Tensor, tau: float, relative: bool = 
     tokens whose probability is above ``tau`` (``relative``: above ``tau * max prob``, the
     min-p form of the authors' code); ``-inf`` where the label itself is not above it."""
     parts = []
-    for c, y in zip(logits.split(_chunk_rows(logits), dim=-2), labels.split(_chunk_rows(logits), dim=-1), strict=True):
+    rows = _chunk_rows(logits)
+    for c, y in zip(logits.split(rows, dim=-2), labels.split(rows, dim=-1), strict=True):
         lp = torch.log_softmax(_acc(c), dim=-1)
-        thresh = tau + lp.new_zeros(()) if not relative else tau * lp.max(-1, keepdim=True).values.exp()
+        thresh = tau * lp.max(-1, keepdim=True).values.exp() if relative else tau
         keep = lp.exp() > thresh
         log_z = lp.masked_fill(~keep, float("-inf")).logsumexp(-1)
         picked = lp.gather(-1, y.unsqueeze(-1)).squeeze(-1)
@@ -49,13 +48,11 @@ def lp_reg_proxy(tau: float = 0.02, tau_relative: bool = False) -> TokenReducer:
 def lowest_fraction(values: Tensor, eligible: Tensor, frac: float) -> Tensor:
     """Bool mask of the ``max(1, int(frac * n))`` smallest ``values`` among the ``n`` eligible
     positions (none when ``n`` is 0); ties go to the earlier position."""
-    flat = values.flatten().masked_fill(~eligible.flatten(), float("inf"))
     n = int(eligible.sum())
-    out = torch.zeros(flat.numel(), dtype=torch.bool, device=values.device)
+    out = torch.zeros(values.numel(), dtype=torch.bool, device=values.device)
     if n:
-        k = max(1, int(frac * n))
-        order = torch.sort(flat, stable=True).indices[:k]
-        out[order] = True
+        flat = values.flatten().masked_fill(~eligible.flatten(), float("inf"))
+        out[torch.sort(flat, stable=True).indices[: max(1, int(frac * n))]] = True
     return out.view_as(values)
 
 

@@ -1,7 +1,5 @@
 """Policy losses and their registry: PPO clipped surrogate (DAPO clip-higher, dual-clip).
-
-Registered by name (verl style): ``algorithm.policy_loss`` picks one, with the keyword options
-of ``algorithm.policy_loss_options``.
+``algorithm.policy_loss`` picks one by name (verl style), with ``algorithm.policy_loss_options``.
 """
 
 from __future__ import annotations
@@ -42,35 +40,25 @@ POLICY_LOSS_STATS: dict[str, dict[str, Callable[..., TokenReducer]]] = {}
 _CLIP_KWARGS = ("clip_low", "clip_high", "dual_clip")
 
 
-def _accepts_keywords(fn: Callable[..., Any], names: tuple[str, ...]) -> bool:
-    """Whether ``fn`` can be called with each of ``names`` as a keyword argument."""
-    params = inspect.signature(fn).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return True
-    by_keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return set(names) <= {p.name for p in params if p.kind in by_keyword}
-
-
 def register_policy_loss(
     name: str, token_stats: dict[str, Callable[..., TokenReducer]] | None = None
 ) -> Callable[[_F], _F]:
     """Decorator adding ``fn(logp, old_logp, advantages, mask, *, clip_low, clip_high,
-    dual_clip, **options) -> PolicyLossOutput`` as ``name``.
-
-    ``token_stats``: per-token quantities of the old policy the loss needs, each built by a
-    factory from the loss options its signature names (those go to the factory, not the loss);
-    the scoring forward computes them and the loss gets each as a keyword argument.
-
-    Refused here: a duplicate name (no silent replacement) and a loss that cannot take the clip
-    keywords or its stats (a later error would wrongly blame ``algorithm.policy_loss_options``).
+    dual_clip, **options) -> PolicyLossOutput`` as ``name``. ``token_stats``: per-token
+    quantities of the old policy the loss gets as keyword arguments, each built by a factory from
+    the loss options its signature names. Refused here, not blamed later on the options: a
+    duplicate name and a loss that cannot take the clip keywords or its stats.
     """
     stats = dict(token_stats or {})
 
     def deco(fn: _F) -> _F:
         if name in POLICY_LOSSES:
             raise ValueError(f"policy loss {name!r} is already registered")
-        if not _accepts_keywords(fn, _CLIP_KWARGS + tuple(stats)):
-            raise ValueError(f"policy loss {name!r} must accept keyword arguments {_CLIP_KWARGS + tuple(stats)}")
+        names = _CLIP_KWARGS + tuple(stats)
+        try:
+            inspect.signature(fn).bind_partial(**dict.fromkeys(names))
+        except TypeError as e:
+            raise ValueError(f"policy loss {name!r} must accept keyword arguments {names}") from e
         POLICY_LOSSES[name] = fn
         POLICY_LOSS_STATS[name] = stats
         return fn
@@ -80,12 +68,6 @@ def register_policy_loss(
 
 def _factory_options(factory: Callable[..., TokenReducer]) -> set[str]:
     return set(inspect.signature(factory).parameters)
-
-
-def _loss_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
-    """The options that go to the loss itself (not to the factories of its token stats)."""
-    taken = set().union(*(_factory_options(f) for f in POLICY_LOSS_STATS.get(name, {}).values()))
-    return {k: v for k, v in options.items() if k not in taken}
 
 
 def policy_loss_reducers(name: str, options: dict[str, Any]) -> dict[str, TokenReducer]:
@@ -114,13 +96,11 @@ def compute_policy_loss(
     name: str, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, **options: Any
 ) -> PolicyLossOutput:
     """Per-token loss from the policy loss registered as ``name``; ``advantages`` [B] or [B,T].
-
-    ``options``: the clip keywords, the loss's own options and token stats; the stats'
-    factory options are set aside. The rest are bound to the signature before the call, so a
-    misspelt option is a config error while a TypeError raised inside the loss stays one.
-    """
+    ``options`` less those of its token stats' factories are bound to its signature first: a
+    misspelt option is a config error, while a TypeError raised inside the loss stays one."""
     fn = _lookup(name)
-    options = _loss_options(name, options)
+    taken = set().union(*(_factory_options(f) for f in POLICY_LOSS_STATS[name].values()))
+    options = {k: v for k, v in options.items() if k not in taken}
     try:
         inspect.signature(fn).bind(logp, old_logp, advantages, mask, **options)
     except TypeError as e:
@@ -148,12 +128,10 @@ def clipped_surrogate(
     clip_high: float = 0.2,
     dual_clip: float | None = None,
 ) -> PolicyLossOutput:
-    """Per-token PPO loss ``max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))``.
-
-    A larger ``clip_high`` (DAPO clip-higher) lets low-probability tokens grow, against entropy
-    collapse. ``dual_clip`` (> 1) caps the loss of ``A < 0`` tokens at ``-A * dual_clip``, so a
-    huge ratio on a bad token cannot dominate the update. ``advantages``: [B] or [B,T].
-    """
+    """Per-token PPO loss ``max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))``; a larger
+    ``clip_high`` (DAPO clip-higher) lets low-probability tokens grow, against entropy collapse;
+    ``dual_clip`` (> 1) caps the loss of ``A < 0`` tokens at ``-A * dual_clip``, so a huge ratio on
+    a bad token cannot dominate the update."""
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
     adv = per_token(advantages, logp)

@@ -1,8 +1,5 @@
-"""A run's settings with its final figures, so that TensorBoard's HParams dashboard over a
-multirun compares runs side by side; W&B gets the whole resolved config instead.
-
-Logged after ``fit`` (from ``train.py``), when the last validation is known; ``default_hp_metric:
-false`` keeps Lightning's own session from shadowing this one.
+"""A run's settings with its final figures, logged after ``fit`` so that TensorBoard's HParams
+dashboard compares the runs of a multirun; W&B gets the whole resolved config instead.
 """
 
 from __future__ import annotations

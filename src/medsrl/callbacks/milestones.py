@@ -1,7 +1,6 @@
-"""Weights-only milestones of the policy, all kept: a full checkpoint (fp32 weights and both AdamW
-moments, ~12 bytes a parameter: ~90 GB for a 7B policy) is kept only for the last few steps. A
-milestone is bf16 (2 bytes a parameter), saved the Hugging Face way with its tokenizer, so
-``medsrl-eval model_path=<run>/milestones/step_000100`` or any HF tool loads it.
+"""Weights-only milestones of the policy, all kept (full checkpoints, ~12 bytes a parameter, are
+kept for the last few steps only): bf16, saved the Hugging Face way with the tokenizer, so
+``medsrl-eval model_path=<run>/milestones/step_000100`` or any HF tool loads one.
 """
 
 from __future__ import annotations
@@ -22,8 +21,6 @@ class WeightMilestones(Callback):
     ``<dirpath>/step_<step>``, via a temporary folder so a crash mid-save leaves no half one."""
 
     def __init__(self, every_n_steps: int = 0, dtype: str = "bfloat16", dirpath: str | None = None) -> None:
-        if every_n_steps < 0:
-            raise ValueError(f"every_n_steps must be >= 0, got {every_n_steps}")
         self.every_n_steps = every_n_steps
         self.dtype = resolve_dtype(dtype)
         self.dirpath = dirpath

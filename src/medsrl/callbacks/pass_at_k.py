@@ -1,7 +1,6 @@
-"""Held-out validation during training: accuracy, pass@k and diversity, as medsrl-eval measures them.
-
-The only validation: the module has no ``validation_step``. The sampling seed is the same at every
-evaluation, so successive points differ by the policy, not the dice.
+"""Held-out validation during training (the module has no ``validation_step``): accuracy, pass@k
+and diversity as medsrl-eval measures them, with the same sampling seed at every evaluation, so
+that successive points differ by the policy, not the dice.
 """
 
 from __future__ import annotations
@@ -13,12 +12,7 @@ from contextlib import nullcontext
 from lightning.pytorch.callbacks import Callback
 
 from medsrl.callbacks.progress import set_progress_status
-from medsrl.evaluation.responses import (
-    EvalProblem,
-    EvalSettings,
-    sample_problems,
-    summarize_records,
-)
+from medsrl.evaluation.responses import EvalSettings, sample_problems, summarize_records
 from medsrl.methods.meds.features import FeatureSpec
 from medsrl.utils.distributed import all_gather_objects, rank_and_size, shard_bounds
 
@@ -68,13 +62,12 @@ class PassAtKValidation(Callback):
             self._evaluate(trainer, pl_module)
 
     def _evaluate(self, trainer, pl_module) -> None:
-        prompts = trainer.datamodule.val_prompts()[: self.num_problems]
-        if not prompts or self.every_n_steps <= 0:
+        problems = trainer.datamodule.val_prompts()[: self.num_problems]
+        if not problems or self.every_n_steps <= 0:
             return
         set_progress_status(trainer, "validating")  # the step bar, instead of looking stuck
         max_new = self.max_new_tokens or pl_module.rollout_cfg.max_new_tokens
         settings = dataclasses.replace(self.settings, max_new_tokens=max_new)
-        problems = [EvalProblem(p.key, p.text, p.problem, p.answer) for p in prompts]
         # whole sampling chunks per rank (each seeded by its first problem): the numbers of one process
         chunk = settings.chunk_size
         first, last = shard_bounds(-(-len(problems) // chunk), *rank_and_size())
@@ -90,7 +83,7 @@ class PassAtKValidation(Callback):
         engine.release()
         records = [rec for part in all_gather_objects(mine) for rec in part]
         by_source = defaultdict(list)
-        for p, rec in zip(prompts, records, strict=True):
+        for p, rec in zip(problems, records, strict=True):
             by_source[p.source].append(rec)
         rows = [summarize_records("", "all", records)]
         if len(by_source) > 1:

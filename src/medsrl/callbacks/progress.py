@@ -1,10 +1,8 @@
 """A progress bar that counts RL steps: ``step 37/60 |████▉   | [01:54<01:11, 3.1s/step, reward=0.412, acc=0.375]``.
 
-Lightning's bar counts epochs and batches per second, which for an RL run (no epochs, one batch =
-one step of tens of seconds) reads "Epoch 0/-2 ... 0.03it/s". The clock starts with the first step,
-so the validation before it is not counted; while ``PassAtKValidation`` samples, the bar says
-``validating`` instead of looking stuck. It closes at the last step, so Lightning's "`Trainer.fit`
-stopped" line comes under it. Only rank 0 draws it.
+Lightning's bar counts epochs and batches per second ("Epoch 0/-2 ... 0.03it/s" for an RL run).
+This one's clock starts with the first step, it says ``validating`` while ``PassAtKValidation``
+samples, and it closes at the last step, above Lightning's "`Trainer.fit` stopped". Rank 0 only.
 """
 
 from __future__ import annotations
@@ -19,21 +17,18 @@ from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 BAR_FORMAT = "step {n_fmt}/{total_fmt} |{bar}| [{elapsed}<{remaining}{postfix}]"
 BAR_FORMAT_NO_TOTAL = "step {n_fmt} [{elapsed}{postfix}]"  # max_steps=-1: no total, no ETA
+PREFIX = "train/"  # dropped from the metric names
+STEP_TIME_METRIC = "train/time/step"  # the module's own step time (its training_step alone)
 
 
 class StepProgressBar(TQDMProgressBar):
-    """``step <n>/<max_steps>`` with seconds per step and the ``prog_bar`` metrics, ``prefix``
-    stripped. ``step_time_metric`` times a step as the module logs it (its ``training_step``
-    alone, a validation excluded); without it the bar times its own step hooks."""
+    """``step <n>/<max_steps>`` with seconds per step (the mean of the last ``window``) and the
+    ``prog_bar`` metrics."""
 
     def __init__(self, refresh_rate: int = 1, process_position: int = 0, window: int = 10,
-                 prefix: str = "train/", step_time_metric: str | None = "train/time/step",
                  leave: bool = True) -> None:
         super().__init__(refresh_rate=refresh_rate, process_position=process_position, leave=leave)
-        self.window = max(1, int(window))
-        self.prefix = prefix
-        self.step_time_metric = step_time_metric
-        self._step_times: deque[float] = deque(maxlen=self.window)
+        self._step_times: deque[float] = deque(maxlen=window)
         self._step_start: float | None = None
         self._started = False  # the first step began (the clock restarts then)
         self._closed = False
@@ -52,8 +47,8 @@ class StepProgressBar(TQDMProgressBar):
         return ", ".join([*parts, self._status] if self._status else parts)
 
     def get_metrics(self, trainer, pl_module) -> dict[str, Any]:
-        """The ``prog_bar=True`` metrics, ``prefix`` dropped; no ``v_num``."""
-        return {k.removeprefix(self.prefix or ""): v for k, v in trainer.progress_bar_metrics.items()}
+        """The ``prog_bar=True`` metrics, ``PREFIX`` dropped; no ``v_num``."""
+        return {k.removeprefix(PREFIX): v for k, v in trainer.progress_bar_metrics.items()}
 
     def set_status(self, text: str) -> None:
         """A word after the metrics (``validating``), ``""`` to clear it; redraws at once. Before
@@ -138,7 +133,7 @@ class StepProgressBar(TQDMProgressBar):
 
     def _step_seconds(self, trainer) -> float:
         """The step's own duration: the module's logged step time, else this bar's hooks' span."""
-        value = trainer.callback_metrics.get(self.step_time_metric) if self.step_time_metric else None
+        value = trainer.callback_metrics.get(STEP_TIME_METRIC)
         if value is not None:
             return float(value)
         return time.monotonic() - self._step_start if self._step_start is not None else 0.0

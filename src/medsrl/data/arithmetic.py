@@ -7,12 +7,8 @@ A problem chains a few operations on a running number::
 
 Every intermediate result is written out, so a ~1M-parameter char-level model only has to learn
 one small operation per step, in minutes of supervised warm start on a CPU (docs/WARMSTART.md).
-Levels (``LEVELS``): **1** - 2 operations, start and operands 1-9; **2** - 2 or 3 operations;
-**3** - 3 or 4 operations, start 1-20. The running value stays in 0-99, and multiplication is
-offered only while it is a single digit (a times-table fact). Operation, operand and phrasing
-("add 3" / "plus 3", "Start at" / "Start with") are drawn uniformly.
-
-Splits are disjoint by construction: sha1(problem) % 10 is 0 for ``test``, 1 for ``val``.
+Difficulty: ``LEVELS``; operation, operand and phrasing are drawn uniformly. Splits are disjoint
+by construction: sha1(problem) % 10 is 0 for ``test``, 1 for ``val``.
 """
 
 from __future__ import annotations
@@ -39,7 +35,7 @@ OP_PHRASES = {
 
 @dataclass(frozen=True)
 class Level:
-    """How problems of one difficulty level are drawn."""
+    """How problems of one difficulty level are drawn (multiplication: a times-table fact)."""
 
     min_ops: int
     max_ops: int
@@ -122,11 +118,11 @@ def space_size(level: int) -> int:
     def paths(value: int, remaining: int) -> int:
         if remaining == 0:
             return 1
-        total = 0
-        for op, operands in _choices(spec, value):
-            for d in operands:
-                total += len(OP_PHRASES[op]) * paths(apply_op(op, value, d), remaining - 1)
-        return total
+        return sum(
+            len(OP_PHRASES[op]) * paths(apply_op(op, value, d), remaining - 1)
+            for op, operands in _choices(spec, value)
+            for d in operands
+        )
 
     return sum(
         len(START_PHRASES) * paths(start, n)
@@ -149,9 +145,9 @@ def _enumerate_split(level: int, split: str) -> tuple[tuple[str, str, int], ...]
             return
         for op, operands in _choices(spec, value):
             for d in operands:
+                new = apply_op(op, value, d)
                 for phrase in range(len(OP_PHRASES[op])):
-                    step = (op, d, phrase)
-                    walk(start, start_phrase, apply_op(op, value, d), [*steps, step], remaining - 1)
+                    walk(start, start_phrase, new, [*steps, (op, d, phrase)], remaining - 1)
 
     for start in range(spec.start_min, spec.start_max + 1):
         for start_phrase in range(len(START_PHRASES)):
@@ -177,9 +173,8 @@ def _level(level: int) -> Level:
 def generate_arithmetic(
     num: int, level: int = 1, seed: int = 0, split: str = "train"
 ) -> list[MathExample]:
-    """``num`` distinct arithmetic problems of ``level`` from ``split``, deterministic in ``seed``
-    (``source="arithmetic-l{level}"``, ``row``: the index in the list, ``solution`` ending in
-    ``\\boxed{answer}``). ``ValueError`` when the split holds fewer than ``num`` problems."""
+    """``num`` distinct problems of ``level`` from ``split``, deterministic in ``seed``, with
+    worked solutions; ``ValueError`` when the split holds fewer than ``num`` problems."""
     spec = _level(level)
     check_request(num, split)
     total = space_size(level)
@@ -198,20 +193,17 @@ def generate_arithmetic(
     rng = random.Random(f"arithmetic|{seed}|{level}|{split}")
     seen: set[str] = set()
     items: list[tuple[str, str, int]] = []
-    # Give up drawing after this many draws in a row that add nothing new (an enumerable space is
-    # then filled up from its enumeration, so it can give up sooner).
+    # Draws in a row that add nothing new before giving up (sooner where the enumeration fills up)
     stall_limit = 2_000 + 2 * num if enumerable else 20_000 + 20 * num
     stalled = 0
-    while len(items) < num:
-        problem, solution, answer = _draw(spec, rng)
-        if problem in seen or split_of(problem) != split:
+    while len(items) < num and stalled < stall_limit:
+        item = _draw(spec, rng)
+        if item[0] in seen or split_of(item[0]) != split:
             stalled += 1
-            if stalled >= stall_limit:
-                break
-            continue
-        stalled = 0
-        seen.add(problem)
-        items.append((problem, solution, answer))
+        else:
+            stalled = 0
+            seen.add(item[0])
+            items.append(item)
 
     if len(items) < num:
         if not enumerable:

@@ -131,10 +131,10 @@ def _fields(obj: Any, where: str, what: str, keys: set[str]) -> dict[str, Any]:
 def _dataset_spec(obj: Any, where: str) -> DatasetSpec:
     if isinstance(obj, DatasetSpec):
         return obj
-    d = _fields(obj, where, "a dataset mapping", {"name", "weight", "source", "examples"})
+    d = _fields(obj, where, "a dataset mapping", {"name", "weight", "source"})
     if "name" not in d:
         raise ValueError(f"{where}: dataset needs a 'name'")
-    source = d.get("source", d.get("examples"))
+    source = d.get("source")
     if source is None:
         raise ValueError(
             f"{where} ({d['name']!r}): dataset needs a 'source' (examples or callable)"
@@ -154,16 +154,11 @@ def _stage_spec(obj: Any, i: int) -> StageSpec:
     for k in ("name", "start_step", "datasets"):
         if k not in d:
             raise ValueError(f"stage {i}: missing {k!r}")
-    datasets = d["datasets"]
-    if isinstance(datasets, Mapping) or not isinstance(datasets, Sequence):
+    if isinstance(d["datasets"], Mapping) or not isinstance(d["datasets"], Sequence):
         raise ValueError(f"stage {d['name']!r}: 'datasets' must be a list")
-    return StageSpec(
-        name=str(d["name"]),
-        start_step=int(d["start_step"]),
-        datasets=[
-            _dataset_spec(ds, f"stage {d['name']!r} dataset {j}") for j, ds in enumerate(datasets)
-        ],
-    )
+    where = f"stage {d['name']!r} dataset"
+    datasets = [_dataset_spec(ds, f"{where} {j}") for j, ds in enumerate(d["datasets"])]
+    return StageSpec(str(d["name"]), int(d["start_step"]), datasets)
 
 
 def largest_remainder_quotas(weights: Sequence[float], total: int) -> list[int]:
@@ -205,14 +200,13 @@ def _permutation(n: int, *seed_parts: object) -> np.ndarray:
 
 class _TrainSteps:
     """Infinite iterable of ``{"step", "stage", "prompts"}``, starting at the trainer's
-    ``global_step`` (read when iteration starts) or 0."""
+    ``global_step`` (read when iteration starts, so a resumed run continues exactly) or 0."""
 
-    def __init__(self, dm: MathDataModule, start: int | None = None):
+    def __init__(self, dm: MathDataModule):
         self.dm = dm
-        self.start = start
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        step = self.start if self.start is not None else self.dm._trainer_step()
+        step = int(getattr(self.dm.trainer, "global_step", 0) or 0)
         previous: str | None = None
         while True:
             stage = self.dm.stage_at(step)
@@ -230,11 +224,9 @@ class MathDataModule(lightning.LightningDataModule):
     """Prompts for RL training, in stages, as a stateless function of ``(seed, step)``.
 
     ``stages``: :class:`StageSpec` s or mappings ``{name, start_step, datasets: [{name, weight,
-    source}]}``, a ``source`` being a list of :class:`MathExample` (what Hydra's ``instantiate``
-    gives) or a zero-arg callable returning one. ``val``: datasets ``{name, source}`` whose union,
-    shuffled with the seed and cut to ``val_size``, is the held-out set. ``template``:
-    :class:`~medsrl.data.template.PromptTemplate` settings (``kind=chat`` renders with the
-    tokenizer of :meth:`use_tokenizer`). ``Prompt.source`` is the dataset's name in this config.
+    source}]}`` (a source: see :class:`DatasetSpec`). ``val``: datasets ``{name, source}`` whose
+    union, shuffled with the seed and cut to ``val_size``, is the held-out set. ``template``:
+    ``PromptTemplate`` settings. ``Prompt.source`` is the dataset's name in this config.
     """
 
     def __init__(
@@ -259,17 +251,15 @@ class MathDataModule(lightning.LightningDataModule):
         self.tokenizer = None  # the policy's, for kind=chat (use_tokenizer)
 
         stages = _plain(stages)
-        if stages is None or isinstance(stages, Mapping) or not isinstance(stages, Sequence):
+        if not stages or isinstance(stages, Mapping) or not isinstance(stages, Sequence):
             raise ValueError("stages must be a non-empty list of stages")
         self.stages: list[StageSpec] = [_stage_spec(s, i) for i, s in enumerate(stages)]
         self._validate_stages()
-        self._quotas = {
-            s.name: largest_remainder_quotas([d.weight for d in s.datasets], self.prompts_per_step)
-            for s in self.stages
-        }
+        self._quotas: dict[str, list[int]] = {}
         for s in self.stages:
-            quotas = zip(s.datasets, self._quotas[s.name], strict=True)
-            starved = [d.name for d, q in quotas if q == 0]
+            quotas = largest_remainder_quotas([d.weight for d in s.datasets], self.prompts_per_step)
+            self._quotas[s.name] = quotas
+            starved = [d.name for d, q in zip(s.datasets, quotas, strict=True) if q == 0]
             if starved:
                 log.warning("stage %s: prompts_per_step=%d is too small to give datasets %s a slot",
                             s.name, self.prompts_per_step, starved)
@@ -287,8 +277,6 @@ class MathDataModule(lightning.LightningDataModule):
         self._val_prompts: list[Prompt] | None = None
 
     def _validate_stages(self) -> None:
-        if not self.stages:
-            raise ValueError("stages must be a non-empty list of stages")
         _check_unique([s.name for s in self.stages], "stage names")
         if self.stages[0].start_step != 0:
             raise ValueError(
@@ -312,9 +300,6 @@ class MathDataModule(lightning.LightningDataModule):
                     )
                 if d.is_loaded:
                     _ = d.examples  # eager sources: check they are non-empty now
-
-    def _trainer_step(self) -> int:
-        return int(getattr(getattr(self, "trainer", None), "global_step", 0) or 0)
 
     def use_tokenizer(self, tokenizer) -> None:
         """The policy's tokenizer: ``template.kind=chat`` renders prompts with its chat template."""
@@ -340,13 +325,6 @@ class MathDataModule(lightning.LightningDataModule):
         quotas = zip(stage.datasets, self._quotas[stage.name], strict=True)
         return stage, [(ds, [self._item(stage, ds, k * q + j) for j in range(q)]) for ds, q in quotas]
 
-    def quotas(self, stage: str) -> dict[str, int]:
-        """Prompts per step of each dataset of ``stage``."""
-        spec = next((s for s in self.stages if s.name == stage), None)
-        if spec is None:
-            raise KeyError(f"no stage {stage!r}; stages: {[s.name for s in self.stages]}")
-        return {d.name: q for d, q in zip(spec.datasets, self._quotas[stage], strict=True)}
-
     def stage_at(self, step: int) -> StageSpec:
         """The stage whose ``start_step`` is the largest ``<= step``."""
         if step < 0:
@@ -359,16 +337,11 @@ class MathDataModule(lightning.LightningDataModule):
         return [self._render(ds.examples[i], ds.name) for ds, idx in parts for i in idx]
 
     def extra_prompts(self, step: int, round: int, n: int) -> list[Prompt]:
-        """``n`` more prompts of step ``step``'s stage for DAPO dynamic sampling round ``round``.
-
-        Deterministic in ``(seed, step, round)``; none is one of ``prompts_for_step(step)`` or
-        repeats within the call, as far as the datasets are large enough. Datasets share the
-        slots by weight (floors first, the rest drawn in proportion to the fractional parts).
-        """
+        """``n`` more prompts of ``step``'s stage for DAPO dynamic sampling round ``round``,
+        deterministic in ``(seed, step, round)``; none repeats ``prompts_for_step(step)`` or the
+        call's others while the datasets are large enough. Slots are shared by weight."""
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
-        if n == 0:
-            return []
         stage, regular = self._step_indices(step)
         weights = np.array([d.weight for d in stage.datasets], dtype=float)
         exact = weights / weights.sum() * n
@@ -388,21 +361,14 @@ class MathDataModule(lightning.LightningDataModule):
                 _seed_int(self.seed, "extra", stage.name, ds.name, step, round)
             ).permutation(size)
             used_set = set(used)
-            fresh = [int(i) for i in perm if int(i) not in used_set]
-            order = fresh + [int(i) for i in perm if int(i) in used_set]  # only if too small
+            order = sorted(perm.tolist(), key=used_set.__contains__)  # used ones: if too small
             picks = [order[j % size] for j in range(q)]
             out.extend(self._render(ds.examples[i], ds.name) for i in picks)
         return out
 
     def train_dataloader(self) -> _TrainSteps:
-        """Infinite iterable of ``{"step": s, "stage": name, "prompts": list[Prompt]}`` for
-        ``s = start, start + 1, ...``; ``start`` is ``trainer.global_step`` (0 when detached),
-        read when iteration begins, so a resumed run continues exactly."""
+        """The steps from ``trainer.global_step`` on (:class:`_TrainSteps`)."""
         return _TrainSteps(self)
-
-    def iter_steps(self, start: int = 0) -> Iterator[dict[str, Any]]:
-        """Same batches as :meth:`train_dataloader`, from an explicit ``start`` step."""
-        return iter(_TrainSteps(self, start=start))
 
     def val_prompts(self) -> list[Prompt]:
         """The held-out prompts: the union of the val datasets, shuffled with the seed, cut to
@@ -412,9 +378,7 @@ class MathDataModule(lightning.LightningDataModule):
         if self._val_prompts is None:
             pool = [(ex, ds.name) for ds in self.val for ex in ds.examples]
             perm = np.random.default_rng(_seed_int(self.seed, "val")).permutation(len(pool))
-            if self.val_size is not None:
-                perm = perm[: self.val_size]
-            self._val_prompts = [self._render(*pool[int(i)]) for i in perm]
+            self._val_prompts = [self._render(*pool[int(i)]) for i in perm[: self.val_size]]
         return self._val_prompts
 
     # checkpointing: the schedule is stateless; this only detects a changed schedule

@@ -7,10 +7,8 @@ from dataclasses import dataclass
 
 
 def prompt_key(problem: str) -> str:
-    """Stable key of a problem: the first 16 hex digits of sha1 of its UTF-8 text.
-
-    The same problem text gets the same key in every file and every run; MEDS memory is keyed on it.
-    """
+    """Stable key of a problem (16 hex digits of the sha1 of its text), the same in every file and
+    run: MEDS memory is keyed on it."""
     return hashlib.sha1(problem.encode("utf-8")).hexdigest()[:16]
 
 
@@ -35,12 +33,9 @@ class MathExample:
 
 @dataclass
 class Prompt:
-    """What the training loop receives for one problem.
-
-    Not frozen: Lightning passes every batch through ``apply_to_collection`` (device transfer,
-    and the input cast of ``bf16-true`` / FSDP precision), which rebuilds a dataclass field by
-    field and refuses a frozen one.
-    """
+    """What the training loop receives for one problem. Not frozen: Lightning's
+    ``apply_to_collection`` (device transfer, precision casts) rebuilds a dataclass field by field
+    and refuses a frozen one."""
 
     key: str
     text: str  # the rendered chat template, ending where the assistant starts writing

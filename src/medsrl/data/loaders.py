@@ -3,12 +3,10 @@
 Fields are named with dotted paths (``reward_model.ground_truth``, ``prompt.0.content``) or
 found per row, the first key the row has:
 
-- problem: ``problem``, ``question``, the first ``user`` message of ``prompt``. Known instruction
-  suffixes and prefixes (verl's, Qwen's "Please reason step by step...", DAPO's "Answer:"
-  wrapper) are stripped, and a ready chat string is reduced to its user turn.
-- answer: ``ANSWER_FIELDS``, else the last ``\\boxed{...}`` of ``solution``; a GSM8K rationale
-  ("... #### 18") gives the number after the last ``####``. Lists are joined with ", ", integral
-  floats lose their ".0".
+- problem: ``problem``, ``question``, the first ``user`` message of ``prompt``, without known
+  instruction text (verl's, Qwen's, DAPO's) and reduced to its user turn if a chat string.
+- answer: ``ANSWER_FIELDS``, else the last ``\\boxed{...}`` of ``solution``; the number after the
+  last ``####`` of a GSM8K rationale. Lists are joined with ", ", integral floats lose their ".0".
 - solution: ``solution`` when it is a worked one (the first of a list; verl's final-answer-only
   "solution" is dropped), or a GSM8K rationale.
 
@@ -63,30 +61,20 @@ Rows = Iterator[tuple[int, int | None, Any]]  # (row index, line number or None,
 
 def strip_instructions(problem: str) -> str:
     """Remove known instruction suffixes/prefixes and surrounding whitespace from a problem."""
-    text = problem.strip()
-    changed = True
-    while changed:
-        changed = False
+    text, previous = problem.strip(), None
+    while text != previous:
+        previous = text
         for suffix in INSTRUCTION_SUFFIXES:
-            if text.endswith(suffix):
-                text = text[: -len(suffix)].rstrip()
-                changed = True
+            text = text.removesuffix(suffix).rstrip()
         for prefix in INSTRUCTION_PREFIXES:
-            if text.startswith(prefix):
-                text = text[len(prefix) :].lstrip()
-                changed = True
+            text = text.removeprefix(prefix).lstrip()
     return text
 
 
 def _user_turn(text: str) -> str:
     """The user turn of a ready Qwen chat string; other text unchanged."""
-    start = "<|im_start|>user\n"
-    i = text.find(start)
-    if i < 0:
-        return text
-    body = text[i + len(start) :]
-    end = body.find("<|im_end|>")
-    return body if end < 0 else body[:end]
+    _, found, body = text.partition("<|im_start|>user\n")
+    return body.partition("<|im_end|>")[0] if found else text
 
 
 def _answer_to_str(value: Any) -> str | None:
@@ -105,9 +93,7 @@ def _answer_to_str(value: Any) -> str | None:
                 text = text.replace(",", "")
         return text or None
     if isinstance(value, (list, tuple)):
-        parts = [_answer_to_str(v) for v in value]
-        parts = [p for p in parts if p]
-        return ", ".join(parts) or None
+        return ", ".join(p for p in map(_answer_to_str, value) if p) or None
     return None
 
 
@@ -117,9 +103,7 @@ def _solution_to_str(value: Any, answer: str | None) -> str | None:
     if not isinstance(value, str) or not value.strip():
         return None
     text = value.strip()
-    if answer is not None and text == answer:  # verl: "solution" is only the final answer
-        return None
-    return text
+    return None if text == answer else text  # verl's "solution" is only the final answer
 
 
 def _get_path(row: Any, path: str) -> Any:
@@ -127,9 +111,7 @@ def _get_path(row: Any, path: str) -> Any:
     node = row
     for part in path.split("."):
         if isinstance(node, Mapping):
-            if part not in node:
-                return MISSING
-            node = node[part]
+            node = node.get(part, MISSING)  # MISSING is no container: the next part returns it
         elif isinstance(node, Sequence) and not isinstance(node, str):
             try:
                 node = node[int(part)]
@@ -243,8 +225,7 @@ def _read_json(path: Path) -> Rows:
             data = lists[0]
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a JSON list of objects, got {type(data).__name__}")
-    for i, obj in enumerate(data):
-        yield i, None, obj
+    yield from ((i, None, obj) for i, obj in enumerate(data))
 
 
 def _read_parquet(path: Path, columns: set[str] | None = None) -> Rows:
@@ -256,8 +237,7 @@ def _read_parquet(path: Path, columns: set[str] | None = None) -> Rows:
         table = pq.read_table(path, columns=keep)
     except Exception as e:  # pyarrow raises several types for corrupt files
         raise DataError(f"{path}: cannot read parquet file: {e}") from e
-    for i, obj in enumerate(table.to_pylist()):
-        yield i, None, obj
+    yield from ((i, None, obj) for i, obj in enumerate(table.to_pylist()))
 
 
 _READERS: dict[str, Callable[..., Rows]] = {
@@ -287,21 +267,6 @@ def default_name(path: str | Path) -> str:
     return path.stem
 
 
-def _no_examples(path: Path, total: int, bad: list[tuple[int, str]]) -> DataError:
-    """The error for a file that gives no problem at all: empty, or every row unusable. A run
-    or benchmark built on it would fail later and far from the file (or score nothing)."""
-    if total == 0:
-        return DataError(f"{path}: the file holds no rows (empty)")
-    return DataError(
-        f"{path}: none of its {total} rows is usable (missing or empty problem/answer; "
-        f"first: row {bad[0][0]}: {bad[0][1]})"
-    )
-
-
-def _where(path: Path, row: int, lineno: int | None) -> str:
-    return f"{path}: row {row}" + (f" (line {lineno})" if lineno is not None else "")
-
-
 def load_math_file(
     path: str | Path, *, name: str | None = None, problem_field: str | None = None,
     answer_field: str | None = None, limit: int | None = None, on_bad_row: str = "skip",
@@ -311,9 +276,8 @@ def load_math_file(
     ``name``: ``MathExample.source``, default ``default_name(path)``. ``problem_field`` /
     ``answer_field``: dotted paths (``answer_field="boxed:<path>"``: the last ``\\boxed{}`` of a
     field), default auto-detected. ``limit``: the first examples only (rows after are not read).
-    ``on_bad_row``: rows with a missing or empty problem or answer are ``"skip"``ped (one warning)
-    or ``"raise"`` a :class:`DataError`. A file that is missing, unparsable (the line is named), of
-    an unknown extension or without a single usable row raises :class:`DataError` too.
+    Bad rows are ``on_bad_row="skip"``ped (one warning) or ``"raise"`` a :class:`DataError`, as
+    does a file that is missing, unparsable, of an unknown extension or without a usable row.
     """
     if on_bad_row not in ("skip", "raise"):
         raise ValueError(f"on_bad_row must be 'skip' or 'raise', got {on_bad_row!r}")
@@ -340,7 +304,8 @@ def load_math_file(
         fields = _row_fields(obj, problem_field, answer_field)
         if isinstance(fields, str):
             if on_bad_row == "raise":
-                raise DataError(f"{_where(path, row, lineno)}: {fields}")
+                line = f" (line {lineno})" if lineno is not None else ""
+                raise DataError(f"{path}: row {row}{line}: {fields}")
             bad.append((row, fields))
             continue
         problem, answer, solution = fields
@@ -353,6 +318,11 @@ def load_math_file(
             "%s: skipped %d of %d rows with a missing or empty problem/answer (rows %s%s; first: %s)",
             path, len(bad), total, shown, more, bad[0][1],
         )
-    if not examples and limit != 0:
-        raise _no_examples(path, total, bad)
+    if not examples and limit != 0:  # what is built on such a file would fail later, far from it
+        if total == 0:
+            raise DataError(f"{path}: the file holds no rows (empty)")
+        raise DataError(
+            f"{path}: none of its {total} rows is usable (missing or empty problem/answer; "
+            f"first: row {bad[0][0]}: {bad[0][1]})"
+        )
     return examples

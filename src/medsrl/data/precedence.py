@@ -9,9 +9,7 @@ strictly left to right::
 
 A problem where the routes disagree (a ``*`` after a ``+`` or ``-``) is a **trap**. The
 warm-start corpus solves a fraction ``shortcut_rate`` of its traps by the shortcut, which plants
-a recurring wrong answer (``error_mode_report`` measures it). Levels: **1** - two operators,
-**2** - three; numbers 1-9 (multiplication operands 2-9), every intermediate value in 0..99.
-Splits as in ``medsrl.data.arithmetic.split_of``.
+a recurring wrong answer (``error_mode_report`` measures it). Splits as in ``arithmetic.split_of``.
 """
 
 from __future__ import annotations
@@ -42,17 +40,13 @@ class Route:
         return " ".join(self.lines) + f" \\boxed{{{self.value}}}"
 
 
-def _in_range(v: int) -> bool:
-    return 0 <= v <= VALUE_MAX
-
-
 def shortcut_route(nums: Sequence[int], ops: Sequence[str]) -> Route:
     """Strictly left to right, ignoring that ``*`` binds tighter."""
     value, lines = nums[0], []
     for op, b in zip(ops, nums[1:], strict=True):
         new = apply_op(op, value, b)
         lines.append(f"{value} {op} {b} = {new}.")
-        if not _in_range(new):
+        if not 0 <= new <= VALUE_MAX:
             return Route(tuple(lines), None)
         value = new
     return Route(tuple(lines), value)
@@ -65,7 +59,7 @@ def correct_route(nums: Sequence[int], ops: Sequence[str]) -> Route:
         i = ops.index("*")
         new = nums[i] * nums[i + 1]
         lines.append(f"{nums[i]} * {nums[i + 1]} = {new}.")
-        if not _in_range(new):
+        if not 0 <= new <= VALUE_MAX:
             return Route(tuple(lines), None)
         nums[i : i + 2] = [new]
         del ops[i]
@@ -109,12 +103,9 @@ def generate_precedence(
     num: int, level: int = 1, seed: int = 0, split: str = "train", trap_fraction: float = 0.5,
     shortcut_rate: float = 0.0,
 ) -> list[MathExample]:
-    """``num`` distinct problems of ``level`` from ``split``, deterministic in ``seed``.
-
-    ``answer`` is the correct route's value; ``solution`` the correct route, except that a trap
-    is solved by the shortcut with probability ``shortcut_rate`` (the warm-start corpus's planted
-    habit; evaluation and RL data leave it at 0). ``ValueError`` when the split is exhausted.
-    """
+    """``num`` distinct problems of ``level`` from ``split``, deterministic in ``seed``, solved by
+    the correct route, except a trap by the shortcut with probability ``shortcut_rate`` (the
+    warm-start corpus's planted habit). ``ValueError`` when the split is exhausted."""
     if level not in LEVEL_OPERATORS:
         raise ValueError(f"unknown precedence level {level!r}; known: {sorted(LEVEL_OPERATORS)}")
     check_request(num, split)
@@ -149,11 +140,8 @@ def generate_precedence(
 def generate_precedence_mix(
     num: int, levels: dict[int, float], seed: int = 0, split: str = "train", **options
 ) -> list[MathExample]:
-    """``num`` problems split over ``levels`` (level -> share of ``num``), level by level.
-
-    The warm-start corpus of the study mixes both levels; ``options`` go to
-    :func:`generate_precedence` (``trap_fraction``, ``shortcut_rate``). Rows are renumbered.
-    """
+    """``num`` problems split over ``levels`` (level -> share of ``num``), as the study's
+    warm-start corpus mixes them; ``options`` go to :func:`generate_precedence`."""
     total = sum(levels.values())
     if total <= 0:
         raise ValueError(f"levels must give a positive share to some level, got {levels}")

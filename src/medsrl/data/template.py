@@ -1,18 +1,14 @@
-"""Prompt formats: how a problem becomes the text the policy continues (``data.template``).
-
-Three kinds, chosen by ``data.template.kind``:
+"""Prompt formats: how a problem becomes the text the policy continues (``data.template.kind``).
 
 - ``qwen_math`` (the default): the Qwen-Math chat template rendered by hand, so the tiny
-  char-level preset and the real Qwen tokenizers produce byte-identical prompts; a test checks
-  the string against the shared Qwen2.5-Math tokenizer's own ``apply_chat_template``.
-- ``chat``: the tokenizer's own chat template (``apply_chat_template``), for models whose prompt
-  format is not Qwen-Math ChatML: DeepSeek-R1-Distill (its template opens ``<think>``), Qwen3 with
-  ``enable_thinking``.
+  char-level preset and the real Qwen tokenizers produce byte-identical prompts (a test checks).
+- ``chat``: the tokenizer's own chat template, for models whose format is not Qwen-Math ChatML
+  (DeepSeek-R1-Distill, whose template opens ``<think>``; Qwen3 with ``enable_thinking``).
 - ``plain``: a completion prompt without chat markup, for base models.
 
-``instruction`` is appended to the problem in the user turn (DeepScaleR's way of asking for a
-boxed answer); ``system_prompt`` is the system turn (Qwen-Math's way), or the first paragraph of
-a plain prompt.
+``instruction`` follows the problem in the user turn (DeepScaleR's way of asking for a boxed
+answer); ``system_prompt`` is the system turn (Qwen-Math's way), or a plain prompt's first
+paragraph.
 """
 
 from __future__ import annotations
@@ -33,12 +29,8 @@ def render_prompt(
     system_prompt: str | None = QWEN_MATH_SYSTEM_PROMPT,
     extra_empty_assistant_turn: bool = False,
 ) -> str:
-    """Return the Qwen-Math prompt for ``problem``, ending where the assistant starts writing.
-
-    ``system_prompt=None`` drops the system turn. ``extra_empty_assistant_turn`` reproduces the
-    reference run's data files, whose prompt carried an empty assistant message before the
-    generation prompt.
-    """
+    """The Qwen-Math prompt for ``problem``, ending where the assistant starts writing
+    (``extra_empty_assistant_turn``: as the reference run's data files, an empty one before)."""
     parts = []
     if system_prompt is not None:
         parts.append(f"{IM_START}system\n{system_prompt}{IM_END}\n")
@@ -82,34 +74,28 @@ class PromptTemplate:
             raise ValueError(f"data.template: unknown keys {unknown} (allowed: {sorted(allowed)})")
         return cls(**values)
 
-    def user_turn(self, problem: str) -> str:
-        return problem if self.instruction is None else f"{problem} {self.instruction}"
-
     def render(self, problem: str, tokenizer: Any = None) -> str:
         """The prompt for ``problem``, ending where the model starts writing. ``kind=chat`` needs
         the ``tokenizer`` whose chat template renders it."""
-        user = self.user_turn(problem)
+        user = problem if self.instruction is None else f"{problem} {self.instruction}"
+        system_prompt = self.system_prompt
         if self.kind == "qwen_math":
-            return render_prompt(user, self.system_prompt, self.extra_empty_assistant_turn)
+            return render_prompt(user, system_prompt, self.extra_empty_assistant_turn)
         if self.kind == "plain":
-            head = "" if self.system_prompt is None else f"{self.system_prompt}\n\n"
-            return f"{head}{user}\n"
-        return render_chat(user, tokenizer, self.system_prompt, self.enable_thinking)
-
-
-def render_chat(user: str, tokenizer: Any, system_prompt: str | None = None,
-                enable_thinking: bool | None = None) -> str:
-    """``tokenizer.apply_chat_template`` of a system turn (when given) and the user turn, with the
-    generation prompt. ``enable_thinking`` reaches the template only when set (Qwen3 reads it)."""
-    if tokenizer is None:
-        raise ValueError("data.template.kind=chat renders with the tokenizer's chat template: no tokenizer given")
-    if not getattr(tokenizer, "chat_template", None):
-        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
-        raise ValueError(
-            f"data.template.kind=chat: tokenizer {name!r} has no chat template; use "
-            "data.template.kind=qwen_math or plain, or a tokenizer that ships one"
+            return user + "\n" if system_prompt is None else f"{system_prompt}\n\n{user}\n"
+        if tokenizer is None:
+            raise ValueError("data.template.kind=chat renders with the tokenizer's chat template: "
+                             "no tokenizer given")
+        if not getattr(tokenizer, "chat_template", None):
+            name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+            raise ValueError(
+                f"data.template.kind=chat: tokenizer {name!r} has no chat template; use "
+                "data.template.kind=qwen_math or plain, or a tokenizer that ships one"
+            )
+        messages = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
+        messages.append({"role": "user", "content": user})
+        # set only when given: Qwen3's template reads it
+        extra = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **extra
         )
-    messages = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
-    messages.append({"role": "user", "content": user})
-    extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)

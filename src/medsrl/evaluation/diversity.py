@@ -2,9 +2,8 @@
 
 MEDS claims that penalising repeated errors makes a policy explore: its wrong answers should be
 more varied (more distinct strings, more clusters in feature space) and its features less
-concentrated along one direction (lower top-1 eigen ratio). Feature rows are the per-response
-vectors the MEDS memory stores (e.g. the per-layer logit profile at the answer); the geometry
-matches training: clusters via ``fit_cluster_labels``, eigen ratio via ``top1_eigen_ratio``.
+concentrated along one direction (lower top-1 eigen ratio). Feature rows and geometry are those
+of MEDS training (the per-response vectors its memory stores).
 """
 
 from __future__ import annotations
@@ -26,34 +25,18 @@ def distinct_answers(answers: Sequence[str | None]) -> int:
 
 
 def distinct_wrong_answers(answers: Sequence[str | None], scores: Sequence[float]) -> int:
-    """Number of different *wrong* answers (score < 1, an answer was given).
-
-    Why separate from ``distinct_answers``: a problem has one right answer, so the spread of the
-    errors is what repeated-error penalties are meant to change.
-    """
+    """Number of different *wrong* answers (score < 1, an answer given): a problem has one right
+    answer, so the spread of the errors is what repeated-error penalties are meant to change."""
     if len(answers) != len(scores):
         raise ValueError(f"{len(answers)} answers but {len(scores)} scores")
     return len({answer_key(a) for a, s in zip(answers, scores, strict=True) if s < 1.0} - {None})
 
 
-def feature_eigen_ratio(features: np.ndarray) -> float:
-    """Top-1 eigen ratio ``lambda_1 / sum(lambda)`` of the covariance of the feature rows [N, D].
-
-    Near 1: the responses vary along one direction (collapsed); towards ``1/D`` when they spread
-    evenly. Raw rows, as the training metric ``meds/top1_eigen_ratio``; ``nan`` for fewer than 2
-    rows or zero variance.
-    """
-    return top1_eigen_ratio(features)
-
-
 def wrong_cluster_count(
     features: np.ndarray, *, min_cluster_size: int = 2, min_samples: int = 1
 ) -> int:
-    """Number of error modes among the wrong responses' feature rows [N, D], counted as MEDS does.
-
-    Clustering as in MEDS training (``fit_cluster_labels``), the noise points together one cluster
-    as in the reference penalty: errors all alike give 1 (HDBSCAN calls a single mode noise).
-    """
+    """Number of error modes among the wrong responses' feature rows [N, D], clustered as in MEDS
+    training, the noise points together one cluster: errors all alike give 1."""
     x = np.asarray(features, dtype=np.float64)
     if x.ndim != 2:
         raise ValueError(f"expected a 2-D array [N, D], got shape {x.shape}")
@@ -66,11 +49,9 @@ def wrong_cluster_count(
 def problem_diversity(
     answers: Sequence[str | None], scores: Sequence[float], features: np.ndarray | None = None
 ) -> dict[str, float]:
-    """All diversity figures of one problem, keyed by ``DIVERSITY_KEYS``.
-
-    ``features`` [n, D]: row i is response i's, NaN where it has none (left out). The eigen ratio
-    uses every present row, the cluster count those of wrong responses; both ``nan`` without.
-    """
+    """All diversity figures of one problem, keyed by ``DIVERSITY_KEYS``. ``features`` [n, D]: row i
+    is response i's, NaN where it has none (left out); the eigen ratio uses every present row, the
+    cluster count those of wrong responses; both ``nan`` without ``features``."""
     out = {
         "distinct_answers": float(distinct_answers(answers)),
         "distinct_wrong": float(distinct_wrong_answers(answers, scores)),
@@ -84,6 +65,6 @@ def problem_diversity(
         raise ValueError(f"features must be [{len(scores)}, D], got shape {x.shape}")
     present = np.isfinite(x).all(axis=1)
     wrong = np.asarray(scores, dtype=np.float64) < 1.0
-    out["eigen_ratio"] = feature_eigen_ratio(x[present])
+    out["eigen_ratio"] = top1_eigen_ratio(x[present])  # as the metric meds/top1_eigen_ratio
     out["wrong_clusters"] = float(wrong_cluster_count(x[present & wrong]))
     return out

@@ -1,25 +1,19 @@
-"""Unbiased pass@k over n samples per problem, and majority-vote accuracy (maj@n).
-
-A response is *correct* when its score is 1 (the grader's full credit), as in the rest of
-``medsrl.evaluation``.
-"""
+"""Unbiased pass@k over n samples per problem, and majority-vote accuracy (maj@n). A response
+is *correct* when its score is 1 (the grader's full credit), as in the rest of the package."""
 
 from __future__ import annotations
 
 import operator
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of one problem with ``c`` correct out of ``n`` samples.
-
-    The probability that a random k-subset of the n samples holds at least one correct one,
-    ``1 - C(n-c, k) / C(n, k)`` (Chen et al., 2021). Computed as the product
-    ``1 - prod_{i=n-c+1}^{n} (1 - k/i)``, which stays finite where the binomials overflow a
-    float (n in the thousands). ``n - c < k`` gives 1.0: every k-subset must hold a correct one.
-    """
+    """Unbiased pass@k of one problem with ``c`` correct out of ``n`` samples (Chen et al., 2021):
+    ``1 - C(n-c, k) / C(n, k)``, computed as ``1 - prod_{i=n-c+1}^{n} (1 - k/i)``, which stays
+    finite where the binomials overflow a float (n in the thousands)."""
     n, c, k = operator.index(n), operator.index(c), operator.index(k)
     if not 0 <= c <= n:
         raise ValueError(f"need 0 <= c <= n, got c={c}, n={n}")
@@ -50,38 +44,24 @@ def default_ks(n: int) -> list[int]:
     n = operator.index(n)
     if n < 1:
         raise ValueError(f"need n >= 1, got {n}")
-    ks = [1 << i for i in range(n.bit_length()) if 1 << i <= n]
+    ks = [1 << i for i in range(n.bit_length())]
     return ks if ks[-1] == n else [*ks, n]
 
 
 def answer_key(answer: str | None) -> str | None:
-    """Grouping key of an extracted answer: the string with outer whitespace stripped, ``None``
-    for no answer (``None``, empty or blank). Only exact strings are merged: ``1/2`` and
-    ``\\frac{1}{2}`` are two answers here, though the grader accepts both.
-    """
-    if answer is None:
-        return None
-    key = answer.strip()
-    return key or None
+    """Grouping key of an extracted answer: the stripped string, ``None`` for no answer. Only
+    exact strings are merged: ``1/2`` and ``\\frac{1}{2}`` are two answers here."""
+    return None if answer is None else (answer.strip() or None)
 
 
 def majority_vote_correct(answers: Sequence[str | None], scores: Sequence[float]) -> float:
-    """1.0 if the most frequent answer among the samples of one problem is correct, else 0.0.
-
-    Answers are grouped by ``answer_key`` (equivalent but differently written answers split the
-    vote); samples with no answer do not vote (none: 0.0); a tie goes to the answer seen first,
-    and a group's grade is its first member's (they share one string).
-    """
+    """1.0 if the most frequent answer (by ``answer_key``; no answer: no vote) among the samples
+    of one problem is correct, else 0.0; a tie goes to the answer seen first."""
     if len(answers) != len(scores):
         raise ValueError(f"{len(answers)} answers but {len(scores)} scores")
-    votes: dict[str, int] = {}
-    first: dict[str, int] = {}
-    for i, answer in enumerate(answers):
-        key = answer_key(answer)
-        if key is not None:
-            votes[key] = votes.get(key, 0) + 1
-            first.setdefault(key, i)
+    keys = [answer_key(a) for a in answers]
+    votes = Counter(k for k in keys if k is not None)
     if not votes:
         return 0.0
-    winner = max(votes, key=votes.__getitem__)  # max keeps the first of equal counts
-    return 1.0 if scores[first[winner]] >= 1.0 else 0.0
+    winner = votes.most_common(1)[0][0]  # equal counts keep the order first seen
+    return 1.0 if scores[keys.index(winner)] >= 1.0 else 0.0

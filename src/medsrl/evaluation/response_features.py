@@ -1,8 +1,5 @@
-"""MEDS features of evaluation responses, for the diversity metrics.
-
-The same feature as in training (:class:`medsrl.methods.meds.features.AnswerFeatureReader`),
-read around one no-grad forward over the packed responses; a response without a box gets none.
-"""
+"""MEDS features of evaluation responses, for the diversity metrics: the same feature as in
+training (``AnswerFeatureReader``), read around one no-grad forward over the packed responses."""
 
 from __future__ import annotations
 
@@ -17,8 +14,8 @@ def response_features(
     policy: torch.nn.Module, tokenizer, rollout: RolloutBatch, *, spec: FeatureSpec,
     micro_batch_size: int = 32, reasoning_end: str | None = None,
 ) -> list[list[float] | None]:
-    """One feature vector (a list of floats) per response of ``rollout``, or ``None``
-    (``reasoning_end``: the answer is read after it, as the grader reads it)."""
+    """One feature vector (a list of floats) per response of ``rollout``, ``None`` for one without
+    a box (``reasoning_end``: the answer is read after it, as the grader reads it)."""
     if len(rollout) == 0:
         return []
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

@@ -1,9 +1,8 @@
 """Sample, grade and featurise ``n`` responses per problem, chunk by chunk, resumably.
 
-Problems are taken in fixed chunks of ``max(1, batch_size // n)``; chunk ``c`` starting at problem
-``s`` is always sampled with seed ``seed + s``. So the responses of a problem do not depend on
-whether the evaluation ran in one go or was interrupted and resumed: a resumed run re-samples
-only the chunks it had not finished and ends with the same records, hence the same table.
+Problems are taken in fixed chunks of ``max(1, batch_size // n)``, the one starting at problem
+``s`` sampled with seed ``seed + s``: a resumed run re-samples only the chunks it had not finished
+and ends with the same records, hence the same table, as a run in one go.
 """
 
 from __future__ import annotations
@@ -14,21 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from medsrl.data.example import Prompt
+from medsrl.data.template import PromptTemplate
 from medsrl.evaluation.response_features import response_features
 from medsrl.evaluation.store import GenerationStore, settings_fingerprint
 from medsrl.evaluation.tables import summarize_benchmark
 from medsrl.methods.meds.features import FeatureSpec
 from medsrl.rollout.base import SamplingParams
-
-
-@dataclass(frozen=True)
-class EvalProblem:
-    """One problem to evaluate: its rendered prompt and gold answer."""
-
-    key: str
-    prompt: str
-    problem: str
-    answer: str
 
 
 @dataclass(frozen=True)
@@ -52,25 +43,20 @@ class EvalSettings:
         return settings_fingerprint({**asdict(self), "model": run_source, "benchmark": benchmark})
 
 
-def problems_from(examples, template: dict[str, Any], tokenizer=None) -> list[EvalProblem]:
-    """:class:`EvalProblem` list from ``MathExample`` s rendered in the prompt format ``template``
+def problems_from(examples, template: dict[str, Any], tokenizer=None) -> list[Prompt]:
+    """The ``MathExample`` s as prompts rendered in the prompt format ``template``
     (``data.template`` settings; ``kind=chat`` renders with ``tokenizer``)."""
-    from medsrl.data.template import PromptTemplate
-
     fmt = PromptTemplate.from_config(template)
-    return [EvalProblem(e.key, fmt.render(e.problem, tokenizer), e.problem, e.answer) for e in examples]
+    return [Prompt(e.key, fmt.render(e.problem, tokenizer), e.problem, e.answer, e.source) for e in examples]
 
 
 def sample_problems(
-    policy, tokenizer, engine, grader, problems: Sequence[EvalProblem], settings: EvalSettings, *,
+    policy, tokenizer, engine, grader, problems: Sequence[Prompt], settings: EvalSettings, *,
     run: str = "", benchmark: str = "", store: GenerationStore | None = None,
     fingerprint: str | None = None,
 ) -> list[dict[str, Any]]:
-    """One record per problem (its n responses, grades and features), in problem order.
-
-    With a ``store``, records already there (same fingerprint) are reused and new ones are
-    written as each chunk finishes.
-    """
+    """One record per problem (its n responses, grades and features), in problem order; with a
+    ``store``, records already there are reused and new ones written as each chunk finishes."""
     records: list[dict[str, Any]] = []
     chunk = settings.chunk_size
     for start in range(0, len(problems), chunk):
@@ -83,14 +69,12 @@ def sample_problems(
             n=settings.n, temperature=settings.temperature, top_p=settings.top_p,
             max_new_tokens=settings.max_new_tokens, seed=settings.seed + start,
         )
-        rollout = engine.generate([p.prompt for p in batch], params)
+        rollout = engine.generate([p.text for p in batch], params)
         grades = grader.grade_batch(rollout.response_text, [batch[j].answer for j in rollout.prompt_index])
-        feats = (
-            response_features(policy, tokenizer, rollout, spec=settings.features,
-                              reasoning_end=grader.reasoning_end)
-            if settings.features is not None
-            else [None] * len(rollout)
-        )
+        feats = [None] * len(rollout)
+        if settings.features is not None:
+            feats = response_features(policy, tokenizer, rollout, spec=settings.features,
+                                      reasoning_end=grader.reasoning_end)
         per_problem: list[list[dict[str, Any]]] = [[] for _ in batch]
         for r, g in enumerate(grades):
             per_problem[rollout.prompt_index[r]].append({

@@ -1,9 +1,7 @@
-"""The generations file of an evaluation: one JSON line per problem, appended as it is graded.
-
-A line holds one problem of one (run, benchmark): its ``n`` responses, grades and features, and
-the fingerprint of the settings and model. Reopening reads it back so an interrupted evaluation
-continues: a line torn by a kill is dropped (and logged), a record of other settings refused.
-"""
+"""The generations file of an evaluation: one JSON line per problem of a (run, benchmark), with
+its responses, grades, features and the fingerprint of the settings and model, appended as it is
+graded. Reopening reads it back so an interrupted evaluation continues: a line torn by a kill is
+dropped (and logged), a record of other settings refused."""
 
 from __future__ import annotations
 
@@ -41,25 +39,21 @@ class GenerationStore:
         good_end = 0
         for lineno, line in enumerate(raw.split(b"\n"), start=1):
             end = good_end + len(line) + 1
-            if not line.strip():
-                good_end = min(end, len(raw))
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                # Only the last line can be cut off by a kill; anything else is damage.
-                if end >= len(raw):
-                    self.dropped_lines += 1
-                    break
-                raise ValueError(
-                    f"{self.path}:{lineno}: not valid JSON; the generations file is damaged"
-                ) from None
-            self.records[(rec["run"], rec["benchmark"], int(rec["index"]))] = rec
+            if line.strip():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    # Only the last line can be cut off by a kill; anything else is damage.
+                    if end >= len(raw):
+                        self.dropped_lines += 1
+                        break
+                    raise ValueError(
+                        f"{self.path}:{lineno}: not valid JSON; the generations file is damaged"
+                    ) from None
+                self.records[(rec["run"], rec["benchmark"], int(rec["index"]))] = rec
             good_end = min(end, len(raw))
         if good_end < len(raw):
-            # Drop the torn tail so new lines start on a clean line.
-            with open(self.path, "r+b") as f:
-                f.truncate(good_end)
+            os.truncate(self.path, good_end)  # drop the torn tail: new lines start on a clean line
         if self.dropped_lines:
             log.warning("%s: dropped %d incomplete line(s) from an interrupted run",
                         self.path, self.dropped_lines)
@@ -67,10 +61,8 @@ class GenerationStore:
     def lookup(
         self, run: str, benchmark: str, index: int, fingerprint: str | None
     ) -> dict[str, Any] | None:
-        """The stored record of a problem, ``None`` if there is none.
-
-        Raises ``ValueError`` when the stored record was made with other settings or another model.
-        """
+        """The stored record of a problem, ``None`` if there is none; ``ValueError`` when it was
+        made with other settings or another model."""
         rec = self.records.get((run, benchmark, index))
         if rec is not None and rec.get("settings") != fingerprint:
             raise ValueError(

@@ -1,11 +1,8 @@
 """Benchmark summary rows, written as Markdown / CSV / JSON tables and a pass@k plot.
 
-The tidy format is a list of dicts, one per (run, benchmark), with the keys ``run``,
-``benchmark``, ``problems``, ``n``, ``pass@1``, ``pass@2``, ..., ``mean@n``, ``maj@n`` and
-``distinct_answers``, ``distinct_wrong``, ``eigen_ratio``, ``wrong_clusters``. Accuracies are
-fractions in [0, 1]; diversity figures are per-problem means. Rows of runs with different ``n``
-may carry different ``pass@k`` keys. Every file is written atomically (``atomic_write``), so a
-reader never sees half a report.
+A row is a dict per (run, benchmark): ``run``, ``benchmark``, ``problems``, ``n``, ``pass@k`` for
+each k of ``default_ks(n)``, ``mean@n``, ``maj@n`` (fractions in [0, 1]) and the per-problem means
+of ``DIVERSITY_KEYS``. Files are written atomically, so a reader never sees half a report.
 """
 
 from __future__ import annotations
@@ -36,11 +33,9 @@ def summarize_benchmark(
     run: str, benchmark: str, answers: Sequence[Sequence[str | None]],
     scores: Sequence[Sequence[float]], features: Sequence[np.ndarray | None] | None = None,
 ) -> Row:
-    """One tidy row from the n graded samples of each problem of one benchmark (same n each).
-
-    ``answers[p][i]`` / ``scores[p][i]``: sample i of problem p (correct = score 1);
-    ``features[p]``: its [n, D] rows or ``None``. ``mean@n`` equals ``pass@1`` (c/n).
-    """
+    """One row from the n graded samples of each problem of one benchmark (same n each):
+    ``answers[p][i]`` / ``scores[p][i]`` of sample i of problem p, ``features[p]`` its [n, D] rows
+    or ``None``."""
     sizes = {len(s) for s in scores}
     if len(answers) != len(scores) or len(sizes) != 1:
         raise ValueError("need answers and scores for >= 1 problem, with the same n per problem")
@@ -58,11 +53,8 @@ def summarize_benchmark(
 
 
 def add_average_rows(rows: Sequence[Row]) -> list[Row]:
-    """Rows grouped by run, each run with >1 benchmark followed by an ``average`` row.
-
-    The macro mean over the run's benchmarks (each weighs the same, as in papers; ``nan`` if one
-    is); a column some benchmarks lack is left out, ``problems`` is the total. Idempotent.
-    """
+    """Rows grouped by run, each run with >1 benchmark followed by an ``average`` row: the macro
+    mean over its benchmarks, as in papers (a column some lack is left out). Idempotent."""
     rows = [r for r in rows if r["benchmark"] != AVERAGE]
     out: list[Row] = []
     for run in dict.fromkeys(r["run"] for r in rows):
@@ -87,11 +79,8 @@ def write_markdown(rows: Sequence[Row], path: str | os.PathLike) -> Path:
     cols = _columns(rows)
     if len({r["run"] for r in rows}) == 1:
         cols.remove("run")
-    lines = [
-        md_row(cols),
-        "|" + "|".join("---" if c in ("run", "benchmark") else "---:" for c in cols) + "|",
-    ]
-    lines += [md_row(_cell(c, r.get(c)) for c in cols) for r in rows]
+    rule = "|" + "|".join("---" if c in ("run", "benchmark") else "---:" for c in cols) + "|"
+    lines = [md_row(cols), rule, *(md_row(_cell(c, r.get(c)) for c in cols) for r in rows)]
     return atomic_write_text(path, "\n".join(lines) + "\n")
 
 

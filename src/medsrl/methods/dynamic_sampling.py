@@ -1,8 +1,7 @@
-"""DAPO dynamic sampling: keep only groups whose responses differ in accuracy (or that a plug-in
-listed before it made trainable, ``Group.trainable``); the step generates extra rounds of prompts
-until its batch is full again or ``max_rounds`` ran (``plugins/rounds.py``). The groups it drops go
-to ``ctx.dropped`` (MEDS can remember them).
-"""
+"""DAPO dynamic sampling: keep only the trainable groups (``Group.trainable``: responses differ in
+accuracy, or a plug-in listed before it kept the group); the step samples extra rounds of prompts
+until its batch is full or ``max_rounds`` ran (``plugins/rounds.py``). Dropped groups go to
+``ctx.dropped`` (MEDS can remember them)."""
 
 from __future__ import annotations
 

@@ -14,13 +14,9 @@ from medsrl.step.rollouts import StepRollouts
 def entropy_bonus_advantage(
     advantages: torch.Tensor, entropy: torch.Tensor, coef: float = 0.4, cap_ratio: float = 0.5
 ) -> torch.Tensor:
-    """GRPO+Entropy shaped advantage ``A + min(coef * H, |A| * cap_ratio)`` per token.
-
-    The bonus rewards exploring high-entropy tokens; the cap (``cap_ratio < 1``) keeps it below
-    ``|A|`` so it never flips the sign of a negative advantage, and zero-advantage tokens get no
-    bonus. Entropy is detached: it shapes the advantage, it is not a loss term. ``advantages`` may
-    be [B] (broadcast over tokens) or [B,T]; ``entropy`` is [B,T]; returns [B,T].
-    """
+    """GRPO+Entropy shaped advantage ``A + min(coef * H, |A| * cap_ratio)`` per token [B, T]
+    (``advantages``: [B] or [B, T]). The cap keeps the bonus below ``|A|`` (``cap_ratio < 1``),
+    so it never flips a negative advantage; entropy is detached (not a loss term)."""
     adv = per_token(advantages, entropy)
     bonus = torch.minimum(coef * entropy.detach(), adv.abs() * cap_ratio)
     return adv + bonus

@@ -1,19 +1,11 @@
-"""EVOL-RL's novelty reward (arXiv 2509.15194), on any per-response vectors: the memoryless twin of
-MEDS (it compares a response with the other responses of its group, not with the past).
+"""EVOL-RL's novelty reward (arXiv 2509.15194): the memoryless twin of MEDS (it compares a
+response with the others of its group, not with the past).
 
-Within a group, for response ``i`` with vector ``v_i``:
-``novelty_i = 1 - (0.5 * mean cos(v_i, same-outcome others) + 0.5 * max cos(v_i, any other))``,
-min-max normalised within the right and within the wrong responses to ``u`` in [0, 1]; the
-reward is ``0.5 + 0.5 u`` for a right response, ``-1 + 0.5 u`` for a wrong one, and -1 for a
-response without a boxed answer.
-
-EVOL-RL's novelty bonus as a plug-in: the memoryless twin of MEDS. Each response's reward
-becomes its novelty reward within its group (``methods/novelty.py``), on one of two vectors read
-from the scoring forward (no extra pass):
-
-- ``meds_features``: the MEDS feature (per-layer logits of the first answer token, the same
-  capture and settings as ``configs/plugins/meds.yaml``), so MEDS vs novelty isolates *history*;
-- ``hidden_mean``: the mean last-layer hidden state (after the final norm) over the response.
+Within a group, ``novelty_i = 1 - (0.5 * mean cos(v_i, same-outcome others) + 0.5 * max cos(v_i,
+any other))``, min-max normalised within the right and within the wrong responses to ``u``; the
+reward is ``0.5 + 0.5 u`` if right, ``-1 + 0.5 u`` if wrong, -1 without a boxed answer. ``v_i``
+comes from the scoring forward: ``meds_features`` (the MEDS feature, same settings, so MEDS vs
+novelty isolates *history*) or ``hidden_mean`` (the mean normed last hidden state).
 """
 
 from __future__ import annotations
@@ -26,16 +18,14 @@ from torch import Tensor
 from medsrl.algo.logprobs import masked_mean
 from medsrl.config import FeatureDtype, Flag, Layers, one_of
 from medsrl.methods.meds.features import AnswerFeatureReader, FeatureSpec
+from medsrl.methods.meds.logit_capture import find_final_norm
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.step.rollouts import StepRollouts
 
 
 def group_novelty(vectors: Tensor, correct: Tensor) -> Tensor:
-    """``novelty`` per row of one group's ``vectors`` ``[n, D]`` (float64 [n]).
-
-    A response with no other response of its outcome gets mean similarity 0 to that subset;
-    a group of one has novelty 1.
-    """
+    """``novelty`` per row of one group's ``vectors`` ``[n, D]`` (float64 [n]); a response alone
+    in its outcome has mean similarity 0 to it, a group of one novelty 1."""
     n = len(vectors)
     if n == 1:
         return torch.ones(1, dtype=torch.float64)
@@ -72,7 +62,6 @@ def novelty_rewards(vectors: Tensor, correct: Tensor, has_box: Tensor, has_vecto
     return torch.where(has_box, reward, torch.full_like(reward, -1.0))
 
 
-
 VECTORS = ("meds_features", "hidden_mean")
 
 
@@ -97,7 +86,7 @@ class NoveltyBonus(Plugin):
             self.reader = AnswerFeatureReader(pl_module.policy, pl_module.tokenizer, self.spec,
                                               pl_module.grader_cfg.reasoning_end)
         if self.vectors == "hidden_mean" and self._norm is None:
-            self._norm = final_norm_of(pl_module.policy)
+            self._norm = find_final_norm(pl_module.policy)
 
     # the scoring forward ------------------------------------------------------------------
     def before_scoring(self, rollouts: StepRollouts, ctx: StepContext) -> None:
@@ -151,20 +140,11 @@ class NoveltyBonus(Plugin):
             reward[rows] = novelty_rewards(vecs[rows], correct[rows], has_box[rows], has_vec[rows])
         delta = (reward - rollouts.acc.double()).to(rollouts.scores.dtype)
         rollouts.shape_scores(self.name, rollouts.scores + delta)
-        ones = torch.ones(n)
         ctx.log(self, {
             "reward_mean": float(reward.mean()),
             "reward_std": float(reward.std()) if n > 1 else 0.0,
-            "right_mean": float(masked_mean(reward.float(), correct.float())) if correct.any() else 0.0,
-            "wrong_mean": float(masked_mean(reward.float(), (~correct).float())) if (~correct).any() else 0.0,
-            "vector_rate": float(masked_mean(has_vec.float(), ones)),
+            "right_mean": float(masked_mean(reward.float(), correct.float())),  # 0 without any
+            "wrong_mean": float(masked_mean(reward.float(), (~correct).float())),
+            "vector_rate": float(masked_mean(has_vec.float(), torch.ones(n))),
         })
 
-
-def final_norm_of(policy: torch.nn.Module) -> torch.nn.Module:
-    """The norm after the last decoder layer of a Hugging Face causal LM (Qwen2/3, Llama, ...)."""
-    decoder = policy.get_decoder() if hasattr(policy, "get_decoder") else getattr(policy, "model", None)
-    norm = getattr(decoder, "norm", None)
-    if norm is None:
-        raise ValueError(f"novelty.vectors=hidden_mean: no final norm found on {type(policy).__name__}")
-    return norm

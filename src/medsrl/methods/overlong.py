@@ -1,10 +1,7 @@
 """DAPO overlong reward shaping: a soft, linear penalty as a response nears the length limit.
 
-A response cut off at the limit has no final answer; DAPO found that a hard 0 for it is noisy
-(the reasoning may have been right), so the reward instead ramps down over the last
-``buffer_length`` tokens before ``max_response_length``.
-
-DAPO's soft overlong penalty as a reward term (``methods/overlong.py`` holds the rule).
+A hard 0 for a response cut off at the limit is noisy (the reasoning may have been right), so
+the reward ramps down over the last ``buffer_length`` tokens before ``max_response_length``.
 """
 
 from __future__ import annotations
@@ -22,11 +19,8 @@ def overlong_penalty(
     buffer_length: int,
     penalty_factor: float = 1.0,
 ) -> torch.Tensor:
-    """Penalty to *add* to the reward of each response (float tensor, same shape, values <= 0).
-
-    0 for ``len <= max - buffer``; falls linearly to ``-penalty_factor`` at ``len == max``;
-    clamped at ``-penalty_factor`` beyond. ``buffer_length == 0`` gives a step at ``max``.
-    """
+    """Penalty (<= 0) to *add* to each response's reward: 0 for ``len <= max - buffer``, falling
+    linearly to ``-penalty_factor`` at ``max`` and clamped there (``buffer_length=0``: a step)."""
     if not 0 <= buffer_length <= max_response_length:
         raise ValueError(
             f"need 0 <= buffer_length <= max_response_length, got {buffer_length}, {max_response_length}"
@@ -39,7 +33,6 @@ def overlong_penalty(
     # return +0.0 rather than -0.0 for responses that are short enough.
     ramp = (expected - lengths).clamp(max=0.0) / buffer_length * penalty_factor
     return ramp.clamp(min=-penalty_factor)
-
 
 
 class OverlongPenalty(Plugin):

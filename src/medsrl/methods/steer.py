@@ -1,13 +1,9 @@
 """STEER's per-token loss weight (arXiv 2510.10150): damp the tokens whose update would move the
 policy's entropy most.
 
-``Omega = |A / pi_old * pi (1 - pi) (log pi + H)|`` per token; at the start of the update
-``pi = pi_old``, so ``Omega = |A (1 - pi) (log pi + H)|`` from the old policy's token
-probability and entropy. Omega is mapped linearly over the batch's response tokens to
-``[low, high]``, the largest Omega getting ``low``.
-
-STEER as a plug-in: per-token loss weights in [0.8, 1.2] from the old policy's token
-probabilities, entropies (the scoring forward's, no extra pass) and the advantages.
+``Omega = |A / pi_old * pi (1 - pi) (log pi + H)|`` per token, at the start of the update
+(``pi = pi_old``) ``|A (1 - pi) (log pi + H)|`` from the scoring forward's probabilities and
+entropies, mapped linearly over the batch's tokens to ``[low, high]`` (the largest to ``low``).
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ from medsrl.algo.logprobs import masked_mean, per_token
 from medsrl.config import NonNegative, below
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.step.rollouts import StepRollouts
-from medsrl.utils.distributed import all_gather_objects, is_distributed
+from medsrl.utils.distributed import all_gather_objects
 
 
 def steer_omega(advantages: Tensor, old_logp: Tensor, entropy: Tensor) -> Tensor:
@@ -31,11 +27,8 @@ def steer_omega(advantages: Tensor, old_logp: Tensor, entropy: Tensor) -> Tensor
 
 def steer_weights(omega: Tensor, mask: Tensor, low: float = 0.8, high: float = 1.2,
                   bounds: tuple[float, float] | None = None) -> Tensor:
-    """``high - (high - low) * (omega - min) / (max - min)`` on the masked tokens, 1 elsewhere.
-
-    ``bounds`` gives ``(min, max)`` when they come from elsewhere (every rank's tokens); without
-    spread (``max == min``) every weight is 1.
-    """
+    """``high - (high - low) * (omega - min) / (max - min)`` on the masked tokens, 1 elsewhere
+    and without spread; ``bounds``: ``(min, max)`` from elsewhere (every rank's tokens)."""
     if not low <= high:
         raise ValueError(f"steer weights need low <= high, got {low}, {high}")
     m = mask.bool()
@@ -46,7 +39,6 @@ def steer_weights(omega: Tensor, mask: Tensor, low: float = 0.8, high: float = 1
         return torch.ones_like(omega)
     w = high - (high - low) * (omega - lo) / (hi - lo)
     return torch.where(m, w, torch.ones_like(w))
-
 
 
 class Steer(Plugin):
@@ -63,9 +55,8 @@ class Steer(Plugin):
         omega = steer_omega(advantages.to(mask.device), rollouts.old_logp, rollouts.token_stats["entropy"])
         m = mask.bool()
         local = (float(omega[m].min()), float(omega[m].max())) if m.any() else (float("inf"), float("-inf"))
-        if is_distributed():  # the batch is every rank's tokens
-            parts = all_gather_objects(local)
-            local = (min(p[0] for p in parts), max(p[1] for p in parts))
+        parts = all_gather_objects(local)  # the batch is every rank's tokens
+        local = (min(p[0] for p in parts), max(p[1] for p in parts))
         w = steer_weights(omega, mask, self.low, self.high, bounds=local)
         rollouts.loss_weights = w if rollouts.loss_weights is None else rollouts.loss_weights * w
         sel = w[m]

@@ -1,10 +1,8 @@
 """A character-level tokenizer with the Qwen special tokens, for the tiny CPU preset.
 
 Every printable ASCII character is one token, named in GPT-2's byte-level alphabet (space ``Ġ``,
-newline ``Ċ``): a saved policy has a Qwen2 ``config.json``, for which ``AutoTokenizer`` builds a
-byte-level BPE over the saved vocabulary, and with these names it gives the same ids for ASCII, so
-the policy works outside medsrl too. Other characters are one ``<unk>`` each (Qwen2Tokenizer
-drops them).
+newline ``Ċ``), so ``AutoTokenizer`` on a saved policy (a byte-level BPE over the saved vocabulary)
+gives the same ids and the policy works outside medsrl too. Other characters are ``<unk>``.
 """
 
 from __future__ import annotations
@@ -19,32 +17,24 @@ from medsrl.data.template import ENDOFTEXT, IM_END, IM_START
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
 UNK = "<unk>"
 ALPHABET = sorted(set(string.printable) - set("\r\x0b\x0c"))
-
-
 _BYTE_LEVEL = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-
-
-def byte_level_name(char: str) -> str:
-    """A character's name in the byte-level alphabet (``" "`` -> ``"Ġ"``; ``"a"`` -> ``"a"``)."""
-    return _BYTE_LEVEL.pre_tokenize_str(char)[0][0]
 
 
 def char_vocab() -> dict[str, int]:
     """Fixed vocabulary: special tokens first (ids 0-2), then ``<unk>``, then characters (by
     their byte-level names)."""
-    tokens = SPECIAL_TOKENS + [UNK] + [byte_level_name(c) for c in ALPHABET]
-    return {tok: i for i, tok in enumerate(tokens)}
+    names = [_BYTE_LEVEL.pre_tokenize_str(c)[0][0] for c in ALPHABET]  # " " -> "Ġ"; "a" -> "a"
+    return {tok: i for i, tok in enumerate(SPECIAL_TOKENS + [UNK] + names)}
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
     """Return the char tokenizer: pad = ``<|endoftext|>``, eos = ``<|im_end|>``."""
-    vocab = char_vocab()
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    core = Tokenizer(models.WordLevel(vocab=char_vocab(), unk_token=UNK))
     # one pre-token per character, renamed into the byte-level alphabet (a non-ASCII character
     # becomes a multi-symbol name, absent from the vocabulary: one <unk>)
     core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(pattern="", behavior="isolated"), _BYTE_LEVEL])
     core.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=core,
         unk_token=UNK,
         pad_token=ENDOFTEXT,
@@ -53,4 +43,3 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
         clean_up_tokenization_spaces=False,
         padding_side="left",
     )
-    return tok

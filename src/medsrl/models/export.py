@@ -14,7 +14,7 @@ def save_policy(policy: nn.Module, tokenizer, path, *, dtype: torch.dtype | None
     """Write ``policy`` (all its weights on this process) and ``tokenizer`` to ``path``."""
     model, state = lora.export_view(policy, merge_on_export)
     if dtype is None:
-        model.save_pretrained(path, **({} if state is None else {"state_dict": state}))
+        model.save_pretrained(path, state_dict=state)
     else:
         state = {k: v.to(dtype) for k, v in (state or model.state_dict()).items()}
         was = model.config.dtype

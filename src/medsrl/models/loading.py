@@ -1,8 +1,5 @@
-"""Loading tokenizers and policies: the tiny CPU preset or a real Hugging Face model.
-
-``random_model_like`` builds a small random model of a real architecture, so real tokenizers and
-configs can be tested without weights.
-"""
+"""Loading tokenizers and policies: the tiny CPU preset, a real Hugging Face model, or a small
+random model of a real architecture (real tokenizers and configs tested without weights)."""
 
 from __future__ import annotations
 
@@ -14,6 +11,7 @@ from typing import Any
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     PreTrainedModel,
@@ -51,20 +49,20 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
     return _DTYPES[key]
 
 
-def _looks_local(name_or_path: str) -> bool:
-    """True for things that can only be a filesystem path (absolute, ./, ../, ~)."""
-    return os.path.isabs(name_or_path) or name_or_path.startswith((".", "~")) or os.path.exists(name_or_path)
-
-
 def _check_local(name_or_path: str, what: str) -> str:
+    """A hub name as it is; what can only be a path (absolute, ./, ../, ~, existing) expanded, and
+    refused unless it is a directory."""
+    local = name_or_path.startswith((".", "~")) or os.path.isabs(name_or_path)
+    if not (local or os.path.exists(name_or_path)):
+        return name_or_path
     path = os.path.expanduser(name_or_path)
-    if _looks_local(name_or_path) and not os.path.isdir(path):
+    if not os.path.isdir(path):
         raise ModelLoadError(
             f"Cannot load {what} from {name_or_path!r}: no such directory. Pass an existing local "
             f"directory (containing config.json and weights / tokenizer files) or a Hugging Face "
             f"model name."
         )
-    return path if _looks_local(name_or_path) else name_or_path
+    return path
 
 
 def _load_error(name_or_path: str, what: str, err: Exception) -> ModelLoadError:
@@ -76,24 +74,16 @@ def _load_error(name_or_path: str, what: str, err: Exception) -> ModelLoadError:
     )
 
 
-def _plain_char_vocab() -> dict[str, int]:
-    """The char vocabulary as saved before its byte-level names (same ids): policies exported
-    then still load, with the tokenizer they were saved with."""
-    return {tok: i for i, tok in enumerate(SPECIAL_TOKENS + [UNK] + ALPHABET)}
-
-
 def is_char_tokenizer_dir(path: str | Path) -> bool:
     """True when ``path`` holds the tiny preset's char tokenizer (its exact vocabulary)."""
-    file = Path(path) / "tokenizer.json"
-    if not file.is_file():
-        return False
     try:
-        model = json.loads(file.read_text()).get("model", {})
+        model = json.loads((Path(path) / "tokenizer.json").read_text()).get("model", {})
     except (OSError, ValueError):
         return False
-    vocab = model.get("vocab")
-    # before the byte-level names, the characters were their own names (the same ids)
-    return model.get("type") == "WordLevel" and vocab in (char_vocab(), _plain_char_vocab())
+    # as saved before the byte-level names, the characters were their own names (the same ids):
+    # policies exported then still load, with the tokenizer they were saved with
+    plain = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + [UNK] + ALPHABET)}
+    return model.get("type") == "WordLevel" and model.get("vocab") in (char_vocab(), plain)
 
 
 def load_tokenizer(
@@ -105,9 +95,8 @@ def load_tokenizer(
         return build_char_tokenizer()
     name_or_path = str(name_or_path)
     source = _check_local(name_or_path, "tokenizer")
-    # A saved char tokenizer beside a Qwen2 config.json: AutoTokenizer would pick Qwen2Tokenizer,
-    # which drops characters outside the alphabet and breaks one saved before the byte-level
-    # names (spaces and newlines dropped): load exactly what was saved.
+    # a saved char tokenizer beside a Qwen2 config.json: AutoTokenizer would pick Qwen2Tokenizer,
+    # which drops characters outside the alphabet: load exactly what was saved
     cls = PreTrainedTokenizerFast if is_char_tokenizer_dir(source) else AutoTokenizer
     try:
         tok = cls.from_pretrained(source, padding_side="left", trust_remote_code=trust_remote_code)
@@ -134,9 +123,8 @@ def load_policy(
     attn_implementation: str | None = None,
     trust_remote_code: bool = False,
 ) -> PreTrainedModel:
-    """The policy: ``AutoModelForCausalLM`` for a hub name or local directory (``tiny`` ignored),
-    else (``None`` or ``"tiny"``) the tiny Qwen2 preset built with the ``tiny`` keyword arguments
-    of ``build_tiny_model`` (``seed`` included)."""
+    """The policy: ``AutoModelForCausalLM`` for a hub name or local directory, else (``None`` or
+    ``"tiny"``) the tiny preset, ``build_tiny_model(**tiny)``."""
     torch_dtype = resolve_dtype(dtype)
     if name_or_path is None or str(name_or_path).strip().lower() == "tiny":
         model = build_tiny_model(**dict(tiny or {}))
@@ -157,7 +145,7 @@ def load_policy(
         raise _load_error(name_or_path, "model", err) from err
 
 
-_ARCHITECTURES = ("qwen2", "qwen3", "llama")
+_ARCHITECTURES = ("qwen2", "qwen3", "llama")  # model types that AutoConfig knows
 
 
 def random_model_like(
@@ -174,37 +162,23 @@ def random_model_like(
 ) -> PreTrainedModel:
     """A small randomly initialised model of a real architecture (``qwen2``, ``qwen3``, ``llama``).
     Extra keyword arguments go to the config (e.g. ``tie_word_embeddings=False``)."""
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-        Qwen3Config,
-        Qwen3ForCausalLM,
-    )
-
     arch = architecture.strip().lower()
+    if arch not in _ARCHITECTURES:
+        raise ValueError(
+            f"random_model_like: unknown architecture {architecture!r}; use one of {_ARCHITECTURES}"
+        )
     common: dict[str, Any] = dict(
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
         num_key_value_heads=num_key_value_heads, max_position_embeddings=4096,
         tie_word_embeddings=True, rms_norm_eps=1e-6,
     )
-    if arch == "qwen2":
-        cfg_cls, model_cls = Qwen2Config, Qwen2ForCausalLM
-    elif arch == "qwen3":
-        cfg_cls, model_cls = Qwen3Config, Qwen3ForCausalLM
+    if arch == "qwen3":
         common["head_dim"] = hidden_size // num_attention_heads
-    elif arch == "llama":
-        cfg_cls, model_cls = LlamaConfig, LlamaForCausalLM
-    else:
-        raise ValueError(
-            f"random_model_like: unknown architecture {architecture!r}; use one of {_ARCHITECTURES}"
-        )
     common.update(config_overrides)
-    config = cfg_cls(**common)
+    config = AutoConfig.for_model(arch, **common)
     torch.manual_seed(seed)
-    return model_cls(config)
+    return AutoModelForCausalLM.from_config(config)
 
 
 def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:

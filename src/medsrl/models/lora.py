@@ -2,18 +2,10 @@
 
 ``model.lora.r > 0`` wraps the loaded policy in a ``peft.PeftModel`` whose base weights are
 frozen; only the adapters (``lora_A`` / ``lora_B`` of each ``target_modules`` projection) train.
-What the rest of the code needs from that, each in one place here:
-
-* the Lightning checkpoint holds the adapter weights only (:func:`checkpoint_state`): the base
-  is rebuilt from ``model.name_or_path`` (or the tiny preset and its cached warm start) at load;
-* the KL reference is the same module with its adapters switched off (:func:`reference_policy`),
-  not a second copy of the model;
-* an engine holding its own weights (vLLM) gets the merged weights under the base model's names
-  (:func:`merged_state_dict`), computed without touching the training model;
-* the export is a plain Hugging Face model directory of merged weights, or the adapter alone
-  (:func:`export_view`);
-* code that looks for the decoder layers (MEDS's capture, FSDP's units) looks inside the wrapper
-  (:func:`unwrap_peft`).
+So the checkpoint holds the adapters only (:func:`checkpoint_state`), the KL reference is the
+same module with its adapters off (:func:`reference_policy`), vLLM and the export get merged
+weights (:func:`merged_state_dict`, :func:`export_view`), and code that looks for the decoder
+layers looks inside the wrapper (:func:`unwrap_peft`).
 """
 
 from __future__ import annotations
@@ -26,16 +18,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from medsrl.config import (
-    DEFAULT_TARGETS as DEFAULT_TARGETS,  # re-exported: the LoRA defaults live in config
-)
+# re-exported: the LoRA defaults live in config
+from medsrl.config import DEFAULT_TARGETS as DEFAULT_TARGETS
 from medsrl.config import LoraSettings, parse_section
 
-# PEFT's name part of every LoRA weight (``...q_proj.lora_A.default.weight``): the trainable ones.
-ADAPTER_MARK = "lora_"
-# The adapters' own random initialisation (lora_A; lora_B starts at zero) is drawn from this seed
-# in a forked generator: the same adapters whether or not the warm start was cached, and the
-# run's other random draws unchanged by turning LoRA on.
+# The adapters' initialisation is drawn from this seed in a forked generator: the same adapters
+# whether or not the warm start was cached, the run's other draws unchanged by turning LoRA on.
 INIT_SEED = 0
 
 
@@ -76,12 +64,9 @@ def target_problems(model: nn.Module, targets: Sequence[str] | str) -> list[str]
 
 
 def apply_lora(policy: nn.Module, settings: LoraSettings) -> nn.Module:
-    """``policy`` wrapped in LoRA adapters (``settings.enabled``), else ``policy`` itself.
-
-    Call after activation checkpointing is set up: ``get_peft_model`` then makes the embeddings'
-    output require grad (``enable_input_require_grads``), which checkpointed layers over frozen
-    weights need.
-    """
+    """``policy`` wrapped in LoRA adapters (``settings.enabled``), else ``policy`` itself. Call it
+    after activation checkpointing is set up: ``get_peft_model`` then makes the embeddings' output
+    require grad, which checkpointed layers over frozen weights need."""
     if not settings.enabled:
         return policy
     from peft import LoraConfig, get_peft_model
@@ -113,8 +98,8 @@ def is_adapter_leaf(module: nn.Module) -> bool:
 
 
 def is_adapter_key(key: str) -> bool:
-    """Whether a state-dict key names an adapter weight (``...lora_A.default.weight``)."""
-    return ADAPTER_MARK in key
+    """Whether a state-dict key names an adapter weight (``...q_proj.lora_A.default.weight``)."""
+    return "lora_" in key
 
 
 def checkpoint_state(state: Mapping[str, torch.Tensor], lora: bool) -> dict[str, torch.Tensor]:
@@ -139,9 +124,8 @@ def mismatch_message(missing: Sequence[str], unexpected: Sequence[str], lora: bo
 
 @contextlib.contextmanager
 def reference_policy(policy: nn.Module, copy: nn.Module | None) -> Iterator[nn.Module]:
-    """The frozen KL reference for the block: its own ``copy`` when there is one (full
-    fine-tune), else ``policy`` with its adapters disabled: the base model, with no second copy
-    of the weights."""
+    """The frozen KL reference for the block: its own ``copy`` when there is one (full fine-tune),
+    else ``policy`` with its adapters disabled (the base model, with no second copy of it)."""
     if copy is not None:
         yield copy
         return
@@ -151,10 +135,9 @@ def reference_policy(policy: nn.Module, copy: nn.Module | None) -> Iterator[nn.M
 
 @torch.no_grad()
 def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The weights a plain model would hold with the adapters merged, ``W + scale * B @ A``, under
-    the base model's own names (``model.layers.0.self_attn.q_proj.weight``); for an engine with its
-    own copy (vLLM) and the merged export. ``model`` is left as it is (nothing merged in place);
-    weights without an adapter are returned as they are, not copied. A plain model: its state."""
+    """The weights a plain model would hold with the adapters merged, under the base model's own
+    names: for vLLM and the merged export. ``model`` is left as it is (nothing merged in place);
+    weights without an adapter are returned, not copied. A plain model: its state."""
     if not is_lora(model):
         return dict(model.state_dict())
     from peft.tuners.lora import LoraLayer
@@ -166,28 +149,21 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
             for adapter in module.active_adapters:
                 if adapter in module.lora_A:
                     key = f"{name}.base_layer.weight"
-                    delta = module.get_delta_weight(adapter)
-                    deltas[key] = delta if key not in deltas else deltas[key] + delta
+                    deltas[key] = deltas.get(key, 0) + module.get_delta_weight(adapter)
     out = {}
     for key, value in base.state_dict().items():
-        if is_adapter_key(key):
-            continue
         if key in deltas:
             value = value + deltas[key].to(value.dtype)
-        out[key.replace(".base_layer.", ".")] = value.detach()
+        if not is_adapter_key(key):
+            out[key.replace(".base_layer.", ".")] = value.detach()
     return out
 
 
 def export_view(policy: nn.Module, merge: bool) -> tuple[nn.Module, dict[str, torch.Tensor] | None]:
-    """What to call ``save_pretrained`` on, and with which state dict (None: the module's own).
-
-    A plain policy: itself. LoRA merged: the base Hugging Face model with the merged weights, a
-    directory ``AutoModelForCausalLM`` loads. LoRA not merged: the ``PeftModel``, whose
-    ``save_pretrained`` writes the adapter (``adapter_config.json`` naming the base, and the
-    adapter weights)."""
-    if not is_lora(policy):
-        return policy, None
-    if merge:
+    """What to call ``save_pretrained`` on, and with which state dict (None: the module's own): a
+    LoRA policy ``merge``d is the base model with the merged weights, else the policy itself (a
+    ``PeftModel`` saves its adapter alone)."""
+    if merge and is_lora(policy):
         return unwrap_peft(policy), merged_state_dict(policy)
     return policy, None
 

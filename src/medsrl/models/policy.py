@@ -5,19 +5,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from medsrl.models.loading import load_policy, load_tokenizer
+from medsrl.models.loading import load_policy, load_tokenizer, random_model_like, resolve_dtype
 from medsrl.models.lora import apply_lora, lora_settings
 
 log = logging.getLogger(__name__)
 
 
 def build_policy(model_cfg: dict[str, Any]):
-    """Return ``(policy, tokenizer)``.
-
-    ``name_or_path`` set: a Hugging Face model (name or local directory; the warm-started tiny
-    preset, ``warmstart.warm_started``). Otherwise the tiny preset. With ``lora.r > 0`` the policy is
-    a ``PeftModel``: LoRA adapters over the frozen loaded weights (``models/lora.py``).
-    """
+    """``(policy, tokenizer)``: the Hugging Face model ``name_or_path`` names (the warm-started
+    tiny preset among them), else the tiny preset; a ``PeftModel`` with ``lora.r > 0``."""
     cfg = dict(model_cfg)
     name = cfg.get("name_or_path")
     dtype = cfg.get("dtype", "float32")
@@ -45,12 +41,9 @@ def build_policy(model_cfg: dict[str, Any]):
 
 
 def random_policy(cfg: dict[str, Any], dtype, attn: str | None):
-    """``model.random_init=true``: the model's architecture (``model.architecture``) at the shape
-    of ``model.shape`` with random weights: no checkpoint needed, for smoke runs and memory or
-    speed checks (``benchmarks/gpu_smoke.py``). Override ``model.shape.num_hidden_layers`` etc.
-    to shrink it. The tokenizer still comes from ``model.tokenizer`` (or ``name_or_path``)."""
-    from medsrl.models.loading import random_model_like, resolve_dtype
-
+    """``model.random_init=true``: ``model.architecture`` at the shape of ``model.shape`` with
+    random weights, for smoke runs and memory or speed checks without a checkpoint (the tokenizer
+    still comes from ``model.tokenizer`` or ``name_or_path``)."""
     if not cfg.get("architecture") or not cfg.get("shape"):
         raise ValueError("model.random_init=true needs model.architecture and model.shape (see configs/model/)")
     shape = dict(cfg["shape"])
@@ -62,10 +55,9 @@ def random_policy(cfg: dict[str, Any], dtype, attn: str | None):
 
 
 def enable_activation_checkpointing(policy) -> None:
-    """Recompute each decoder layer's activations in the backward of a training-mode forward,
-    the non-reentrant way (keyword inputs, inputs without grad and FSDP units all work; the
-    reentrant default of older transformers needs none of them). Eval-mode forwards (generation,
-    the scoring pass) are untouched and keep their KV cache."""
+    """Recompute each decoder layer's activations in the backward of a training-mode forward, the
+    non-reentrant way (keyword inputs, inputs without grad and FSDP units all work with it).
+    Eval-mode forwards (generation, scoring) are untouched and keep their KV cache."""
     kwargs = {"use_reentrant": False}
     enable = getattr(policy, "activation_checkpointing_enable", None)  # transformers >= 5.2x
     if enable is not None:

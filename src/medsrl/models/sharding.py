@@ -1,9 +1,8 @@
 """FSDP for the policy: sharded per decoder layer for the update, whole for generation and scoring.
 
-The update's passes go through the FSDP wrapper, one unit per decoder layer (collectives: every
-rank runs the same number of passes); rank-local work of different lengths (generation, scoring,
-MEDS capture, export) runs inside :func:`full_weights`, so nothing in it is a collective. Layout
-and precision: docs/ARCHITECTURE.md (multi-GPU) and docs/GPU.md.
+The update's passes (the same number on every rank) go through the FSDP wrapper; rank-local work
+of different lengths (generation, scoring, MEDS capture, export) runs inside :func:`full_weights`,
+so nothing in it is a collective. Layout and precision: docs/ARCHITECTURE.md and docs/GPU.md.
 """
 
 from __future__ import annotations
@@ -33,12 +32,9 @@ def is_sharded(module: nn.Module) -> bool:
 
 
 class PolicyFSDPStrategy(FSDPStrategy):
-    """Lightning's ``FSDPStrategy`` for a module that shards its own policy (``shard_policy``).
-
-    It also runs on the CPU (gloo, ``tests/test_distributed.py``): Lightning's own class refuses
-    ``accelerator=cpu`` although torch's FSDP runs there. On the CPU the full checkpoint is
-    gathered without ``offload_to_cpu`` (with it, torch 2.13's FSDP segfaults cloning the weights).
-    """
+    """Lightning's ``FSDPStrategy`` for a module that shards its own policy (``shard_policy``), on
+    the CPU too (gloo; Lightning's own class refuses it). There the full checkpoint is gathered
+    without ``offload_to_cpu`` (with it, torch 2.13's FSDP segfaults cloning the weights)."""
 
     strategy_name = "medsrl_fsdp"
 
@@ -111,9 +107,8 @@ def layer_classes(policy: nn.Module) -> set[type[nn.Module]]:
 
 
 def shard_policy(policy: nn.Module, strategy: FSDPStrategy) -> nn.Module:
-    """``policy`` with one FSDP unit per decoder layer and a root unit for the rest, set up as
-    ``strategy`` says. LoRA adapters are units of their own: FSDP keeps a flat gradient the size
-    of every unit with a trainable weight, so a layer's unit then holds frozen weights and none."""
+    """``policy`` with one FSDP unit per decoder layer and a root unit for the rest, as ``strategy``
+    says; LoRA adapters are units of their own, so no layer's unit keeps a flat gradient."""
     from medsrl.models.lora import is_adapter_leaf, is_lora
 
     classes = tuple(layer_classes(policy))
@@ -133,9 +128,8 @@ def shard_policy(policy: nn.Module, strategy: FSDPStrategy) -> nn.Module:
 
 @contextlib.contextmanager
 def full_weights(module: nn.Module) -> Iterator[nn.Module]:
-    """The plain module with all its weights for the block: gathered on every rank when
-    ``module`` is FSDP-wrapped (a collective: all ranks enter together), itself otherwise.
-    Changes made inside are discarded (``writeback=False``): the block is for reading."""
+    """The plain module with all its weights for the block, for reading (changes are discarded):
+    gathered on every rank when FSDP-wrapped (a collective: all ranks enter together)."""
     if not is_sharded(module):
         yield module
         return
@@ -146,11 +140,8 @@ def full_weights(module: nn.Module) -> Iterator[nn.Module]:
 
 @contextlib.contextmanager
 def _without_inner_units(module: nn.Module) -> Iterator[nn.Module]:
-    """``module`` with each nested FSDP unit replaced by the module it wraps, for the block.
-
-    Inside ``summon_full_params`` every weight is whole; a nested unit's own forward would cast
-    its inputs to the mixed-precision dtype against the fp32 weights and free them after running.
-    """
+    """``module`` with each nested FSDP unit replaced by the module it wraps, for the block: a
+    unit's own forward would cast its inputs to the mixed-precision dtype and free the weights."""
     swapped = []
     for parent in list(module.modules()):
         for name, child in list(parent._modules.items()):
@@ -169,6 +160,4 @@ def grad_norm(params: list[nn.Parameter], sharded: bool) -> float:
     ranks first (each rank holds a disjoint slice)."""
     norms = [p.grad.detach().float().norm(2) for p in params if p.grad is not None]
     sq = float(torch.stack(norms).square().sum()) if norms else 0.0
-    if sharded:
-        sq = all_reduce_sum(sq)
-    return sq**0.5
+    return (all_reduce_sum(sq) if sharded else sq) ** 0.5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from medsrl.models.char_tokenizer import char_vocab
@@ -28,7 +29,5 @@ def tiny_qwen2_config(
 
 def build_tiny_model(seed: int = 0, **config_overrides) -> Qwen2ForCausalLM:
     """A randomly initialised tiny Qwen2 model (seeded, so tests are reproducible)."""
-    import torch
-
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(tiny_qwen2_config(**config_overrides))

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from medsrl.algo.logprobs import CHUNK_TOKENS
+from medsrl.models.lora import lora_settings
 from medsrl.plan.model_size import ModelSize
 
 GIB = 2**30
@@ -124,10 +125,9 @@ class MemoryPlan:
         for phase in self.phases:
             if usable is None or phase.total <= usable:
                 continue
-            over = phase.total - usable
             top = sorted((i for i in phase.items if i.knob), key=lambda i: -i.bytes)[:3]
             knobs = "; ".join(f"{i.name} ({gib(i.bytes)}): {i.knob}" for i in top)
-            out.append(f"{phase.name} is {gib(over)} over: {knobs}")
+            out.append(f"{phase.name} is {gib(phase.total - usable)} over: {knobs}")
         return out
 
 
@@ -140,9 +140,9 @@ def run_shape(cfg: Mapping[str, Any], prompt_tokens: int = DEFAULT_PROMPT_TOKENS
     """The :class:`RunShape` of a composed training config (``configs/train.yaml`` + overrides)."""
     trainer, rollout, algo, model = cfg["trainer"], cfg["rollout"], cfg["algorithm"], cfg["model"]
     devices = _count(trainer.get("devices", 1)) * _count(trainer.get("num_nodes", 1))
-    target = str((trainer.get("strategy") or {}).get("_target_", "") if isinstance(trainer.get("strategy"), Mapping)
-                 else trainer.get("strategy") or "")
-    sharded = "fsdp" in target.lower()
+    strategy = trainer.get("strategy") or ""  # a name, or a node with a _target_
+    target = strategy.get("_target_", "") if isinstance(strategy, Mapping) else strategy
+    sharded = "fsdp" in str(target).lower()
     precision = str(trainer.get("precision", "32-true"))
     master = DTYPE_BYTES.get(str(model.get("dtype", "float32")).lower().removeprefix("torch."), 4)
     compute = 2 if ("bf16" in precision or "16" in precision.split("-")[0]) else master
@@ -169,7 +169,7 @@ def run_shape(cfg: Mapping[str, Any], prompt_tokens: int = DEFAULT_PROMPT_TOKENS
         micro_batch=int(algo.get("micro_batch_size")),
         max_tokens=None if algo.get("max_tokens_per_microbatch") is None else int(algo.get("max_tokens_per_microbatch")),
         # LoRA: the reference is the policy with its adapters off, no copy (models/lora.py)
-        reference_model=float(algo.get("kl_coef") or 0.0) > 0 and not _lora_on(model),
+        reference_model=float(algo.get("kl_coef") or 0.0) > 0 and not lora_settings(model).enabled,
         vllm_fraction=vllm.get("gpu_memory_utilization"),
         vllm_kv_bytes=vllm.get("kv_cache_memory_bytes"),
         vllm_weight_bytes=engine_bytes,
@@ -178,10 +178,6 @@ def run_shape(cfg: Mapping[str, Any], prompt_tokens: int = DEFAULT_PROMPT_TOKENS
         hardware=None if hardware is None else str(hardware.get("name", "")),
         on_gpu=str(trainer.get("accelerator", "cpu")) != "cpu",
     )
-
-
-def _lora_on(model: Mapping[str, Any]) -> bool:
-    return int((model.get("lora") or {}).get("r") or 0) > 0
 
 
 def _count(v: Any) -> int:
@@ -231,7 +227,7 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
     Pt = size.trained  # with gradients and AdamW states: all, or with LoRA the adapters
     c, m = run.compute_bytes, run.master_bytes
     V, H = size.vocab_size, size.hidden_size
-    share = f"/ {shards} ranks" if shards > 1 else ""
+    share = f" / {shards} ranks" if shards > 1 else ""
     T = run.tokens_per_row
     mb_tokens = run.micro_batch_tokens
     mb_how = (f"{run.micro_batch} x {T}" if mb_tokens == run.micro_batch * T
@@ -240,8 +236,8 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
 
     shard_knob = "" if run.sharded else "trainer=fsdp trainer.devices=N"
     resident = [
-        Item("weights", m * P // shards, f"{P:,} params x {m} B {share}".strip(), shard_knob),
-        Item("AdamW moments", 2 * m * Pt // shards, f"2 x {Pt:,} x {m} B {share}".strip(), shard_knob),
+        Item("weights", m * P // shards, f"{P:,} params x {m} B{share}", shard_knob),
+        Item("AdamW moments", 2 * m * Pt // shards, f"2 x {Pt:,} x {m} B{share}", shard_knob),
     ]
     if run.on_gpu:
         resident.append(Item("runtime", RUNTIME_BYTES, "CUDA context, cuBLAS, NCCL (assumed)"))
@@ -256,44 +252,37 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
         f"{run.sequences_per_rank} rows x {T} tokens: ids, mask, positions (int64); log-probs, stats (fp32)",
         "data.prompts_per_step",
     )
-    gathered = Item("policy gathered whole", m * P, f"summon_full_params: {P:,} x {m} B",
-                    "none yet: HF generation, scoring and the vLLM sync gather the policy") if run.sharded else None
-    cast = Item("bf16 cast of a weight", V * H * c, f"the largest matrix ({V} x {H}) cast per op") if run.autocast else None
+    gathered = [Item("policy gathered whole", m * P, f"summon_full_params: {P:,} x {m} B",
+                     "none yet: HF generation, scoring and the vLLM sync gather the policy")] if run.sharded else []
+    cast = [Item("bf16 cast of a weight", V * H * c, f"the largest matrix ({V} x {H}) cast per op")] if run.autocast else []
 
-    generation = Phase("generation", [*resident])
-    if engine is not None:
-        generation.items.append(engine)
-    if gathered is not None and run.backend == "hf":  # vLLM generates from its own copy
-        generation.items.append(gathered)
-    if run.backend == "hf":
+    generation = Phase("generation", [*resident, *([engine] if engine else [])])
+    if run.backend == "hf":  # the policy generates (vLLM: the engine, from its own copy)
         rows = run.generate_rows
         # K and V come out fp32 under autocast over fp32 weights (the rotary cos/sin follow the
         # fp32 residual stream): measured on CPU, tests/plan/test_memory_plan.py
         kv = 4 if run.autocast else c
         generation.items += [
+            *gathered,
             Item("KV cache", kv_cache_bytes(size, rows, T, kv) * (size.num_layers + 1) // size.num_layers,
                  f"{rows} rows x {T} tokens x {size.kv_bytes_per_token} x {kv} B (+1 layer: the cache grows by copy)",
                  "rollout.max_batch_size (rows per generate call)"),
             Item("prefill activations", layer_forward_bytes(size, rows * run.prompt_tokens, c),
                  f"one layer over {rows} x {run.prompt_tokens} prompt tokens", "rollout.max_batch_size"),
             Item("sampling logits", rows * V * 4 * 3, f"{rows} x {V} fp32: logits, probabilities, a copy"),
+            *cast,
         ]
-    if cast is not None and run.backend == "hf":  # the policy runs the generation
-        generation.items.append(cast)
 
-    scoring = Phase("scoring", [*resident, rollouts, *awake])
-    if gathered is not None:
-        scoring.items.append(gathered)
-    scoring.items += [
+    scoring = Phase("scoring", [
+        *resident, rollouts, *awake, *gathered,
         Item("activations (no grad)", layer_forward_bytes(size, mb_tokens, c),
              f"one layer over {mb_how} tokens", mb_knob),
         Item("log-prob head chunk", head_chunk_bytes(size, run.chunk_tokens, c, backward=False),
              f"{run.chunk_tokens} tokens x {V} x ({c} + 8) B"),
-    ]
-    if cast is not None:
-        scoring.items.append(cast)
+        *cast,
+    ])
 
-    grads = Item("gradients", m * Pt // shards, f"{Pt:,} x {m} B {share}".strip(), shard_knob)
+    grads = Item("gradients", m * Pt // shards, f"{Pt:,} x {m} B{share}", shard_knob)
     buckets = [Item("DDP gradient buckets", m * Pt, f"{Pt:,} x {m} B", "trainer=fsdp")] if run.ddp else []
     update = Phase("update", [*resident, rollouts, grads, *awake, *buckets])
     if run.sharded:
@@ -338,7 +327,7 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
         held = engine if not run.vllm_sleep else Item(
             "vLLM weights (woken)", size.params * run.vllm_weight_bytes,
             f"{P:,} x {run.vllm_weight_bytes} B; the KV cache stays asleep until generation")
-        phases.append(Phase("weight sync", [*resident, rollouts, held, *([gathered] if gathered else [])]))
+        phases.append(Phase("weight sync", [*resident, rollouts, held, *gathered]))
     plan = MemoryPlan(run, size, phases)
     if size.trainable_params is not None:
         plan.notes.append(f"LoRA: {Pt:,} adapter parameters train (gradients and AdamW states for those "

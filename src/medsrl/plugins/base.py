@@ -1,11 +1,7 @@
-"""The plug-in protocol: how a training method takes part in the RL step.
-
-A plug-in is a Lightning ``Callback`` (so setup, teardown and checkpoint state are Lightning's)
-whose hooks below the module also calls at fixed points of each step, in the order of
-``algorithm.plugins`` (``docs/PLUGINS.md`` has the table). Override only what the method needs.
-Replicated state: ``commit`` gets every rank's ``step_additions`` (one all-gather for all
-plug-ins), so it is identical on every rank; ``state_dict`` puts it into checkpoints. Metrics,
-histograms and text go through the :class:`StepContext`, under the plug-in's name.
+"""The plug-in protocol: a training method is a Lightning ``Callback`` (setup, teardown and
+checkpoint state are Lightning's) whose hooks below the module also calls at fixed points of each
+step, in ``algorithm.plugins`` order (``docs/PLUGINS.md`` has the table). Replicated state: every
+rank's ``step_additions`` go to ``commit`` on every rank. Metrics go through :class:`StepContext`.
 """
 
 from __future__ import annotations
@@ -56,24 +52,22 @@ class StepContext:
 
     def log(self, plugin: Plugin, values: dict[str, float]) -> None:
         """Scalars as ``train/<plugin name>/<key>``."""
-        for k, v in values.items():
-            self.metrics[f"{plugin.name}/{k}"] = v
+        self.metrics.update({f"{plugin.name}/{k}": v for k, v in values.items()})
 
     def _writers(self):
         return [lg.experiment for lg in self.loggers if isinstance(lg, TensorBoardLogger)]
 
     def histogram(self, plugin: Plugin, tag: str, values) -> None:
-        """A histogram ``<plugin name>/<tag>`` in TensorBoard and W&B (rank 0; no-op without
-        either logger)."""
+        """A histogram ``<plugin name>/<tag>`` in TensorBoard and W&B (rank 0; else a no-op)."""
         for w in self._writers():
             w.add_histogram(f"{plugin.name}/{tag}", values, global_step=self.step)
-        wandb_log.log_histogram(wandb_log.wandb_loggers(self.loggers), f"{plugin.name}/{tag}", values, self.step)
+        wandb_log.log_histogram(self.loggers, f"{plugin.name}/{tag}", values, self.step)
 
     def text(self, plugin: Plugin, tag: str, text: str) -> None:
         """A text panel ``<plugin name>/<tag>`` in TensorBoard and W&B (rank 0)."""
         for w in self._writers():
             w.add_text(f"{plugin.name}/{tag}", text, self.step)
-        wandb_log.log_text(wandb_log.wandb_loggers(self.loggers), f"{plugin.name}/{tag}", text, self.step)
+        wandb_log.log_text(self.loggers, f"{plugin.name}/{tag}", text, self.step)
 
 
 class Plugin(Callback):

@@ -43,8 +43,7 @@ class PluginHost:
         return out
 
     def add_prompts(self, prompts: list, ctx: StepContext) -> list:
-        extra = [q for p in self.plugins for q in p.add_prompts(prompts, ctx)]
-        return list(prompts) + extra
+        return list(prompts) + [q for p in self.plugins for q in p.add_prompts(prompts, ctx)]
 
     def before_scoring(self, rollouts, ctx: StepContext) -> None:
         for p in self.plugins:

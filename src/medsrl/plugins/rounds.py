@@ -1,9 +1,7 @@
 """The step's groups through the plug-ins' ``transform_groups``, with DAPO's generation rounds as
-an explicit loop (as in verl's DAPO trainer): each round's groups pass the plug-ins before the
-filter (R3's replay can rescue a group) and the filter; the kept ones accumulate, counted over
-all ranks, until the batch is full or ``max_rounds`` extra rounds ran; the surplus is cut in
-(round, rank, prompt) order, that of one process holding every prompt; the plug-ins after the
-filter see the cut batch once.
+an explicit loop (as verl's DAPO trainer): each round passes the plug-ins up to the filter until
+the kept groups (over all ranks) fill the batch or ``max_rounds`` extra rounds ran; the surplus is
+cut in (round, rank, prompt) order, as one process would; the plug-ins after see the batch once.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """The part of a response that holds its answer: all of it, or what follows its reasoning.
 
-Reasoning models write ``<think> ... </think>`` and answer after it; a ``\\boxed{}`` inside the
-reasoning is a guess on the way. With ``grader.reasoning_end`` set, the grader reads only the text
-after the tag's last occurrence (none: no answer, score 0), and MEDS's answer locator and R3's
-ranking read the same span in tokens. The token search works on per-id text pieces, because a tag
-that is not a special token (``</think>`` in Qwen2.5-Math) is split into several tokens, and
-byte-level BPE may merge its ``>`` with the newline that follows.
+Reasoning models answer after ``</think>``; a ``\\boxed{}`` inside the reasoning is a guess on
+the way. With ``grader.reasoning_end`` set, the grader reads only the text after the tag's last
+occurrence (none: score 0), and MEDS's answer locator and R3's ranking read the same span in
+tokens, searched on per-id text pieces: a tag that is not a special token is split into several
+tokens, and byte-level BPE may merge its ``>`` with the newline that follows.
 """
 
 from __future__ import annotations
@@ -35,18 +34,15 @@ class TokenPieces:
         self._tokenizer = tokenizer
         self._cache: dict[int, str] = {}
 
-    def __call__(self, token_id: int) -> str:
-        piece = self._cache.get(token_id)
-        if piece is None:
-            piece = self._tokenizer.decode(
-                [int(token_id)], skip_special_tokens=False, clean_up_tokenization_spaces=False
-            )
-            self._cache[token_id] = piece
-        return piece
-
     def pieces(self, ids: Sequence[int]) -> list[str]:
         cache = self._cache  # looked up inline: this runs per token of every response
-        return [cache[i] if i in cache else self(i) for i in ids]
+        return [cache[i] if i in cache else self._decode(i) for i in ids]
+
+    def _decode(self, token_id: int) -> str:
+        self._cache[token_id] = piece = self._tokenizer.decode(
+            [int(token_id)], skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+        return piece
 
 
 _PIECES: weakref.WeakKeyDictionary[Any, TokenPieces] = weakref.WeakKeyDictionary()
@@ -55,13 +51,9 @@ _PIECES: weakref.WeakKeyDictionary[Any, TokenPieces] = weakref.WeakKeyDictionary
 def token_pieces(tokenizer: Any) -> TokenPieces:
     """The shared :class:`TokenPieces` cache of ``tokenizer`` (one per tokenizer object)."""
     try:
-        cache = _PIECES.get(tokenizer)
+        return _PIECES.setdefault(tokenizer, TokenPieces(tokenizer))
     except TypeError:  # not weak-referenceable: no sharing, still correct
         return TokenPieces(tokenizer)
-    if cache is None:
-        cache = TokenPieces(tokenizer)
-        _PIECES[tokenizer] = cache
-    return cache
 
 
 def as_list(ids: Sequence[int]) -> list[int]:

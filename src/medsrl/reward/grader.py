@@ -1,19 +1,14 @@
 """Grade boxed answers against gold answers: normalise, fast path, then math-verify in workers.
 
-Why the pieces exist:
-
-* ``clean_answer`` rewrites notation whose meaning is unambiguous but which math-verify misreads or
-  that differs only cosmetically (thousands separators, ``\\%``, ``^\\circ``, ``\\dfrac``, trailing
-  units and full stops, ``a<x<b``, ``4.5e33``). Gold and answer get the same treatment.
+* ``clean_answer`` rewrites notation that math-verify misreads or that differs only cosmetically
+  (thousands separators, ``\\%``, ``^\\circ``, ``\\dfrac``, trailing units, ``a<x<b``, ``4.5e33``).
 * ``quick_verdict`` decides the common cases (identical strings, two plain numbers) in the main
-  process with no IPC and no sympy: most RL rollouts end in a plain number.
-* Everything else goes to math-verify (``answers_equivalent``) inside a small pool of persistent
-  worker processes. math-verify's own timeouts use ``signal.alarm``, which works only on the main
-  thread, so we switch them off and enforce a hard per-answer timeout from outside instead: a
-  worker that does not answer in time is killed and replaced. sympy can hang on adversarial
-  expressions such as ``9^{9^{9^9}}``, and a training step must never stall on one.
+  process, with no IPC and no sympy: most RL rollouts end in a plain number.
+* Everything else goes to math-verify in persistent worker processes. Its own timeouts use
+  ``signal.alarm`` (main thread only), so they are off and a worker that overruns the per-answer
+  timeout is killed and replaced: sympy can hang on ``9^{9^{9^9}}``, a training step must not.
 
-Conventions (deliberate, documented choices):
+Conventions:
 
 * Gold is compared first (``verify(gold, answer)``); math-verify then accepts ``x=3`` for ``3``.
 * Bare comma lists are unordered sets (``1, 2`` equals ``2, 1``), as MATH asks for "all
@@ -46,10 +41,6 @@ from medsrl.utils.lifetime import Owner, exit_with_owner, this_owner
 log = logging.getLogger(__name__)
 
 CompareFn = Callable[[str, str], bool]
-
-# --------------------------------------------------------------------------------------------
-# Normalisation
-# --------------------------------------------------------------------------------------------
 
 _UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
 # A LaTeX thousands separator between a digit and a group of exactly three digits:
@@ -86,10 +77,8 @@ _LEFT_RIGHT = re.compile(r"\\(?:left|right)(?![A-Za-z])")
 
 
 def clean_answer(text: str) -> str:
-    """Rewrite an answer (gold or extracted) into a form math-verify reads correctly.
-
-    Only rewrites whose meaning is unambiguous; see the module docstring for the conventions.
-    """
+    """Rewrite an answer (gold or extracted) into a form math-verify reads correctly (only
+    unambiguous rewrites; conventions in the module docstring)."""
     s = text.strip()
     s = s.replace("\\$", "")  # currency, `\$18.90`
     s = _UNESCAPED_DOLLAR.sub("", s)  # math delimiters, `$\frac{1}{2}$` or `$69$,$84$`
@@ -109,8 +98,7 @@ def clean_answer(text: str) -> str:
     scientific = _SCIENTIFIC.match(s)
     if scientific:  # `4.5e33` is the product 4.5*e*33 to math-verify
         s = f"{scientific['mantissa']}\\times 10^{{{scientific['exponent']}}}"
-    s = _inequality_to_interval(s)
-    return s
+    return _inequality_to_interval(s)
 
 
 def _strip_outer_delimiters(s: str) -> str:
@@ -122,17 +110,13 @@ def _strip_outer_delimiters(s: str) -> str:
 
 
 def _inequality_to_interval(s: str) -> str:
-    """``a<x<b``, ``a\\le x\\le b``, ``x>a`` (and mirrored forms) become interval notation.
-
-    math-verify does not always equate an inequality in one variable with its interval (for
-    example ``x\\le 0`` with ``(-\\infty, 0]``); the interval form is unambiguous.
-    """
+    """``a<x<b``, ``a\\le x\\le b``, ``x>a`` (and mirrored forms) become interval notation:
+    math-verify does not always equate them (``x\\le 0`` with ``(-\\infty, 0]``)."""
     if not any(op in s for op in ("<", ">", "\\l", "\\g", "≤", "≥")):
         return s
-    t = _LESS_EQUAL.sub("≤", s)
-    t = _GREATER_EQUAL.sub("≥", t)
-    t = _LESS.sub("<", t)
-    t = _GREATER.sub(">", t)
+    t = s
+    for pattern, token in (_LESS_EQUAL, "≤"), (_GREATER_EQUAL, "≥"), (_LESS, "<"), (_GREATER, ">"):
+        t = pattern.sub(token, t)
     if match := _CHAINED.match(t):
         low, high, low_op, high_op = match["low"], match["high"], match["op1"], match["op2"]
     elif match := _CHAINED_REVERSED.match(t):
@@ -158,11 +142,8 @@ def _one_sided(bound: str, op: str) -> tuple[str, str, str, str]:
 
 def _comparison_key(cleaned: str) -> str:
     """A purely cosmetic canonical form for the string fast path (never looser than math-verify)."""
-    s = cleaned
-    whole_text = _WHOLE_TEXT.match(s)
-    if whole_text:
-        s = whole_text.group(1)
-    s = _LEFT_RIGHT.sub("", s)
+    whole_text = _WHOLE_TEXT.match(cleaned)
+    s = _LEFT_RIGHT.sub("", whole_text.group(1) if whole_text else cleaned)
     s = _FRAC_SHORTHAND.sub(lambda m: f"\\frac{_braced(m[1])}{_braced(m[2])}", s)
     s = _SQRT_SHORTHAND.sub(r"\\sqrt{\1}", s)
     s = re.sub(r"\\[,;:> ]|~", "", s)  # LaTeX spacing commands
@@ -174,10 +155,8 @@ def _braced(token: str) -> str:
 
 
 def _as_number(key: str) -> Fraction | None:
-    """The exact value of a plain decimal like ``025``, ``-3.5`` or ``.35``; ``None`` otherwise.
-
-    Runaway digit strings are left to the (time-limited) workers.
-    """
+    """The exact value of a plain decimal like ``025``, ``-3.5`` or ``.35``; ``None`` otherwise
+    (runaway digit strings are left to the time-limited workers)."""
     if len(key) > _MAX_FAST_NUMBER_CHARS or not _PLAIN_NUMBER.match(key):
         return None
     return Fraction(key)
@@ -185,10 +164,7 @@ def _as_number(key: str) -> Fraction | None:
 
 def quick_verdict(gold: str, answer: str) -> bool | None:
     """Decide the easy cases without sympy: ``True``/``False``, or ``None`` to ask math-verify.
-
-    Equal canonical strings are equal. Two plain numbers are compared exactly, which also settles
-    the most common *wrong* answers without a worker round trip.
-    """
+    Two plain numbers are compared exactly, which settles the commonest wrong answers too."""
     gold_key = _comparison_key(clean_answer(gold))
     answer_key = _comparison_key(clean_answer(answer))
     if not gold_key or not answer_key:
@@ -202,22 +178,19 @@ def quick_verdict(gold: str, answer: str) -> bool | None:
 
 
 def answers_equivalent(gold: str, answer: str) -> bool:
-    """The full in-process comparison: fast path, then ``math_verify.verify(gold, answer)``.
-
-    Has no timeout of its own (math-verify's signal alarms are disabled so that it runs in any
-    thread); call it through ``MathGrader`` to get one.
-    """
+    """The full in-process comparison: fast path, then ``math_verify.verify(gold, answer)``, with
+    no timeout (math-verify's signal alarms are off): ``MathGrader`` enforces one."""
     verdict = quick_verdict(gold, answer)
-    if verdict is not None:
-        return verdict
-    return math_verify_equivalent(gold, answer)
+    return math_verify_equivalent(gold, answer) if verdict is None else verdict
 
 
 def math_verify_equivalent(gold: str, answer: str) -> bool:
     """``verify(parse(gold), parse(answer))`` on cleaned, boxed strings, without the fast path."""
     from math_verify import parse, verify  # imported lazily: sympy is slow to import
 
-    _silence_math_verify_timeout_warning()
+    # math-verify warns once per process that its timeouts are off; we enforce our own
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     gold_parsed = parse(_boxed(clean_answer(gold)), parsing_timeout=None)
     answer_parsed = parse(_boxed(clean_answer(answer)), parsing_timeout=None)
     if not gold_parsed or not answer_parsed:
@@ -229,17 +202,6 @@ def _boxed(cleaned: str) -> str:
     # math-verify's LaTeX extractor finds a boxed answer most reliably, and the box makes a bare
     # `025` or `\frac{1}{2}` an answer rather than text to search for one.
     return f"$\\boxed{{{cleaned}}}$"
-
-
-def _silence_math_verify_timeout_warning() -> None:
-    """math-verify warns once per process that we disabled its timeouts; we enforce our own."""
-    for name in ("math_verify.parser", "math_verify.grader"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-# --------------------------------------------------------------------------------------------
-# Grader with a hard per-answer timeout
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -259,13 +221,12 @@ def gold_text(gold: object) -> str:
     return str(gold)
 
 
-def _worker_main(conn: Connection, compare_fn: CompareFn, owner: Owner | None = None) -> None:
+def _worker_main(conn: Connection, compare_fn: CompareFn, owner: Owner) -> None:
     """Worker process loop: receive ``(gold, answer)``, send back ``(ok, verdict_or_error)``.
     Exits when ``owner`` (the process that started it) dies, even mid-comparison."""
     import signal
 
-    if owner is not None:
-        exit_with_owner(owner)
+    exit_with_owner(owner)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     answers_equivalent("1", "\\frac{2}{2}")  # import and warm up sympy before reporting ready
     conn.send("ready")
@@ -321,22 +282,16 @@ class _Worker:
 class MathGrader:
     """Score responses 1.0 / 0.0 by their last boxed answer, with a hard per-answer timeout.
 
-    ``num_workers`` persistent 'spawn' processes (safe after torch started threads) run the
-    math-verify comparison; they start at ``start()`` (or on first use) and stop in ``close()``. An answer that takes
-    longer than ``timeout_s`` scores 0 with ``timed_out=True`` and its worker is replaced.
-    ``num_workers=0`` grades in-process with NO timeout: for debugging only. A worker exits by
-    itself when the process that started it dies, however it dies (``utils/lifetime.py``).
+    ``num_workers`` persistent 'spawn' processes (safe after torch started threads) run
+    ``compare_fn(gold, answer)`` (picklable, top-level) for the pairs ``quick_verdict`` cannot
+    settle; they start at ``start()`` or first use and stop in ``close()``. An answer slower than
+    ``timeout_s`` scores 0 with ``timed_out=True`` and its worker is replaced (the replacement's
+    start-up, seconds, does not count against ``timeout_s``). ``num_workers=0`` grades in-process
+    with NO timeout: for debugging only. A worker exits by itself when the process that started it
+    dies, however it dies (``utils/lifetime.py``); spawning needs the ``__main__`` guard.
 
-    ``compare_fn(gold, answer) -> bool`` (a picklable top-level function, default
-    ``answers_equivalent``) is called only for pairs that ``quick_verdict`` cannot settle.
-    Because workers are spawned, a script that creates a grader needs the usual
-    ``if __name__ == "__main__":`` guard, and each worker re-imports the main module (Python's
-    spawn semantics), so it starts in seconds: with one worker, the first slow comparison after a
-    timeout waits for the replacement to start (that wait does not count against ``timeout_s``).
-
-    ``reasoning_end`` (``grader.reasoning_end``, e.g. ``"</think>"``): only the text after its
-    last occurrence is graded; a response without it scores 0 with ``unclosed_reasoning=True``
-    (``reward/answer_span.py``).
+    ``reasoning_end`` (e.g. ``"</think>"``): only the text after its last occurrence is graded; a
+    response without it scores 0 with ``unclosed_reasoning=True`` (``reward/answer_span.py``).
     """
 
     def __init__(
@@ -365,29 +320,18 @@ class MathGrader:
         if reasoning_end is not None and not reasoning_end.strip():
             raise ValueError("reasoning_end must be a non-empty tag such as '</think>', or None")
         self.reasoning_end = reasoning_end
-        self.stats: dict[str, int] = {
-            "graded": 0,
-            "timeouts": 0,
-            "errors": 0,
-            "no_box": 0,
-            "fast_path": 0,
-            "unclosed_reasoning": 0,
-        }
+        stats = ("graded", "timeouts", "errors", "no_box", "fast_path", "unclosed_reasoning")
+        self.stats: dict[str, int] = dict.fromkeys(stats, 0)
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._ctx = mp.get_context("spawn")
-
-    # -- public API ---------------------------------------------------------------------------
 
     def grade(self, response: str, gold: str) -> GradeResult:
         return self.grade_batch([response], [gold])[0]
 
     def grade_batch(self, responses: Sequence[str], golds: Sequence[str]) -> list[GradeResult]:
-        """Grade many responses at once; slow comparisons run in parallel across workers.
-
-        A gold that is not a string is tolerated: numbers go through ``str`` (amc23's ``27.0``)
-        and lists are joined with ", " (olympiadbench's ``final_answer``).
-        """
+        """Grade many responses at once; slow comparisons run in parallel across workers. A gold
+        may be a number (amc23's ``27.0``) or a list (olympiadbench's): see ``gold_text``."""
         if len(responses) != len(golds):
             raise ValueError(f"{len(responses)} responses but {len(golds)} gold answers")
         golds = [gold_text(g) for g in golds]
@@ -399,13 +343,10 @@ class MathGrader:
             if spans[i] is None:
                 self.stats["unclosed_reasoning"] += 1
                 results[i] = GradeResult(0.0, None, has_box=False, unclosed_reasoning=True)
-                continue
-            if answer is None:
+            elif answer is None:
                 self.stats["no_box"] += 1
                 results[i] = GradeResult(0.0, None, has_box=False)
-                continue
-            verdict = quick_verdict(gold, answer)
-            if verdict is None:
+            elif (verdict := quick_verdict(gold, answer)) is None:
                 slow.append(i)
             else:
                 self.stats["fast_path"] += 1
@@ -425,10 +366,8 @@ class MathGrader:
         """Spawn the workers now rather than at the first answer that needs one: a worker takes
         seconds to import sympy, which then happens in the background (while the model loads and
         the first steps generate) instead of stalling a training step. Returns the grader."""
-        if self.num_workers:
-            with self._lock:
-                while len(self._workers) < self.num_workers:
-                    self._workers.append(self._spawn())
+        with self._lock:
+            self._fill_pool()
         return self
 
     def close(self) -> None:
@@ -448,14 +387,21 @@ class MathGrader:
         with contextlib.suppress(Exception):  # interpreter shutdown: best effort only
             self.close()
 
-    # -- comparison backends ------------------------------------------------------------------
-
     def _compare_many(self, tasks: list[tuple[str, str]]) -> list[tuple[bool, bool, str | None]]:
         """``(verdict, timed_out, error)`` per ``(gold, answer)`` task."""
         if self.num_workers == 0:
             return [self._compare_in_process(gold, answer) for gold, answer in tasks]
         with self._lock:
-            return self._compare_in_workers(tasks)
+            self._fill_pool()
+            try:
+                return self._run_tasks(tasks)
+            except BaseException:
+                # Workers may hold tasks of this batch; their late answers must not leak into the
+                # next call, so start again from a clean pool (also on KeyboardInterrupt).
+                for worker in self._workers:
+                    worker.kill()
+                self._workers = []
+                raise
 
     def _compare_in_process(self, gold: str, answer: str) -> tuple[bool, bool, str | None]:
         try:
@@ -463,27 +409,13 @@ class MathGrader:
         except Exception as exc:
             return False, False, f"{type(exc).__name__}: {exc}"
 
-    def _compare_in_workers(
-        self, tasks: list[tuple[str, str]]
-    ) -> list[tuple[bool, bool, str | None]]:
-        """Hand tasks one at a time to idle workers; kill any worker that overruns its deadline.
-
-        One task in flight per worker keeps the deadline exact; a pipe round trip costs tens of
-        microseconds, small next to a sympy comparison.
-        """
+    def _fill_pool(self) -> None:
         while len(self._workers) < self.num_workers:
             self._workers.append(self._spawn())
-        try:
-            return self._run_tasks(tasks)
-        except BaseException:
-            # Workers may hold tasks of this batch; their late answers must not leak into the
-            # next call, so start again from a clean pool (also on KeyboardInterrupt).
-            for worker in self._workers:
-                worker.kill()
-            self._workers = []
-            raise
 
     def _run_tasks(self, tasks: list[tuple[str, str]]) -> list[tuple[bool, bool, str | None]]:
+        """Hand tasks one at a time to idle workers; kill any worker that overruns its deadline.
+        One task in flight per worker keeps the deadline exact (a pipe round trip is cheap)."""
         results: list[tuple[bool, bool, str | None] | None] = [None] * len(tasks)
         pending = deque(range(len(tasks)))
         while True:

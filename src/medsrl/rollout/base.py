@@ -1,14 +1,12 @@
 """Rollout types shared by every generation backend, and the packing used by the policy update.
 
-An engine turns prompt strings into ``n`` sampled responses per prompt (:class:`RolloutBatch`);
-the step packs prompt and response ids into one padded batch (:func:`pack_rollouts`). Layout of a
-packed row (``P`` = longest prompt, ``R`` = longest response)::
+A packed row (:func:`pack_rollouts`; ``P`` = longest prompt, ``R`` = longest response)::
 
     [pad pad p0 p1 p2 | r0 r1 r2 pad pad]
      <---- P ------->   <----- R ----->
 
-Prompts are left-padded and responses right-padded, so every response starts at column ``P``.
-The logits that predict response token ``t`` are at column ``P + t - 1``.
+Every response starts at column ``P``; the logits that predict response token ``t`` are at
+column ``P + t - 1``.
 """
 
 from __future__ import annotations
@@ -18,17 +16,17 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from medsrl.models.loading import stop_token_ids
+
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample: ``n`` responses per prompt, at most ``max_new_tokens`` tokens each.
-
-    ``temperature <= 0`` is greedy (``top_p`` ignored). ``seed`` makes a call reproducible for
-    the same prompts and engine settings. ``logprobs`` never changes the samples.
-    """
+    """How to sample: ``n`` responses per prompt, at most ``max_new_tokens`` tokens each;
+    ``temperature <= 0`` is greedy (``top_p`` ignored). ``seed`` makes a call reproducible for the
+    same prompts and engine settings; ``logprobs`` never changes the samples."""
 
     n: int = 8
     temperature: float = 1.0
@@ -56,11 +54,10 @@ class SamplingParams:
 class RolloutBatch:
     """Generated responses, one entry per response, grouped by prompt in prompt order.
 
-    ``response_ids`` keep the stop token (when produced), no padding; ``response_text`` is decoded
-    with special tokens skipped; ``finish_reason`` is ``"stop"`` or ``"length"``
-    (``max_new_tokens`` ran out). ``response_logprobs`` (when :attr:`SamplingParams.logprobs`
-    asks): each token's log-prob under the distribution it was drawn from, i.e. at the sampling
-    temperature, renormalised over the top-p nucleus (vLLM's ``processed_logprobs``).
+    ``response_ids`` keep the stop token (when produced); ``response_text`` skips special tokens;
+    ``finish_reason`` is ``"stop"`` or ``"length"``. ``response_logprobs`` (with
+    :attr:`SamplingParams.logprobs`): each token's log-prob under the distribution it was drawn
+    from, after temperature and top-p (vLLM's ``processed_logprobs``).
     """
 
     prompt_index: list[int]
@@ -72,10 +69,7 @@ class RolloutBatch:
 
     def __post_init__(self) -> None:
         n = len(self.prompt_index)
-        names = ["prompt_ids", "response_ids", "response_text", "finish_reason"]
-        if self.response_logprobs is not None:
-            names.append("response_logprobs")
-        bad = {k: len(getattr(self, k)) for k in names if len(getattr(self, k)) != n}
+        bad = {k: len(getattr(self, k)) for k in self._row_fields() if len(getattr(self, k)) != n}
         if bad:
             raise ValueError(f"RolloutBatch fields disagree in length: prompt_index={n}, {bad}")
         if self.response_logprobs is not None:
@@ -85,21 +79,19 @@ class RolloutBatch:
                         f"RolloutBatch response {i}: {len(ids)} tokens but {len(lps)} log-probs"
                     )
 
+    def _row_fields(self) -> list[str]:
+        """The per-response lists besides ``prompt_index`` (``response_logprobs`` when present)."""
+        names = ["prompt_ids", "response_ids", "response_text", "finish_reason"]
+        return names + ["response_logprobs"] if self.response_logprobs is not None else names
+
     @classmethod
     def empty(cls, logprobs: bool = False) -> RolloutBatch:
         return cls([], [], [], [], [], [] if logprobs else None)
 
     def select(self, rows: list[int]) -> RolloutBatch:
         """The responses at ``rows``, numbered as one group (``prompt_index`` all 0)."""
-        lps = self.response_logprobs
-        return RolloutBatch(
-            prompt_index=[0] * len(rows),
-            prompt_ids=[self.prompt_ids[i] for i in rows],
-            response_ids=[self.response_ids[i] for i in rows],
-            response_text=[self.response_text[i] for i in rows],
-            finish_reason=[self.finish_reason[i] for i in rows],
-            response_logprobs=None if lps is None else [lps[i] for i in rows],
-        )
+        picked = {k: [getattr(self, k)[i] for i in rows] for k in self._row_fields()}
+        return RolloutBatch(prompt_index=[0] * len(rows), **picked)
 
     @classmethod
     def concat_groups(cls, groups: list[RolloutBatch]) -> RolloutBatch:
@@ -109,12 +101,8 @@ class RolloutBatch:
         out = cls.empty(logprobs=with_lps)
         for g, b in enumerate(groups):
             out.prompt_index += [g] * len(b)
-            out.prompt_ids += b.prompt_ids
-            out.response_ids += b.response_ids
-            out.response_text += b.response_text
-            out.finish_reason += b.finish_reason
-            if with_lps:
-                out.response_logprobs += b.response_logprobs
+            for k in out._row_fields():
+                getattr(out, k).extend(getattr(b, k))
         return out
 
     def __len__(self) -> int:
@@ -140,22 +128,18 @@ class RolloutEngine(Protocol):
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Push the current policy weights to the engine (no-op when it shares the module)."""
-        ...
 
     def release(self) -> None:
         """Free what generation holds before the trainer's phases (vLLM: sleep; HF: nothing)."""
-        ...
 
     @property
     def weights_released(self) -> bool:
         """Whether ``release`` dropped the weights: ``sync_weights`` must precede ``generate``."""
-        ...
 
 
 def tokenize_prompts(tokenizer, prompts: list[str], n: int, engine: str) -> tuple[list[list[int]], list[int]]:
-    """Each prompt's ids (default special-token handling, as vLLM's) and the response order
-    (``[0]*n + [1]*n + ...``): what every engine's ``generate`` starts with. A bare string or a
-    prompt that tokenizes to nothing is refused."""
+    """Each prompt's ids (default special-token handling, as vLLM's; a bare string or an empty
+    prompt refused) and the response order ``[0]*n + [1]*n + ...``: every engine's first step."""
     if isinstance(prompts, str):
         raise TypeError(f"{engine}.generate expects a list of prompt strings")
     prompt_ids = [list(ids) for ids in tokenizer(list(prompts))["input_ids"]] if prompts else []
@@ -163,6 +147,14 @@ def tokenize_prompts(tokenizer, prompts: list[str], n: int, engine: str) -> tupl
         if not ids:
             raise ValueError(f"Prompt {i} tokenizes to no tokens")
     return prompt_ids, [i for i in range(len(prompt_ids)) for _ in range(n)]
+
+
+def resolve_stop_ids(tokenizer, ids: list[int] | None, engine: str) -> list[int]:
+    """The ids that end a response: ``ids``, else the tokenizer's (``models.loading``)."""
+    ids = stop_token_ids(tokenizer) if ids is None else ids
+    if not ids:
+        raise ValueError(f"{engine} needs at least one stop token id")
+    return [int(i) for i in ids]
 
 
 @dataclass
@@ -209,11 +201,8 @@ class PackedRollouts:
 def pack_rollouts(
     prompt_ids: list[list[int]], response_ids: list[list[int]], pad_token_id: int
 ) -> PackedRollouts:
-    """Pack prompts (left-padded to the longest, ``P``) and responses (right-padded, ``R``).
-
-    ``position_ids = cumsum(attention_mask) - 1`` clamped at 0: every row counts positions from
-    its first real token, exactly as when the sequence is run alone.
-    """
+    """Pack prompts (left-padded to the longest, ``P``) and responses (right-padded, ``R``); every
+    row counts positions from its first real token, exactly as when the sequence is run alone."""
     if len(prompt_ids) != len(response_ids):
         raise ValueError(f"pack_rollouts: {len(prompt_ids)} prompts but {len(response_ids)} responses")
     if not prompt_ids:
@@ -230,10 +219,9 @@ def pack_rollouts(
         start = p_len - len(prompt)
         input_ids[i, start:p_len] = torch.as_tensor(prompt, dtype=torch.long)
         attention_mask[i, start:p_len] = 1
-        if response:
-            end = p_len + len(response)
-            input_ids[i, p_len:end] = torch.as_tensor(response, dtype=torch.long)
-            attention_mask[i, p_len:end] = 1
-            response_mask[i, : len(response)] = 1.0
+        end = p_len + len(response)
+        input_ids[i, p_len:end] = torch.as_tensor(response, dtype=torch.long)
+        attention_mask[i, p_len:end] = 1
+        response_mask[i, : len(response)] = 1.0
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     return PackedRollouts(input_ids, attention_mask, position_ids, response_mask, p_len)

@@ -32,7 +32,6 @@ def build_engine(
     if cfg.backend == "vllm":
         from medsrl.rollout.vllm import VLLMRolloutEngine
 
-        options = cfg.vllm.model_dump()
-        options["max_model_len"] = engine_max_model_len(cfg, policy)
+        options = cfg.vllm.model_dump() | {"max_model_len": engine_max_model_len(cfg, policy)}
         return VLLMRolloutEngine(policy, tokenizer, seed=seed, **options)
     raise ValueError(f"rollout.backend={cfg.backend!r}; valid: {', '.join(BACKENDS)}")

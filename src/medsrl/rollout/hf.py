@@ -1,29 +1,17 @@
 """Rollouts with Hugging Face ``model.generate`` on the training module itself.
 
-The engine shares the policy module with the trainer, so ``sync_weights`` is a no-op. It
-generates in eval mode under ``torch.no_grad`` with the KV cache and restores every submodule's
-train/eval flag afterwards.
+Only our :class:`SamplingParams` sample: the model's own ``generation_config`` (real Qwen
+checkpoints ship ``top_k``, ``repetition_penalty``, ...) is swapped for a complete one meanwhile.
 
-Our :class:`SamplingParams` are the only sampling settings used: the model's own
-``generation_config`` (real Qwen checkpoints ship ``top_k``, ``repetition_penalty``, ...) is
-swapped for a clean one for the duration of the call, in which ``top_k=0``, ``min_p``/``typical_p``
-etc. are neutral.
+Seeding: prompts go in chunks of ``max_batch_size // n`` whole prompts (at least one). With
+``params.seed`` the call runs in ``torch.random.fork_rng`` (the caller's RNG stream untouched)
+and the chunk starting at prompt ``i`` draws after ``torch.manual_seed(seed + i)``: reproducible
+for the same prompts, params, model and ``max_batch_size``, and a rank taking prompts ``s..``
+with ``seed + s`` (split at chunk boundaries) gets the responses of the unsplit call.
 
-Seeding: prompts are generated in chunks of whole prompts (``max_batch_size // n`` prompts, at
-least one). With ``params.seed`` set, the call runs inside ``torch.random.fork_rng`` and the chunk
-whose first prompt is prompt ``i`` of the call is drawn after ``torch.manual_seed(seed + i)``. So a
-call is reproducible for the same prompts, params, model and ``max_batch_size`` (on GPU up to
-kernel non-determinism), it leaves the global RNG stream of the caller untouched, and a caller
-that splits its prompts at chunk boundaries (a rank of a distributed run taking prompts
-``s..s+k-1`` with ``seed + s``) gets exactly the responses of the unsplit call. Without a seed,
-sampling draws from the global RNG.
-
-Sampling log-probs (``params.logprobs``): ``generate`` applies a caller's logits processors
-*before* its own temperature / top-p warpers, and sampling happens after the last one. So when
-log-probs are asked for, temperature and top-p leave the generation config and run, as the same
-transformers warpers, inside :class:`_SampledTokenLogProbs`, which is then the last processor: it
-sees exactly the scores that are sampled from, and reads the sampled token's log-prob at the next
-call (or after ``generate`` for the last token). The samples are bit-identical either way.
+Sampling log-probs: ``generate`` runs a caller's logits processors *before* its own warpers, so
+with ``params.logprobs`` temperature and top-p run in :class:`_SampledTokenLogProbs`, the last
+processor, which then sees exactly the scores sampled from.
 """
 
 from __future__ import annotations
@@ -41,71 +29,38 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from medsrl.models.loading import stop_token_ids as default_stop_token_ids
 from medsrl.rollout.base import (
     FINISH_LENGTH,
     FINISH_STOP,
+    PackedRollouts,
     RolloutBatch,
     SamplingParams,
+    pack_rollouts,
+    resolve_stop_ids,
     tokenize_prompts,
 )
 from medsrl.utils.guard import LIKELY_CAUSES, NONFINITE_SAMPLING, RunawayError
 
 
-def _model_device(model: torch.nn.Module) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:  # pragma: no cover - parameterless module
-        return torch.device("cpu")
-
-
 @contextlib.contextmanager
-def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """Eval mode inside, each submodule's previous ``training`` flag restored after."""
+def _generating(model: torch.nn.Module, config: GenerationConfig) -> Iterator[None]:
+    """Eval mode, and ``config`` as the model's generation config so none of its shipped defaults
+    leak in; each submodule's ``training`` flag and the previous config restored after."""
     flags = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, training in flags:
-            m.training = training
-
-
-@contextlib.contextmanager
-def _swapped_generation_config(model: torch.nn.Module, config: GenerationConfig) -> Iterator[None]:
-    """Make ``config`` the model's generation config so none of its shipped defaults leak in."""
     previous = getattr(model, "generation_config", None)
+    model.eval()
     model.generation_config = config
     try:
         yield
     finally:
         model.generation_config = previous
-
-
-@contextlib.contextmanager
-def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
-    if seed is None:
-        yield
-        return
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        rng = torch.random.fork_rng(devices=[index], device_type="cuda")
-    else:
-        rng = torch.random.fork_rng(devices=[])
-    with rng:
-        torch.manual_seed(seed)
-        yield
+        for m, training in flags:
+            m.training = training
 
 
 class HFRolloutEngine:
-    """A :class:`~medsrl.rollout.base.RolloutEngine` backed by ``model.generate``.
-
-    ``stop_token_ids`` defaults to the ids of ``<|im_end|>``, ``<|endoftext|>`` and the eos token
-    that exist in the tokenizer. ``max_batch_size`` caps the number of sequences per ``generate``
-    call (each prompt is repeated ``n`` times, so one call holds ``max_batch_size // n`` prompts;
-    a single prompt with ``n > max_batch_size`` is generated in one call of ``n``).
-    Prompts are tokenized with the tokenizer's default special-token handling (as vLLM does).
-    """
+    """A :class:`~medsrl.rollout.base.RolloutEngine` backed by ``model.generate``;
+    ``max_batch_size`` caps the sequences per call (a prompt with ``n`` above it takes one call)."""
 
     def __init__(
         self,
@@ -115,19 +70,12 @@ class HFRolloutEngine:
         stop_token_ids: list[int] | None = None,
         max_batch_size: int = 64,
     ) -> None:
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.model = model
         self.tokenizer = tokenizer
-        ids = default_stop_token_ids(tokenizer) if stop_token_ids is None else list(stop_token_ids)
-        if not ids:
-            raise ValueError("HFRolloutEngine needs at least one stop token id")
-        self.stop_token_ids: list[int] = [int(i) for i in ids]
+        self.stop_token_ids = resolve_stop_ids(tokenizer, stop_token_ids, "HFRolloutEngine")
         pad = tokenizer.pad_token_id
         self.pad_token_id: int = int(pad) if pad is not None else self.stop_token_ids[0]
         self.max_batch_size = max_batch_size
-
-    # -- RolloutEngine -------------------------------------------------------------------------
 
     uses_policy_weights = True  # generates with the training module
     weights_released = False  # nothing of its own to release
@@ -136,19 +84,13 @@ class HFRolloutEngine:
         """No-op: the engine holds nothing between calls."""
 
     def sync_weights(self, model: torch.nn.Module) -> None:
-        """No-op: the engine generates with the training module itself.
-
-        If a different module object is passed, the engine switches to it.
-        """
-        if model is not None and model is not self.model:
+        """No-op for the training module itself; another module is generated with from now on."""
+        if model is not None:
             self.model = model
 
     def generation_config(self, params: SamplingParams) -> GenerationConfig:
-        """The complete generation config used for ``params`` (nothing left to model defaults).
-
-        With ``params.logprobs`` the temperature and top-p are left out here: they run in
-        :meth:`logits_processors` instead.
-        """
+        """The complete generation config for ``params`` (nothing left to model defaults); with
+        ``params.logprobs`` temperature and top-p run in :meth:`log_prob_recorder` instead."""
         common = dict(
             max_new_tokens=params.max_new_tokens,
             min_new_tokens=0,
@@ -200,14 +142,14 @@ class HFRolloutEngine:
         logprobs: list[list[float]] | None = [] if params.logprobs else None
 
         model = self.model
-        device = _model_device(model)
+        device = next(model.parameters()).device
+        rng_devices = [device.index] if device.type == "cuda" else []
         config = self.generation_config(params)
         stop = set(self.stop_token_ids)
         with (
             torch.no_grad(),
-            _eval_mode(model),
-            _swapped_generation_config(model, config),
-            _seeded(params.seed, device),
+            _generating(model, config),
+            torch.random.fork_rng(devices=rng_devices, enabled=params.seed is not None),
         ):
             per_chunk = max(1, self.max_batch_size // params.n)
             for first in range(0, len(prompts), per_chunk):
@@ -215,21 +157,20 @@ class HFRolloutEngine:
                     torch.manual_seed(params.seed + first)
                 rows = order[first * params.n : (first + per_chunk) * params.n]
                 chunk = [prompt_ids[i] for i in rows]
-                input_ids, attention_mask = self._left_pad(chunk, device)
+                packed = pack_rollouts(chunk, [[] for _ in chunk], self.pad_token_id).to(device)
                 recorder = self.log_prob_recorder(params) if params.logprobs else None
                 with _nonfinite_sampling_is_runaway():
                     out = model.generate(
-                        input_ids=input_ids,
-                        attention_mask=attention_mask,
+                        input_ids=packed.input_ids,
+                        attention_mask=packed.attention_mask,
                         generation_config=config,
                         logits_processor=LogitsProcessorList([recorder] if recorder else []),
-                        past_key_values=_shared_prompt_cache(model, input_ids, attention_mask),
-                        # the weights are whole here (FSDP: summoned by the caller), so no rank
-                        # waits for another; transformers' FSDP default (True) would make a rank
-                        # with fewer prompts than its peers, or none, hang the others
+                        past_key_values=_shared_prompt_cache(model, packed),
+                        # whole weights here (FSDP: summoned by the caller): transformers' FSDP
+                        # default would make a rank with fewer prompts than its peers hang them
                         synced_gpus=False,
                     )
-                new_tokens = out[:, input_ids.shape[1] :]
+                new_tokens = out[:, packed.prompt_length :]
                 row_logprobs = recorder.finish(new_tokens) if recorder else None
                 for r, row in enumerate(new_tokens.tolist()):
                     ids, reason = _trim(row, stop)
@@ -238,28 +179,14 @@ class HFRolloutEngine:
                     if row_logprobs is not None:
                         logprobs.append(row_logprobs[r][: len(ids)])
 
-        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         return RolloutBatch(
             prompt_index=order,
             prompt_ids=[list(prompt_ids[i]) for i in order],
             response_ids=responses,
-            response_text=list(texts),
+            response_text=list(self.tokenizer.batch_decode(responses, skip_special_tokens=True)),
             finish_reason=finish,
             response_logprobs=logprobs,
         )
-
-    # -- helpers -------------------------------------------------------------------------------
-
-    def _left_pad(
-        self, seqs: list[list[int]], device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(s) for s in seqs)
-        input_ids = torch.full((len(seqs), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for row, seq in enumerate(seqs):
-            input_ids[row, width - len(seq) :] = torch.as_tensor(seq, dtype=torch.long)
-            attention_mask[row, width - len(seq) :] = 1
-        return input_ids.to(device), attention_mask.to(device)
 
 
 @contextlib.contextmanager
@@ -274,12 +201,11 @@ def _nonfinite_sampling_is_runaway() -> Iterator[None]:
         raise RunawayError(f"{NONFINITE_SAMPLING}. {LIKELY_CAUSES}") from e
 
 
-def _shared_prompt_cache(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+def _shared_prompt_cache(model: torch.nn.Module, prompts: PackedRollouts):
     """The KV cache of every prompt but its last token, computed once per run of equal rows (the
-    ``n`` copies of a prompt) and expanded to all rows; ``None`` when no row repeats the one
-    before it. ``generate`` then runs only the last prompt token of each row before sampling:
-    the prefill shrinks ``n``-fold (-27 % of a tiny-preset rollout, ``docs/BENCHMARKS.md``) and the
-    samples are the same (the logits differ only in float rounding)."""
+    ``n`` copies of a prompt) and expanded to all rows (``None`` when no row repeats): the prefill
+    shrinks ``n``-fold (``docs/BENCHMARKS.md``), the samples stay the same."""
+    input_ids, attention_mask = prompts.input_ids, prompts.attention_mask
     if input_ids.shape[1] < 2 or input_ids.shape[0] < 2:
         return None
     new = torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
@@ -287,10 +213,9 @@ def _shared_prompt_cache(model: torch.nn.Module, input_ids: torch.Tensor, attent
     if bool(new.all()):
         return None
     first, group = new.nonzero().squeeze(1), new.long().cumsum(0) - 1
-    positions = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     out = model(
         input_ids=input_ids[first, :-1], attention_mask=attention_mask[first, :-1],
-        position_ids=positions[first, :-1], use_cache=True, logits_to_keep=1,
+        position_ids=prompts.position_ids[first, :-1], use_cache=True, logits_to_keep=1,
     )
     cache = out.past_key_values
     cache.reorder_cache(group)
@@ -298,12 +223,9 @@ def _shared_prompt_cache(model: torch.nn.Module, input_ids: torch.Tensor, attent
 
 
 class _SampledTokenLogProbs(LogitsProcessor):
-    """The last logits processor: applies ``warpers``, then records the sampled tokens' log-probs.
-
-    At call ``t`` it keeps the log-softmax of the final scores; at call ``t + 1`` the token drawn
-    from them is the last column of ``input_ids``, so only one ``[B]`` vector per step is kept,
-    never ``[B, V]`` scores for the whole response.
-    """
+    """The last logits processor: applies ``warpers``, then records the sampled tokens' log-probs,
+    keeping the log-softmax of call ``t`` until call ``t + 1`` shows the token drawn from it (one
+    ``[B]`` vector per step is stored, never ``[B, V]`` scores for the whole response)."""
 
     def __init__(self, warpers: list[LogitsProcessor]) -> None:
         self.warpers = warpers
@@ -330,8 +252,6 @@ class _SampledTokenLogProbs(LogitsProcessor):
             raise RuntimeError(
                 f"recorded {len(self.steps)} log-probs for {new_tokens.shape[1]} generated tokens"
             )
-        if not self.steps:
-            return [[] for _ in range(new_tokens.shape[0])]
         return torch.stack(self.steps, dim=1).tolist()
 
 

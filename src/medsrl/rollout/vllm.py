@@ -1,27 +1,22 @@
 """Rollouts with an in-process (colocated) vLLM engine, fed the policy's weights in place.
 
-The engine starts from the policy's config and tokenizer only (``load_format="dummy"``) and
-receives the live weights through :meth:`VLLMRolloutEngine.sync_weights`, the path every later
-update takes: nothing as large as the weights goes to disk. Sync hands the weights to the worker
-by reference, so the engine must be in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; with
-``tensor_parallel_size > 1`` they would be pickled instead: untested). The worker's in-place
-``reload_weights`` is used where offered (the CPU build repacks its linear layers after loading,
-so ``load_weights`` fails there); the prefix cache is reset after every sync.
+The engine starts from the policy's config and tokenizer only (``load_format="dummy"``); the
+weights arrive by reference through :meth:`VLLMRolloutEngine.sync_weights`, so nothing as large
+as them goes to disk and the engine must be in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``;
+``tensor_parallel_size > 1`` would pickle them: untested). The worker's in-place
+``reload_weights`` is used where offered (``load_weights`` fails on the CPU build, which repacks
+its linear layers); the prefix cache is reset after every sync.
 
-Sampling mirrors :class:`~medsrl.rollout.hf.HFRolloutEngine`: our tokenizer encodes and decodes,
-every response is its own request (vLLM refuses ``n > 1`` when greedy; the prefix cache runs a
-shared prompt once), and the model's ``generation_config`` is ignored. By default the engine's
-generator is seeded with ``params.seed`` per call, so the batch is sampled in one vectorised
-draw; ``per_request_seeds=True`` seeds response ``j`` of prompt ``i`` with
-``(params.seed + i) * 2**20 + j``, so a rank's shard taken with ``seed + s`` samples what one
-process would (slower: vLLM serves seeded requests one at a time in Python).
+Sampling mirrors :class:`~medsrl.rollout.hf.HFRolloutEngine` (our tokenizer, the model's
+``generation_config`` ignored); every response is its own request (vLLM refuses ``n > 1`` when
+greedy; the prefix cache runs a shared prompt once). ``per_request_seeds=True`` seeds response
+``j`` of prompt ``i`` with ``(params.seed + i) * 2**20 + j``, so a rank's shard taken with
+``seed + s`` samples what one process would (slower than one seeded draw per call).
 
-Sleep mode, ``external_launcher`` under DDP / FSDP (one engine per rank, tensor-parallel size 1):
-docs/GPU.md and README.md. vLLM samples from NaN logits without complaint, so every request asks
-for the sampled token's log-prob and a NaN or +inf raises
-:class:`~medsrl.utils.guard.RunawayError`, as the HF backend does. vLLM keeps its parallel state
-in process globals, torn down by an engine's shutdown, so creating an engine closes the previous
-one. ``vllm`` is imported lazily: the main environment does not have it (``make test-vllm``).
+vLLM samples from NaN logits without complaint, so every request asks for the sampled token's
+log-prob and a NaN or +inf raises :class:`~medsrl.utils.guard.RunawayError`. vLLM keeps its
+parallel state in process globals: creating an engine closes the previous one. Sleep mode and
+``external_launcher`` under DDP / FSDP: docs/GPU.md.
 """
 
 from __future__ import annotations
@@ -35,15 +30,16 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from medsrl.models.loading import stop_token_ids as default_stop_token_ids
 from medsrl.models.lora import merged_state_dict
 from medsrl.rollout.base import (
     FINISH_LENGTH,
     FINISH_STOP,
     RolloutBatch,
     SamplingParams,
+    resolve_stop_ids,
     tokenize_prompts,
 )
+from medsrl.utils.distributed import is_distributed, rank_and_size
 from medsrl.utils.guard import LIKELY_CAUSES, NONFINITE_SAMPLING, RunawayError
 
 log = logging.getLogger(__name__)
@@ -70,11 +66,10 @@ def _load_into_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> s
     return "load_weights"
 
 
-def _seed_worker(worker: Any, seed: int) -> int:
+def _seed_worker(worker: Any, seed: int) -> None:
     """Runs inside the (in-process) vLLM worker: seed the default generators, which its sampler
     draws unseeded requests from."""
     torch.manual_seed(seed)
-    return seed
 
 
 def _sampled_logprobs(completion: Any) -> list[float]:
@@ -87,9 +82,7 @@ def _sampled_logprobs(completion: Any) -> list[float]:
 
 def _multi_process_options(tensor_parallel_size: int) -> dict[str, Any]:
     """Engine options for one rank of a multi-process run (none in a single process)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+    if not is_distributed():
         return {}
     if tensor_parallel_size != 1:
         raise ValueError(
@@ -98,7 +91,7 @@ def _multi_process_options(tensor_parallel_size: int) -> dict[str, Any]:
             "group to share them)"
         )
     # external_launcher reads these (torchrun sets them; Lightning's own launcher may not)
-    os.environ.setdefault("RANK", str(dist.get_rank()))
+    os.environ.setdefault("RANK", str(rank_and_size()[0]))
     local = torch.cuda.current_device() if torch.cuda.is_available() else 0
     os.environ.setdefault("LOCAL_RANK", str(local))
     return {"distributed_executor_backend": "external_launcher"}
@@ -119,16 +112,14 @@ def _close_previous() -> None:
 
 
 class VLLMRolloutEngine:
-    """A :class:`~medsrl.rollout.base.RolloutEngine` backed by an in-process ``vllm.LLM``; the
-    engine options go to ``vllm.LLM`` (``kv_cache_memory_bytes``, ``max_model_len``: when set).
-    ``enable_sleep_mode`` is ignored, with a log line, where the platform lacks it (not CUDA)."""
+    """A :class:`~medsrl.rollout.base.RolloutEngine` backed by an in-process ``vllm.LLM``, which
+    the options go to (``enable_sleep_mode`` ignored, with a log line, where not supported)."""
 
     def __init__(
         self,
         model: torch.nn.Module,
         tokenizer: PreTrainedTokenizerBase,
         *,
-        stop_token_ids: list[int] | None = None,
         gpu_memory_utilization: float = 0.5,
         kv_cache_memory_bytes: int | None = None,
         tensor_parallel_size: int = 1,
@@ -158,10 +149,7 @@ class VLLMRolloutEngine:
         _close_previous()
         self.llm = None
         self.tokenizer = tokenizer
-        ids = default_stop_token_ids(tokenizer) if stop_token_ids is None else list(stop_token_ids)
-        if not ids:
-            raise ValueError("VLLMRolloutEngine needs at least one stop token id")
-        self.stop_token_ids: list[int] = [int(i) for i in ids]
+        self.stop_token_ids = resolve_stop_ids(tokenizer, None, "VLLMRolloutEngine")
         self.sleep_mode = bool(enable_sleep_mode) and current_platform.is_sleep_mode_available()
         if enable_sleep_mode and not self.sleep_mode:
             log.info("rollout.vllm.enable_sleep_mode ignored: not supported on %s", current_platform)
@@ -173,8 +161,7 @@ class VLLMRolloutEngine:
         tokenizer.save_pretrained(self._dir.name)
         if current_platform.is_cpu():
             # vLLM 0.32 CPU: a prefill split over two scheduler steps rewinds the seeded request's
-            # generator offset, which CPU generators do not support (RuntimeError). Whole
-            # prefills only; the scheduler waits instead of splitting.
+            # generator offset, which CPU generators do not support: whole prefills only
             options["enable_chunked_prefill"] = False
         self.llm = vllm.LLM(
             model=self._dir.name,

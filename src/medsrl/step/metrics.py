@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 import torch
 
+from medsrl.algo import advantage_change_fraction, compute_advantages
 from medsrl.step.rollouts import Group, StepRollouts
 from medsrl.utils.distributed import all_reduce_sum
 
@@ -86,8 +87,6 @@ class PromptVisits:
 def shaping_metrics(algo, inputs, rollouts: StepRollouts, advantages: torch.Tensor) -> dict[str, float]:
     """``shaping/adv_change_frac``: the share of the policy-gradient signal that reward and
     advantage shaping rewrote (``algo.advantage_change_fraction``)."""
-    from medsrl.algo import advantage_change_fraction, compute_advantages
-
     unshaped = dataclasses.replace(inputs, scores=rollouts.reward, terms=rollouts.unshaped_terms())
     base = compute_advantages(algo.advantage, unshaped, **algo.advantage_options)
     return {"shaping/adv_change_frac": advantage_change_fraction(advantages, base, rollouts.packed.response_mask)}

@@ -1,8 +1,6 @@
-"""How the rows of a forward pass are cut into micro-batches, and what padding that costs.
-
-A micro-batch runs as wide as its longest prompt plus longest response: cut by a token budget
-after sorting by length (verl's dynamic batch size), rows of similar length run together and the
-padding mostly goes. The loss is normalised by mini-batch totals, so the cut changes only rounding.
+"""How the rows of a forward pass are cut into micro-batches, and what padding that costs: a
+micro-batch runs as wide as its longest prompt plus longest response, so rows sorted by length and
+cut by a token budget (verl's dynamic batch size) shed most of the padding.
 """
 
 from __future__ import annotations
@@ -18,13 +16,10 @@ def plan_micro_batches(
     max_rows: int,
     max_tokens: int | None = None,
 ) -> list[torch.Tensor]:
-    """The micro-batches of ``rows`` (indices into the packed batch).
-
-    ``max_tokens=None``: runs of ``max_rows`` rows in the given order. Otherwise rows are taken
-    longest first and a micro-batch closes before it would exceed ``max_rows`` rows or
-    ``max_tokens`` padded tokens; a row over the budget runs alone. Rows keep their order inside
-    a micro-batch, so a prompt's responses stay adjacent (the scoring forward shares the prompt).
-    """
+    """The micro-batches of ``rows`` (indices into the packed batch): runs of ``max_rows`` in
+    order, or with ``max_tokens``, longest first up to ``max_rows`` rows or ``max_tokens`` padded
+    tokens (a row over it alone). Rows keep their order inside one, so a prompt's responses stay
+    adjacent (the scoring forward shares the prompt)."""
     if max_rows < 1:
         raise ValueError(f"micro-batch max_rows must be >= 1, got {max_rows}")
     if max_tokens is not None and max_tokens < 1:
@@ -54,8 +49,8 @@ def plan_micro_batches(
 def padding_fraction(
     batches: list[torch.Tensor], prompt_lengths: torch.Tensor, response_lengths: torch.Tensor
 ) -> float:
-    """The share of the token slots of ``batches`` that are padding: 1 - real / (rows x width)
-    summed over micro-batches, the width being the longest prompt plus the longest response."""
+    """The share of padding in the token slots (rows x longest prompt + longest response) of
+    ``batches``."""
     real = slots = 0
     for rows in batches:
         if len(rows) == 0:

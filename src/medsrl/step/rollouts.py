@@ -1,7 +1,6 @@
-"""The rollouts of one RL step: graded groups before packing, the packed batch after.
-
-Plug-ins may filter (DAPO) or extend (replay) the :class:`Group` list, then change the reward
-terms, scores, token statistics and loss weights of the packed :class:`StepRollouts`.
+"""The rollouts of one RL step: the graded groups before packing (:class:`Group`, which plug-ins
+may filter or extend), the packed batch after (:class:`StepRollouts`, rewards and weights theirs
+to change).
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ class Group:
     rollout: RolloutBatch
     grades: list[GradeResult]
     source: list[str]
-    round: int = 0  # generation round of the step (dynamic sampling counts up)
     kept_by: str | None = None  # a plug-in that gives this zero-spread group a signal (R3)
 
     def __len__(self) -> int:
@@ -62,24 +60,22 @@ class Group:
         self.source = self.source + [source] * len(rows)
 
 
-def split_groups(prompts: list[Prompt], rollout: RolloutBatch, grades: list, round_: int = 0) -> list[Group]:
+def split_groups(prompts: list[Prompt], rollout: RolloutBatch, grades: list) -> list[Group]:
     """One :class:`Group` per prompt of a generated batch, in prompt order."""
     rows_of: dict[int, list[int]] = {}
     for i, p in enumerate(rollout.prompt_index):
         rows_of.setdefault(p, []).append(i)
     return [
-        Group(prompts[g], rollout.select(rows), [grades[i] for i in rows], [SAMPLED] * len(rows), round_)
+        Group(prompts[g], rollout.select(rows), [grades[i] for i in rows], [SAMPLED] * len(rows))
         for g, rows in sorted(rows_of.items())
     ]
 
 
 @dataclass
 class StepRollouts:
-    """Everything one step produced, one row per response (a group = one prompt's rows).
-
-    ``reward``: the graded reward (correctness plus terms such as overlong), as logged;
-    ``scores``: reward plus shaping (MEDS), what advantages are computed from; ``terms``: every
-    named component of ``scores`` (``correct`` first), what GDPO normalises one by one.
+    """Everything one step produced, one row per response (a group = one prompt's rows):
+    ``reward`` is graded (correctness plus terms such as overlong); ``scores`` adds shaping (MEDS)
+    and makes the advantages; ``terms`` are its named components (``correct`` first), for GDPO.
     """
 
     step: int

@@ -1,10 +1,7 @@
-"""The distributed bookkeeping of a policy update, apart from the PPO loop that uses it.
-
-Each rank holds a contiguous run of the step's groups. To make the updates one process would,
-ranks agree on the mini-batches (ranges of *global* group indices, possibly without rows of
-their own), the global token and sequence counts, and under FSDP (every backward a collective)
-the number of passes (zero-weight ones pad) and a loss weight of the world size (FSDP averages
-gradients). The collectives are injected, so one process can play several ranks in a test.
+"""The distributed bookkeeping of a policy update. Each rank holds a contiguous run of the step's
+groups; to make the updates one process would, ranks agree on the mini-batches (ranges of global
+group indices), the global token and sequence counts, and under FSDP (every backward a collective)
+the number of passes and a loss weight of the world size. The collectives are injected (tests).
 """
 
 from __future__ import annotations
@@ -38,8 +35,6 @@ class UpdateSchedule:
         reduce_sum: Callable[[float], float] = all_reduce_sum,
         gather: Callable[[Any], list[Any]] = all_gather_objects,
     ) -> None:
-        if micro_batch_size < 1:
-            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         self.world = len(group_counts)
         self.sharded = sharded
         self.micro_batch_size, self.max_tokens = micro_batch_size, max_tokens
@@ -67,7 +62,7 @@ class UpdateSchedule:
     def totals(self, response_mask: torch.Tensor) -> tuple[float, float]:
         """Global (tokens, sequences) of a mini-batch, given this rank's rows' response mask."""
         return (
-            self._reduce_sum(float(response_mask.sum().item())),
+            self._reduce_sum(float(response_mask.sum())),
             self._reduce_sum(float(response_mask.shape[0])),
         )
 

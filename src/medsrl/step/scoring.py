@@ -1,14 +1,13 @@
-"""The forward passes over packed rollouts: response log-probs, and the one no-grad scoring pass.
-
-Plug-ins take part in the scoring pass, never a second one: a per-micro-batch context wraps each
-forward (MEDS arms its hooks there) and named per-token reducers read each chunk of logits while
-it exists. No ``[b, R, V]`` logits exist: the LM head runs fused with the log-softmax.
+"""The forward passes over packed rollouts: response log-probs, and the one no-grad scoring pass,
+in which plug-ins take part through a per-micro-batch context (MEDS arms its hooks there) and
+per-token reducers that read each chunk of logits of the fused LM head.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from unittest import mock
 
 import torch
 
@@ -35,12 +34,9 @@ def response_logprobs(
     reducers: dict[str, TokenReducer] | None = None,
 ) -> HeadLogprobs:
     """Log-prob ``[b, R]`` of each response token of ``rows`` (differentiable when grad is on),
-    and the entropy / reducer values asked for (``algo.logprobs.head_logprobs``).
-
-    The LM head's forward is swapped for the fused chunked head during the model's own forward,
-    which returns ``[b, R, C]`` stats in place of logits: no ``[b, R, V]`` tensor is made, and
-    under FSDP the loss still hangs off the wrapped model's output (its backward hooks) and the
-    head weight is used only while gathered. Ways and padding trim: :func:`response_logits`.
+    and the entropy / reducer values asked for (``algo.logprobs.head_logprobs``). The LM head's
+    forward is swapped for the fused head inside the model's own forward, so under FSDP the loss
+    still hangs off the wrapped model's output and the head weight is used only while gathered.
     """
     reducers = reducers or {}
     names = list(reducers)
@@ -52,10 +48,9 @@ def response_logprobs(
         cols = [out.logp] + ([out.entropy] if entropy else []) + [out.stats[n] for n in names]
         return torch.stack(cols, dim=-1)
 
-    out = _response_forward(model, packed, rows, context, fused)
-    cols = out.unbind(-1)
-    k = 2 if entropy else 1
-    return HeadLogprobs(cols[0], cols[1] if entropy else None, dict(zip(names, cols[k:], strict=True)))
+    logp, *cols = _response_forward(model, packed, rows, context, fused).unbind(-1)
+    ent = cols.pop(0) if entropy else None
+    return HeadLogprobs(logp, ent, dict(zip(names, cols, strict=True)))
 
 
 def response_logits(
@@ -64,21 +59,13 @@ def response_logits(
     rows: slice | torch.Tensor,
     context: AbstractContextManager | None = None,
 ) -> torch.Tensor:
-    """Logits ``[b, R, V]`` of the response positions only: ``logits[:, t]`` predicts response
-    token t. Full-size: for tests and tools; the step uses :func:`response_logprobs`.
-
-    ``context`` wraps the one forward over the response columns (plug-ins arm capture hooks
-    there). Two ways, the same logits up to float rounding (docs/BENCHMARKS.md):
-
-    * shared prompt: consecutive rows with the same prompt run it once, its KV cache expanded
-      to every row (gradients flow back through it, summed);
-    * full: when no row shares a prompt, under FSDP's wrapper or with gradient checkpointing.
-
-    Either way the padding columns all rows share are not run: on the left (one long R3
-    reflection prompt would widen every micro-batch) and past their longest response
-    (``PackedRollouts.columns_end``; returned as zeros). Exact: left columns are masked with
-    explicit position ids, right ones come after every real token. MEDS's hooks shift their
-    positions by the left columns dropped.
+    """Logits ``[b, R, V]`` of the response positions (``logits[:, t]`` predicts response token
+    t), for tests and tools. ``context`` wraps the one forward over the response columns. Two ways,
+    the same logits up to float rounding (docs/BENCHMARKS.md): consecutive rows with the same
+    prompt run it once, its KV cache expanded to every row; or all in full (no shared prompt,
+    FSDP's wrapper, gradient checkpointing). Padding columns all rows share are not run: on the
+    left (exact, with explicit position ids; MEDS's hooks shift their positions by those dropped)
+    and past their longest response (returned as zeros).
     """
     head = output_head(model)
     plain = head.forward
@@ -153,19 +140,9 @@ def output_head(model) -> torch.nn.Module:
     return head
 
 
-@contextmanager
-def _head_forward_as(head: torch.nn.Module, forward: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
+def _head_forward_as(head: torch.nn.Module, forward: Callable) -> AbstractContextManager:
     """``head``'s forward is ``forward`` for the block (the module's hooks still run around it)."""
-    had_own = "forward" in head.__dict__
-    previous = head.__dict__.get("forward")
-    head.forward = forward
-    try:
-        yield
-    finally:
-        if had_own:
-            head.forward = previous
-        else:
-            del head.forward
+    return mock.patch.object(head, "forward", forward)
 
 
 def _prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,11 +174,8 @@ def scoring_pass(
     reducers: dict[str, TokenReducer] | None = None,
     microbatch_context: Callable[[torch.Tensor], AbstractContextManager] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """No-grad log-probs ``[B, R]`` of the response tokens, plus each reducer's ``[B, R]``.
-
-    Micro-batches: :func:`scoring_micro_batches`; ``microbatch_context(rows)`` wraps the forward
-    of the packed ``rows`` (ascending). Mask padding positions with the response mask.
-    """
+    """No-grad log-probs ``[B, R]`` of the response tokens, plus each reducer's ``[B, R]`` (mask
+    them with the response mask); ``microbatch_context(rows)`` wraps the forward of ``rows``."""
     reducers = reducers or {}
     B = packed.input_ids.shape[0]
     batches = scoring_micro_batches(packed, micro_batch_size, max_tokens)
@@ -239,10 +213,9 @@ def scoring_micro_batches(packed: PackedRollouts, micro_batch_size: int, max_tok
 def padding_metrics(packed: PackedRollouts, micro_batch_size: int, max_tokens: int | None) -> dict[str, float]:
     """The share of padding in the step's packed batch (every row as wide as the longest prompt
     plus the longest response) and in the scoring forward's micro-batches."""
-    rows = torch.arange(packed.input_ids.shape[0], device=packed.input_ids.device)
     lengths = packed.prompt_lengths, packed.response_lengths
     planned = scoring_micro_batches(packed, micro_batch_size, max_tokens)
-    packed_slots = rows.numel() * (packed.prompt_length + packed.response_length)
+    packed_slots = packed.input_ids.shape[0] * (packed.prompt_length + packed.response_length)
     return {
         "padding/packed_frac": 1.0 - float(sum(t.sum() for t in lengths)) / packed_slots if packed_slots else 0.0,
         "padding/scoring_frac": padding_fraction(planned, *lengths),

@@ -1,13 +1,9 @@
 """The policy update of one step: PPO epochs x mini-batches (whole groups) x micro-batches.
 
-The loss of a micro-batch is the registered policy loss (``algorithm.policy_loss``), times the
-plug-ins' per-token loss weights, aggregated with the mini-batch's global token / sequence counts
-so that micro-batches sum to the mini-batch loss; plus the optional entropy and KL terms. How
-ranks keep in step is :class:`~medsrl.step.schedule.UpdateSchedule`'s business. A non-finite
-loss or gradient drops that update on every rank and leaves the weights untouched. A finite
-update that blows the weights up (``optim.lr=1e30``) stops the run right after its optimiser
-step, before the step's checkpoint (``utils/guard.py``). No Lightning here: the module passes
-an optimiser stepper built from Lightning's.
+A micro-batch's loss is the registered policy loss times the plug-ins' loss weights, aggregated
+with the mini-batch's global counts so that micro-batches sum to the mini-batch loss, plus the
+optional entropy and KL terms. A non-finite loss or gradient skips that update on every rank; a
+runaway one stops the run (``utils/guard.py``). No Lightning here: the module passes a stepper.
 """
 
 from __future__ import annotations
@@ -98,21 +94,16 @@ def engine_is_weights(rollouts: StepRollouts, rows: torch.Tensor, old_logp: torc
     return torch.where(sampled[:, None], weights, torch.ones_like(weights))
 
 
-# metrics that are a micro-batch's share of its update's loss: summed over the micro-batches of
-# an update; every other metric is a token mean, weighted by the micro-batch's response tokens.
-# Either way the logged value does not depend on how an update is cut into micro-batches.
+# a micro-batch's share of its update's loss: summed over the update's micro-batches; the other
+# metrics are token means. Either way the value does not depend on the micro-batch cut.
 SUMMED_METRICS = ("pg_loss",)
 
 
 def policy_update(policy, stepper, rollouts: StepRollouts, advantages: torch.Tensor,
                   cfg: UpdateConfig, guard: RunawayGuard) -> dict[str, float]:
-    """Run the step's optimiser updates; return the averaged metrics.
-
-    ``stepper`` makes the optimiser calls: ``zero_grad()``, ``backward(loss)``, ``step(last)``
-    (``last``: the step's final one, the global step) and ``end_step()`` (the lr scheduler, once
-    per RL step; returns the lr). Gradients are set to None after each optimiser step, so none
-    stay through the next generation; the guard checks the weights after each one.
-    """
+    """Run the step's optimiser updates; return the averaged metrics. ``stepper`` makes the
+    optimiser calls: ``zero_grad()``, ``backward(loss)``, ``step(last)`` (``last``: the step's
+    final one) and ``end_step()`` (the lr scheduler, once per RL step; returns the lr)."""
     algo, step = cfg.algorithm, rollouts.step
     packed = rollouts.packed
     device = packed.input_ids.device

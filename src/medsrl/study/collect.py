@@ -106,16 +106,14 @@ def load_study(root: str | Path) -> Study:
     for m in methods:
         for seed in seeds:
             run = RunData(m.name, seed)
-            stages = []
             for stage in expected:
                 run_dir = root / "train" / m.name / f"seed{seed}" / stage
                 found, reason = _stage_state(run_dir)
                 if reason:
                     missing.append(Missing(m.name, seed, f"train {stage}", reason))
                 if found:
-                    stages.append(stage)
+                    run.stages += (stage,)
                     run.curves = merge_curves(run.curves, read_scalars(run_dir))
-            run.stages = tuple(stages)
             eval_dir = root / "eval" / m.name / f"seed{seed}"
             reason = _read_eval(eval_dir, run, notes)
             if reason:
@@ -170,11 +168,9 @@ def event_files(run_dir: Path) -> list[Path]:
 
 
 def read_scalars(run_dir: str | Path) -> dict[str, Curve]:
-    """Every scalar series of a run dir: ``{tag: (steps, values)}``, sorted by step.
-
-    Every event is kept (``size_guidance`` 0: no reservoir sampling); of several event files (a
-    run restarted in its own directory), a later one wins on a step both logged.
-    """
+    """Every scalar series of a run dir, ``{tag: (steps, values)}`` sorted by step, every event
+    kept (no reservoir sampling); of several event files (a run restarted in its own directory),
+    a later one wins on a step both logged."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     merged: dict[str, Curve] = {}

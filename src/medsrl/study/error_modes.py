@@ -31,6 +31,7 @@ import numpy as np
 from medsrl.data.precedence import is_trap, shortcut_answer
 from medsrl.evaluation.tables import md_row
 from medsrl.methods.meds.clustering import fit_cluster_labels
+from medsrl.study.stats import format_mean_std, mean_std
 
 GROUPS = ("trap", "other")
 _MEANS = ("accuracy", "shortcut_share", "top_wrong_share", "distinct_wrong", "wrong_per_problem",
@@ -91,7 +92,7 @@ def error_mode_report(
     }
 
 
-_COLUMNS = (
+COLUMNS = (  # (group, key, label, scale) of the error-mode tables
     ("trap", "accuracy", "trap accuracy (%)", 100.0),
     ("other", "accuracy", "other accuracy (%)", 100.0),
     ("trap", "shortcut_share", "shortcut share of trap errors (%)", 100.0),
@@ -102,19 +103,15 @@ _COLUMNS = (
 )
 
 
-def _read(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.is_file() else None
+def seed_reports(root: Path, where: str, method: str, seeds: Iterable[int]) -> list[dict]:
+    """The ``<where>/<method>/seed<k>/error_modes.json`` of each seed that has one."""
+    paths = (Path(root) / where / method / f"seed{k}" / "error_modes.json" for k in seeds)
+    return [json.loads(p.read_text()) for p in paths if p.is_file()]
 
 
 def seed_cell(values: list[float | None], scale: float) -> str:
-    """Mean ± std over seeds of the finite values (one decimal for a percentage, else two)."""
-    vals = [v * scale for v in values if v is not None and v == v]
-    if not vals:
-        return "-"
-    digits = 1 if scale != 1.0 else 2
-    if len(vals) == 1:
-        return f"{vals[0]:.{digits}f}"
-    return f"{np.mean(vals):.{digits}f} ± {np.std(vals, ddof=1):.{digits}f}"
+    """Mean ± std over seeds of the finite values (``stats.format_mean_std``)."""
+    return format_mean_std(*mean_std([v for v in values if v is not None]), scale)
 
 
 def render_error_modes(root, methods: list[tuple[str, str]], seeds: list[int]) -> list[str]:
@@ -122,8 +119,9 @@ def render_error_modes(root, methods: list[tuple[str, str]], seeds: list[int]) -
     method's after it (test split), mean ± std over seeds; ``methods`` is ``[(name, label)]``."""
     root = Path(root)
     out = ["### Error modes: the planted shortcut", ""]
-    pre = _read(root / "precheck" / "error_modes.json")
-    if pre is not None:
+    pre_path = root / "precheck" / "error_modes.json"
+    if pre_path.is_file():
+        pre = json.loads(pre_path.read_text())
         t, o = pre["trap"], pre["other"]
         out += [
             "Checked before the study, on the warm start (val split, "
@@ -147,16 +145,15 @@ def render_error_modes(root, methods: list[tuple[str, str]], seeds: list[int]) -
     out += [
         f"After the study, on the test split (mean ± std over {len(seeds)} seed(s); the warm start is one policy):",
         "",
-        md_row(["method", *(c[2] for c in _COLUMNS)]),
-        "|" + "---|" * (len(_COLUMNS) + 1),
+        md_row(["method", *(c[2] for c in COLUMNS)]),
+        "|" + "---|" * (len(COLUMNS) + 1),
     ]
     rows = [("warm_start", "warm start", [0])] + [(m, label, seeds) for m, label in methods]
     for name, label, row_seeds in rows:
-        reports = [_read(root / "eval" / name / f"seed{k}" / "error_modes.json") for k in row_seeds]
-        reports = [r for r in reports if r is not None]
+        reports = seed_reports(root, "eval", name, row_seeds)
         if not reports:
             continue
-        cells = [seed_cell([r[g][key] for r in reports], scale) for g, key, _, scale in _COLUMNS]
+        cells = [seed_cell([r[g][key] for r in reports], scale) for g, key, _, scale in COLUMNS]
         out.append(md_row([label, *cells]))
     out.append("")
     return out

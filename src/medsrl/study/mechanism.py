@@ -9,7 +9,6 @@ each run's last checkpoint (``prompt_visits``).
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -17,7 +16,8 @@ import numpy as np
 
 from medsrl.evaluation.tables import md_row
 from medsrl.study.collect import Study
-from medsrl.study.error_modes import seed_cell
+from medsrl.study.error_modes import COLUMNS, seed_cell, seed_reports
+from medsrl.study.stats import format_mean_std, mean_std
 
 # (curve tag, column label, scale for printing: 100 = a percentage)
 MECHANISM: tuple[tuple[str, str, float], ...] = (
@@ -30,6 +30,7 @@ MECHANISM: tuple[tuple[str, str, float], ...] = (
     ("train/meds/penalty_on_top_answer", "penalty on the top wrong answer (%)", 100.0),
     ("train/meds/top_answer_wrong_share", "top wrong answer's share of errors (%)", 100.0),
 )
+_DOSE_KEYS = ("accuracy", "shortcut_share", "top_wrong_share", "distinct_wrong")  # of the traps
 
 
 def stage_mean(curve: tuple[np.ndarray, np.ndarray] | None, first: int, last: int | None) -> float:
@@ -47,19 +48,15 @@ def mechanism(study: Study) -> dict[str, dict[str, dict[str, float]]]:
     over the seeds that logged it; a tag no run of a method logged is left out."""
     a = study.steps_a or 0
     stages = {"A": (0, a), "B": (a, None)} if study.steps_b else {"A": (0, None)}
-    out: dict[str, dict[str, dict[str, float]]] = {}
+    out = {}
     for m in study.methods:
         runs = study.method_runs(m.name)
-        per_tag = {}
-        for tag, _, _ in MECHANISM:
-            if not any(tag in r.curves for r in runs):
-                continue
-            per_tag[tag] = {}
-            for stage, (first, last) in stages.items():
-                vals = [stage_mean(r.curves.get(tag), first, last) for r in runs]
-                vals = [v for v in vals if not math.isnan(v)]
-                per_tag[tag][stage] = float(np.mean(vals)) if vals else math.nan
-        out[m.name] = per_tag
+        out[m.name] = {
+            tag: {stage: mean_std([stage_mean(r.curves.get(tag), first, last) for r in runs])[0]
+                  for stage, (first, last) in stages.items()}
+            for tag, _, _ in MECHANISM
+            if any(tag in r.curves for r in runs)
+        }
     return out
 
 
@@ -82,12 +79,6 @@ def visits_distribution(study: Study, method: str) -> dict[str, float] | None:
         return None
     mean = np.mean(np.array(per_seed), axis=0)
     return dict(zip(("min", "median", "mean", "max", "prompts"), map(float, mean), strict=True))
-
-
-def _fmt(value: float, scale: float) -> str:
-    if value is None or math.isnan(value):
-        return "-"
-    return f"{value * scale:.1f}" if scale != 1.0 else f"{value:.2f}"
 
 
 def render_mechanism(study: Study) -> list[str]:
@@ -121,8 +112,8 @@ def render_mechanism(study: Study) -> list[str]:
     ]
     for m in study.methods:
         per = table.get(m.name, {})
-        cells = [" / ".join(_fmt(v, scale) for v in per[tag].values()) if tag in per else "-"
-                 for tag, _, scale in tags]
+        cells = [" / ".join(format_mean_std(v, scale=scale) for v in per[tag].values())
+                 if tag in per else "-" for tag, _, scale in tags]
         out.append(md_row([m.label, *cells]))
     out.append("")
     return out
@@ -136,16 +127,9 @@ def dose_response_rows(study: Study, agg: dict[str, Any], where: str = "eval") -
     by_name = {m["name"]: m for m in agg.get("methods", [])}
     rows = []
     for name in names:
-        reports = []
-        for seed in study.seeds:
-            path = study.root / where / name / f"seed{seed}" / "error_modes.json"
-            if path.exists():
-                reports.append(json.loads(path.read_text()))
+        reports = seed_reports(study.root, where, name, study.seeds)
         row = {"name": name, "label": study.label(name), "seeds": len(reports),
-               "shortcut_share": [r["trap"]["shortcut_share"] for r in reports],
-               "top_wrong_share": [r["trap"]["top_wrong_share"] for r in reports],
-               "distinct_wrong": [r["trap"]["distinct_wrong"] for r in reports],
-               "trap_accuracy": [r["trap"]["accuracy"] for r in reports]}
+               **{key: [r["trap"][key] for r in reports] for key in _DOSE_KEYS}}
         if where == "eval" and name in by_name:
             for metric, summary in by_name[name]["metrics"].items():
                 if metric.startswith("pass@"):
@@ -169,9 +153,8 @@ def render_dose_response(study: Study, agg: dict[str, Any]) -> list[str]:
         if not rows:
             continue
         ks = sorted({k for r in rows for k in r if k.startswith("pass@")}, key=lambda c: int(c[5:]))
-        cols = [("trap_accuracy", "trap accuracy (%)", 100.0), ("shortcut_share", "shortcut share of trap errors (%)", 100.0),
-                ("top_wrong_share", "top wrong answer share, traps (%)", 100.0),
-                ("distinct_wrong", "distinct wrong, traps", 1.0)]
+        cols = [(key, label, scale) for group, key, label, scale in COLUMNS
+                if group == "trap" and key in _DOSE_KEYS]
         cols += [(k, f"{k} (%)", 100.0) for k in (ks[:1] + ks[-1:] if len(ks) > 1 else ks)]
         out += [f"On {title} (mean ± std over seeds):", "",
                 md_row(["method", *(c[1] for c in cols)]), "|" + "---|" * (len(cols) + 1)]

@@ -2,13 +2,13 @@
 
 Bands: pass@k is drawn as mean +- sample std over seeds (no band with one seed); training
 curves as the mean over seeds with the min-max range across seeds, since with 3 seeds the range
-shows every seed while a std would be a rough estimate. The aligning and smoothing are pure
-functions (``align_seeds``, ``moving_average``); the drawing is at the edges.
+shows every seed while a std would be a rough estimate.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,25 +38,16 @@ MECHANISM_PANELS = (
 
 
 def moving_average(values: np.ndarray, window: int) -> np.ndarray:
-    """Centred moving average over ``window`` points, fewer at the ends (no padding).
-
-    Why centred: it does not shift the curve in step as a trailing mean would. Non-finite
-    points are left out of every window that holds them.
-    """
+    """Centred moving average over ``window`` points, fewer at the ends (no padding); centred,
+    so the curve is not shifted in step as by a trailing mean. Non-finite points are left out."""
     x = np.asarray(values, dtype=np.float64)
     if window <= 1 or len(x) == 0:
         return x.copy()
     finite = np.isfinite(x)
-    filled = np.where(finite, x, 0.0)
-    half_lo, half_hi = (window - 1) // 2, window // 2
-    csum = np.concatenate([[0.0], np.cumsum(filled)])
-    ccount = np.concatenate([[0], np.cumsum(finite)])
-    idx = np.arange(len(x))
-    lo = np.clip(idx - half_lo, 0, len(x))
-    hi = np.clip(idx + half_hi + 1, 0, len(x))
-    count = ccount[hi] - ccount[lo]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(count > 0, (csum[hi] - csum[lo]) / np.maximum(count, 1), np.nan)
+    # point j of the full convolution sums j - window + 1 .. j; i's window ends at i + window // 2
+    sums = np.convolve(np.where(finite, x, 0.0), np.ones(window))[window // 2 :][: len(x)]
+    counts = np.convolve(finite, np.ones(window))[window // 2 :][: len(x)]
+    return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 
 
 def align_seeds(curves: Sequence[Curve]) -> tuple[np.ndarray, np.ndarray]:
@@ -72,15 +63,10 @@ def align_seeds(curves: Sequence[Curve]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def seed_band(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(mean, min, max) over seeds (axis 0) of the finite values at each step."""
-    v = np.asarray(values, dtype=np.float64)
-    present = np.isfinite(v).any(axis=0)
-    mean = np.full(v.shape[1], np.nan)
-    lo, hi = mean.copy(), mean.copy()
-    mean[present] = np.nanmean(v[:, present], axis=0)
-    lo[present] = np.nanmin(v[:, present], axis=0)
-    hi[present] = np.nanmax(v[:, present], axis=0)
-    return mean, lo, hi
+    """(mean, min, max) over seeds (axis 0) of the finite values at each step (nan at none)."""
+    with warnings.catch_warnings():  # a step no seed has: nan, and numpy warns of that
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(values, axis=0), np.nanmin(values, axis=0), np.nanmax(values, axis=0)
 
 
 def pass_at_k_by_method(study: Study) -> dict[str, tuple[list[int], np.ndarray]]:
@@ -181,6 +167,4 @@ def plot_training_curves(study: Study, path: str | os.PathLike, panels=PANELS,
 
 def _color(study: Study, method: str):
     """The same colour for a method in every figure: its position in study.json's list."""
-    names = [m.name for m in study.methods]
-    i = names.index(method) if method in names else len(names)
-    return f"C{i % 10}"
+    return f"C{[m.name for m in study.methods].index(method) % 10}"

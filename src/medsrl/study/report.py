@@ -9,6 +9,7 @@ A seed's score is its ``average`` row (macro mean over benchmarks) or its only b
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -33,31 +34,18 @@ BEGIN = "<!-- study-results:begin -->"
 END = "<!-- study-results:end -->"
 HEADLINE_KS = (1, 8, 32)
 ROUNDS = 10000  # bootstrap resamples and sign flips of the problem-level test
-_LABELS = {
-    "distinct_answers": "distinct answers",
-    "distinct_wrong": "distinct wrong",
-    "eigen_ratio": "eigen ratio",
-    "wrong_clusters": "wrong clusters",
-}
-
-
-def _by_k(columns) -> list[str]:
-    """``pass@k`` column names sorted by k."""
-    return sorted(columns, key=lambda c: int(c[5:]))
 
 
 def _end_columns(ks: Sequence[int]) -> list[str]:
     """The first and the last headline pass@k (one column when they are the same)."""
-    return _by_k({f"pass@{ks[0]}", f"pass@{ks[-1]}"}) if ks else []
+    return [f"pass@{k}" for k in sorted({ks[0], ks[-1]})] if ks else []
 
 
 def headline_ks(study: Study) -> list[int]:
     """The pass@k columns of the tables: 1, 8, 32 where the evaluation's n allows, plus the
     largest k every evaluated seed has (pass@n), so a quick study with n = 16 shows pass@16."""
     common = _common_ks(study)
-    if not common:
-        return []
-    return sorted({k for k in HEADLINE_KS if k in common} | {max(common)})
+    return sorted({k for k in HEADLINE_KS if k in common} | {max(common)}) if common else []
 
 
 def _common_ks(study: Study) -> set[int]:
@@ -72,15 +60,6 @@ def _common_ks(study: Study) -> set[int]:
 def seed_values(study: Study, method: str, metric: str) -> list[float]:
     """The metric of each evaluated seed of ``method`` (its summary row), in seed order."""
     return [float(r.summary.get(metric, math.nan)) for r in study.evaluated(method)]
-
-
-def benchmark_values(study: Study, method: str, benchmark: str, metric: str) -> list[float]:
-    return [
-        float(row.get(metric, math.nan))
-        for r in study.evaluated(method)
-        for row in r.rows
-        if row["benchmark"] == benchmark
-    ]
 
 
 def problem_values(study: Study, method: str, metric: str) -> dict[tuple[str, int], float]:
@@ -109,15 +88,11 @@ def problem_values(study: Study, method: str, metric: str) -> dict[tuple[str, in
 
 
 def compare_methods(
-    study: Study, baseline: str, method: str, metric: str, *, rounds: int = ROUNDS,
-    cache: dict | None = None,
+    study: Study, baseline: str, method: str, metric: str, problems, rounds: int
 ) -> stats.Comparison:
-    """Both tests of ``method`` against ``baseline`` on one metric (problems both evaluated)."""
-    cache = {} if cache is None else cache
-    for name in (baseline, method):
-        if (name, metric) not in cache:
-            cache[(name, metric)] = problem_values(study, name, metric)
-    a_prob, b_prob = cache[(baseline, metric)], cache[(method, metric)]
+    """Both tests of ``method`` against ``baseline`` on one metric, over the problems both
+    evaluated (``problems(name, metric)``: ``problem_values``, cached by the caller)."""
+    a_prob, b_prob = problems(baseline, metric), problems(method, metric)
     common = sorted(set(a_prob) & set(b_prob))
     a_p = [a_prob[k] for k in common] if common else None
     b_p = [b_prob[k] for k in common] if common else None
@@ -133,7 +108,7 @@ def aggregate(study: Study, *, rounds: int = ROUNDS) -> dict[str, Any]:
     (headline pass@k, distinct wrong) and of every other method (the first and last headline
     pass@k) against the baseline."""
     ks = headline_ks(study)
-    metrics = _by_k(f"pass@{k}" for k in _common_ks(study))
+    metrics = [f"pass@{k}" for k in sorted(_common_ks(study))]
     metrics += ["mean@n", "maj@n", *DIVERSITY_KEYS]
     methods = []
     for m in study.methods:
@@ -145,33 +120,22 @@ def aggregate(study: Study, *, rounds: int = ROUNDS) -> dict[str, Any]:
             "seeds": [r.seed for r in runs],
             "trained_seeds": [r.seed for r in study.method_runs(m.name) if r.stages],
             "metrics": {c: _summary(seed_values(study, m.name, c)) for c in metrics},
-            "benchmarks": {
-                b: {
-                    "problems": _problems(runs, b),
-                    **{c: _summary(benchmark_values(study, m.name, b, c)) for c in metrics},
-                }
-                for b in benches
-            },
+            "benchmarks": {b: _benchmark_summary(runs, b, metrics) for b in benches},
         })
-    comparisons = []
     base = study.baseline
-    evaluated = {m.name for m in study.methods if study.evaluated(m.name)}
-    cache: dict = {}
+    evaluated = [m.name for m in study.methods if study.evaluated(m.name)]
+    plan = []
     if base in evaluated:
-        plan = []
         if study.treatment in evaluated and study.treatment != base:
             plan += [(study.treatment, c) for c in [*(f"pass@{k}" for k in ks), "distinct_wrong"]]
-        plan += [
-            (m.name, c)
-            for m in study.methods
-            if m.name in evaluated and m.name != base
-            for c in _end_columns(ks)
-            if (m.name, c) not in plan
-        ]
-        for method, metric in plan:
-            cmp = compare_methods(study, base, method, metric, rounds=rounds, cache=cache)
-            comparisons.append({"baseline": base, "method": method, "metric": metric,
-                                **_comparison_dict(cmp)})
+        plan += [(name, c) for name in evaluated if name != base for c in _end_columns(ks)
+                 if (name, c) not in plan]
+    problems = functools.cache(lambda name, metric: problem_values(study, name, metric))
+    comparisons = [
+        {"baseline": base, "method": method, "metric": metric,
+         **asdict(compare_methods(study, base, method, metric, problems, rounds))}
+        for method, metric in plan
+    ]
     meta = study.meta
     info = {
         "name": study.name, "root": str(study.root), "commit": meta.get("commit"),
@@ -195,22 +159,14 @@ def _summary(values: Sequence[float]) -> dict[str, Any]:
     return {"mean": mean, "std": std, "values": list(values)}
 
 
-def _problems(runs, benchmark: str) -> int | None:
-    counts = {row.get("problems") for r in runs for row in r.rows if row["benchmark"] == benchmark}
-    return counts.pop() if len(counts) == 1 else None
-
-
-def _comparison_dict(c: stats.Comparison) -> dict[str, Any]:
+def _benchmark_summary(runs, benchmark: str, metrics: Sequence[str]) -> dict[str, Any]:
+    """The problems of ``benchmark`` (``None`` when the seeds' counts differ) and the summary of
+    each metric over the seeds' rows of it."""
+    rows = [row for r in runs for row in r.rows if row["benchmark"] == benchmark]
+    counts = {row.get("problems") for row in rows}
     return {
-        "baseline_mean": c.a_mean,
-        "baseline_std": c.a_std,
-        "method_mean": c.b_mean,
-        "method_std": c.b_std,
-        "diff": c.diff,
-        "welch": asdict(c.welch),
-        "paired": None if c.paired is None else asdict(c.paired),
-        "significant": c.significant,
-        "verdict": c.verdict,
+        "problems": counts.pop() if len(counts) == 1 else None,
+        **{c: _summary([float(row.get(c, math.nan)) for row in rows]) for c in metrics},
     }
 
 
@@ -219,15 +175,9 @@ def _num(value: Any) -> float:
 
 
 def _fmt(metric: str, mean: Any, std: Any = None) -> str:
-    """``41.3 ± 1.2`` (pass@k, mean@n, maj@n in %, 1 decimal; others 2 decimals); ``-`` if nan."""
-    mean, std = _num(mean), _num(std)
-    if not math.isfinite(mean):
-        return "-"
-    scale, digits = (100.0, 1) if metric.startswith(PERCENT_PREFIXES) else (1.0, 2)
-    text = f"{scale * mean:.{digits}f}"
-    if math.isfinite(std):
-        text += f" ± {scale * std:.{digits}f}"
-    return text
+    """``41.3 ± 1.2``: pass@k, mean@n, maj@n in %."""
+    scale = 100.0 if metric.startswith(PERCENT_PREFIXES) else 1.0
+    return stats.format_mean_std(_num(mean), _num(std), scale)
 
 
 def _fmt_diff(metric: str, diff: Any) -> str:
@@ -260,7 +210,7 @@ def _fmt_paired(metric: str, paired: dict[str, Any] | None) -> str:
 
 
 def _metric_name(metric: str) -> str:
-    return _LABELS.get(metric, metric)
+    return metric.replace("_", " ")  # distinct_wrong -> distinct wrong
 
 
 def render_markdown(study: Study, agg: dict[str, Any], figures: dict[str, str]) -> str:
@@ -323,10 +273,7 @@ def _main_table(agg: dict[str, Any], n_seeds: int) -> list[str]:
     for m in agg["methods"]:
         got = len(m["seeds"])
         seeds_cell = str(got) if got == n_seeds else f"{got} of {n_seeds}"
-        cells = [
-            _fmt(c, m["metrics"][c]["mean"], m["metrics"][c]["std"]) if c in m["metrics"] else "-"
-            for c in cols
-        ]
+        cells = [_fmt(c, m["metrics"][c]["mean"], m["metrics"][c]["std"]) for c in cols]
         lines.append(md_row([m["label"], seeds_cell, *cells]))
     lines.append("")
     return lines
@@ -403,7 +350,7 @@ def _significance(study: Study, agg: dict[str, Any]) -> list[str]:
     metrics = _end_columns(agg["headline_ks"])
     others = [c for c in agg["comparisons"] if c["metric"] in metrics]
     methods = list(dict.fromkeys(c["method"] for c in others))
-    if metrics and methods:
+    if methods:
         lines += [
             f"#### Every method vs {study.label(base)}",
             "",
@@ -416,11 +363,8 @@ def _significance(study: Study, agg: dict[str, Any]) -> list[str]:
         by_key = {(c["method"], c["metric"]): c for c in others}
         for method in methods:
             cells = []
-            for metric in metrics:
-                c = by_key.get((method, metric))
-                if c is None:
-                    cells += ["-", "-"]
-                    continue
+            for metric in metrics:  # every method is compared on both
+                c = by_key[(method, metric)]
                 diff = _fmt_diff(metric, c["diff"])
                 cells.append(f"**{diff}**" if c["significant"] else diff)
                 prob_p = c["paired"]["p"] if c["paired"] else None
@@ -490,12 +434,9 @@ def render_results(study_root: str | os.PathLike, *, rounds: int = ROUNDS) -> st
 
 
 def update_study_doc(doc_path: str | os.PathLike, results_md: str) -> Path:
-    """Replace what lies between the marker lines of ``doc_path`` with ``results_md``.
-
-    The markers (``BEGIN`` / ``END``, each once on a line of its own) stay and everything outside
-    them is kept byte for byte (idempotent); written atomically, keeping the file's permissions.
-    Raises ``ValueError`` naming what is wrong with the markers.
-    """
+    """Replace what lies between the marker lines (``BEGIN`` / ``END``, each once on a line of
+    its own) of ``doc_path`` with ``results_md``, keeping the rest byte for byte (idempotent);
+    written atomically with the file's permissions. ``ValueError`` on bad markers."""
     path = Path(doc_path)
     text = path.read_text(encoding="utf-8")
     spans = {}
@@ -522,11 +463,9 @@ def write_report(
     study_root: str | os.PathLike, doc_path: str | os.PathLike | None = "docs/STUDY.md",
     img_dir: str | os.PathLike = "docs/img/study", *, rounds: int = ROUNDS,
 ) -> str:
-    """Figures into ``img_dir``, ``results.md`` + ``results.json`` into the study root, and the
-    results block of ``doc_path`` (skipped when ``None``); returns the doc's Markdown.
-
-    The study-root files come first, so a doc without markers still leaves the results there.
-    """
+    """Figures into ``img_dir``, ``results.md`` + ``results.json`` into the study root (first,
+    so a doc without markers still leaves them), and the results block of ``doc_path`` (skipped
+    when ``None``); returns the doc's Markdown."""
     root = Path(study_root)
     study = load_study(root)
     agg = aggregate(study, rounds=rounds)

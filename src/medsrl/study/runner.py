@@ -48,11 +48,7 @@ METHODS: dict[str, str] = {  # experiment=study_<name> -> label in the tables
 }
 WARM_START = "warm_start"
 _SHORT_NAMES = {"beta": "cap"}  # how a variant's keys read in labels (MEDS's beta is its cap)
-
-
-# A method is ``<name>`` (experiment=study_<name>) or a variant ``<name>@key=value,key=value``: the
-# same experiment with overrides, a key without a dot meaning ``algorithm.plugins.<name>.<key>``
-# (``meds@alpha=1.0,beta=2.0``). A variant gets a directory and a label of its own.
+_PYTHON_M = [sys.executable, "-m"]
 
 
 def method_base(spec: str) -> str:
@@ -60,7 +56,9 @@ def method_base(spec: str) -> str:
 
 
 def _variant(spec: str) -> list[tuple[str, str]]:
-    """The ``(key, value)`` pairs of a variant (none for a plain method)."""
+    """The ``(key, value)`` pairs of a method spec: none for ``<name>`` (experiment=study_<name>);
+    a variant ``<name>@key=value,...`` is that experiment with overrides (a key without a dot is
+    ``algorithm.plugins.<name>.<key>``), in a directory and with a label of its own."""
     if "@" not in spec:
         return []
     parts = [part.partition("=") for part in spec.split("@", 1)[1].split(",")]
@@ -158,10 +156,6 @@ def pending_evals(root: Path, s: StudySettings, where: str = "eval") -> list[tup
     return [(m, k) for m, k in _eval_jobs(s) if not is_finished_eval(eval_dir(root, m, k, where))]
 
 
-def _python() -> list[str]:
-    return [sys.executable, "-m"]
-
-
 def _study_overrides(s: StudySettings) -> list[str]:
     return [f"study.steps_a={s.steps_a}", f"study.steps_b={s.steps_b}",
             f"study.pool_l1={s.pool_l1}", f"study.pool_l2={s.pool_l2}", *s.overrides]
@@ -174,7 +168,7 @@ def train_command(root: Path, s: StudySettings, stage: str, jobs: list[tuple[str
         seeds = ",".join(str(k) for m, k in jobs if m == method)
         where = root / "train" / method_dir(method)
         cmd = [
-            *_python(), "medsrl.train", "-m",
+            *_PYTHON_M, "medsrl.train", "-m",
             f"experiment=study_{method_base(method)}",
             f"seed={seeds}",
             *_study_overrides(s),
@@ -198,7 +192,7 @@ def eval_command(root: Path, s: StudySettings, jobs: list[tuple[str, int]], wher
     """One ``medsrl-eval -m`` over the pending evaluations of trained policies, each writing to
     ``<where>/<method>/seed<k>`` (``study_run=<method>/seed<k>``)."""
     return [
-        *_python(), "medsrl.eval", "-m",
+        *_PYTHON_M, "medsrl.eval", "-m",
         "+study_run=" + ",".join(f"{method_dir(m)}/seed{k}" for m, k in jobs),
         f"model_path={root / 'train'}/${{study_run}}/B/policy",
         *eval_overrides(s, split="train" if where == "eval_train" else "test"),
@@ -210,7 +204,7 @@ def eval_command(root: Path, s: StudySettings, jobs: list[tuple[str, int]], wher
 def warm_start_eval_command(out: Path, s: StudySettings, warm_start: Path, split: str) -> list[str]:
     """``medsrl-eval`` of the warm-started policy into ``out`` (the check, and the start row)."""
     return [
-        *_python(), "medsrl.eval",
+        *_PYTHON_M, "medsrl.eval",
         f"model_path={{warm_start: {warm_start}}}",
         *eval_overrides(s, split=split),
         f"hydra.run.dir={out}",
@@ -240,14 +234,12 @@ def _run(cmd: list[str]) -> None:
 
 def warm_start_dir(s: StudySettings) -> Path:
     """Build (or find) the study's cached warm start, as a training run would."""
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    from medsrl.plan.cli import compose_train_config
     from medsrl.warmstart import warm_started
 
-    os.environ.setdefault("MEDSRL_ROOT", str(ROOT))
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=[f"experiment=study_{method_base(s.methods[0])}", *_study_overrides(s)])
+    cfg = compose_train_config([f"experiment=study_{method_base(s.methods[0])}", *_study_overrides(s)])
     return Path(warm_started(OmegaConf.to_container(cfg.model, resolve=True), cfg.paths.cache_dir)["name_or_path"])
 
 
@@ -270,10 +262,7 @@ def precheck(root: Path, s: StudySettings, warm_start: Path) -> dict:
 
 
 def _machine() -> str:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        cores = os.cpu_count()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return f"{platform.machine()}, {cores} cores, {platform.system()} {platform.release()}, Python {platform.python_version()}"
 
 
@@ -343,7 +332,7 @@ def _evaluate(root: Path, s: StudySettings, warm_start: Path, where: str = "eval
         write_error_modes(eval_dir(root, m, k, where))
 
 
-def run_study(root: Path, s: StudySettings, *, doc: Path | None, img_dir: Path | None) -> None:
+def run_study(root: Path, s: StudySettings, *, doc: Path, img_dir: Path) -> None:
     """Every phase in order; each skips what an earlier call finished."""
     s.check()
     open_study(root, s)
@@ -366,11 +355,10 @@ def run_study(root: Path, s: StudySettings, *, doc: Path | None, img_dir: Path |
         with _timed(root, where):
             _evaluate(root, s, warm_start, where)
 
-    if doc is not None:
-        from medsrl.study.report import write_report
+    from medsrl.study.report import write_report
 
-        write_report(root, doc, img_dir or doc.parent / "img" / "study")
-        print(f"[medsrl-study] report: {doc}", flush=True)
+    write_report(root, doc, img_dir)
+    print(f"[medsrl-study] report: {doc}", flush=True)
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:

@@ -43,12 +43,13 @@ class PairedResult:
 
 @dataclass(frozen=True)
 class Comparison:
-    """Both tests of one metric, and the verdict that needs both."""
+    """Both tests of one metric, and the verdict that needs both (a: the baseline, b: the
+    method); the fields are the study's ``results.json`` keys."""
 
-    a_mean: float
-    a_std: float
-    b_mean: float
-    b_std: float
+    baseline_mean: float
+    baseline_std: float
+    method_mean: float
+    method_std: float
     diff: float  # mean over seeds of b minus mean over seeds of a
     welch: WelchResult
     paired: PairedResult | None  # None: no per-problem scores
@@ -71,12 +72,11 @@ def mean_std(values) -> tuple[float, float]:
 
 
 def welch_t_test(a, b) -> WelchResult:
-    """Welch's unequal-variance t-test of ``mean(b) - mean(a)``, two-sided.
+    """Welch's t-test of ``mean(b) - mean(a)``, two-sided: two methods need not have the same
+    seed variance. All ``nan`` with fewer than 2 values on a side; with no variance, equal means
+    give t = 0, p = 1 and different ones p = ``nan`` (the test cannot judge)."""
+    from scipy.stats import t as student_t  # a dependency of hdbscan and scikit-learn
 
-    Why Welch: two methods need not have the same seed variance. All ``nan`` with fewer than 2
-    values on a side; with no variance at all, equal means give t = 0, p = 1, different ones
-    p = ``nan`` (the test cannot judge).
-    """
     x, y = _finite(a), _finite(b)
     if len(x) < 2 or len(y) < 2:
         return WelchResult(math.nan, math.nan, math.nan)
@@ -84,31 +84,19 @@ def welch_t_test(a, b) -> WelchResult:
     diff = float(y.mean() - x.mean())
     se2 = va + vb
     if se2 == 0.0:
-        return (
-            WelchResult(0.0, math.nan, 1.0)
-            if diff == 0.0
-            else WelchResult(math.copysign(math.inf, diff), math.nan, math.nan)
-        )
+        if diff == 0.0:
+            return WelchResult(0.0, math.nan, 1.0)
+        return WelchResult(math.copysign(math.inf, diff), math.nan, math.nan)
     t = diff / math.sqrt(se2)
     dof = se2**2 / (va**2 / (len(x) - 1) + vb**2 / (len(y) - 1))
-    return WelchResult(float(t), float(dof), _t_two_sided_p(t, dof))
-
-
-def _t_two_sided_p(t: float, dof: float) -> float:
-    """P(|T| > |t|) for Student's t with (possibly fractional) ``dof``."""
-    from scipy import stats  # a dependency of hdbscan and scikit-learn, so always installed
-
-    return float(min(1.0, 2.0 * stats.t.sf(abs(t), dof)))
+    return WelchResult(float(t), float(dof), float(min(1.0, 2.0 * student_t.sf(abs(t), dof))))
 
 
 def paired_problem_test(a, b, *, rounds: int = 10000, seed: int = 0) -> PairedResult:
-    """Mean of ``b - a`` over problems, its bootstrap 95% CI and a sign-flip permutation p.
-
-    ``a[i]``, ``b[i]``: the two methods' scores on problem i; pairs with a non-finite value are
-    dropped. Why paired: most of the variation is between problems (easy vs hard), which pairing
-    removes. p = (1 + #{|mean of flipped| >= |observed|}) / (1 + rounds), or exact over all 2^P
-    flips when 2^P <= rounds. Identical inputs give diff 0, CI [0, 0] and p = 1.
-    """
+    """Mean of ``b - a`` over problems (``a[i]``, ``b[i]``: scores on problem i; non-finite
+    pairs dropped), its bootstrap 95% CI and a sign-flip permutation p. Paired, because most of
+    the variation is between problems (easy vs hard). p = (1 + #{|flipped mean| >= |observed|})
+    / (1 + rounds), or exact over all 2^P flips when 2^P <= rounds."""
     x = np.asarray(a, dtype=np.float64).ravel()
     y = np.asarray(b, dtype=np.float64).ravel()
     if x.shape != y.shape:
@@ -156,37 +144,34 @@ def per_problem_pass_at_k(scores_per_problem: Sequence[Sequence[float]], k: int)
 
 def compare(
     a_seeds, b_seeds, a_problems=None, b_problems=None, *, a_label: str = "baseline",
-    b_label: str = "treatment", alpha: float = ALPHA, rounds: int = 10000, seed: int = 0,
+    b_label: str = "treatment", rounds: int = 10000,
 ) -> Comparison:
     """Seed-level Welch test and problem-level paired test of one metric, and a verdict.
-
-    ``a_seeds`` / ``b_seeds``: the metric of each seed's policy; ``a_problems`` / ``b_problems``:
-    per-problem values (averaged over seeds) of the same problems in the same order, or ``None``.
-    """
+    ``*_seeds``: the metric of each seed's policy; ``*_problems``: per-problem values (averaged
+    over seeds) of the same problems in the same order, or ``None``."""
     a_mean, a_std = mean_std(a_seeds)
     b_mean, b_std = mean_std(b_seeds)
     welch = welch_t_test(a_seeds, b_seeds)
     paired = None
     if a_problems is not None and b_problems is not None:
-        paired = paired_problem_test(a_problems, b_problems, rounds=rounds, seed=seed)
+        paired = paired_problem_test(a_problems, b_problems, rounds=rounds)
     diff = b_mean - a_mean
-    significant, text = verdict(diff, welch, paired, a_label=a_label, b_label=b_label, alpha=alpha)
+    significant, text = verdict(diff, welch, paired, a_label, b_label)
     return Comparison(a_mean, a_std, b_mean, b_std, diff, welch, paired, significant, text)
 
 
 def verdict(
-    diff: float, welch: WelchResult, paired: PairedResult | None, *, a_label: str = "baseline",
-    b_label: str = "treatment", alpha: float = ALPHA,
+    diff: float, welch: WelchResult, paired: PairedResult | None, a_label: str, b_label: str
 ) -> tuple[bool, str]:
     """(significant, plain sentence): significant only if both tests reject in the same
     direction, since either alone overstates the evidence (module docstring)."""
     seed_p = welch.p
     prob_p = paired.p if paired is not None else math.nan
-    both = _below(seed_p, alpha) and _below(prob_p, alpha)
+    both = all(math.isfinite(p) and p < ALPHA for p in (seed_p, prob_p))
     same_way = paired is not None and np.sign(diff) == np.sign(paired.diff) and diff != 0
     if both and same_way:
         word = "higher" if diff > 0 else "lower"
-        return True, f"{b_label} {word} than {a_label} (both p < {alpha:g})"
+        return True, f"{b_label} {word} than {a_label} (both p < {ALPHA:g})"
     if paired is None:
         why = "no per-problem scores"
     elif both:
@@ -194,13 +179,19 @@ def verdict(
     else:
         why = (
             f"seed-level p = {format_p(seed_p)}, problem-level p = {format_p(prob_p)}; "
-            f"needs both < {alpha:g}"
+            f"needs both < {ALPHA:g}"
         )
     return False, f"no difference shown ({why})"
 
 
-def _below(p: float, alpha: float) -> bool:
-    return math.isfinite(p) and p < alpha
+def format_mean_std(mean: float, std: float = math.nan, scale: float = 1.0) -> str:
+    """``41.3 ± 1.2``: the numbers times ``scale``, one decimal for a percentage (scale 100),
+    else two; no ``± std`` when it is nan, ``-`` when the mean is."""
+    if math.isnan(mean):
+        return "-"
+    digits = 1 if scale != 1.0 else 2
+    text = f"{scale * mean:.{digits}f}"
+    return text if math.isnan(std) else f"{text} ± {scale * std:.{digits}f}"
 
 
 def format_p(p: float) -> str:

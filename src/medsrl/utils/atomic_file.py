@@ -13,12 +13,9 @@ from typing import BinaryIO
 def atomic_write(
     path: str | os.PathLike, write: Callable[[BinaryIO], None], mode: int | None = None
 ) -> Path:
-    """Write ``path`` through ``write(f)`` so that readers see either the old or the new file.
-
-    A temp file in the same directory (so ``os.replace`` is an atomic rename) is fsynced, renamed,
-    then the directory fsynced so the rename survives a power loss; on an exception the temp file
-    is removed. ``mode``: the file's permissions (default mkstemp's 0600). Returns ``path``.
-    """
+    """Write ``path`` through ``write(f)`` so that readers see either the old or the new file: a
+    temp file beside it (so ``os.replace`` is an atomic rename) is fsynced, renamed, and the
+    directory fsynced. ``mode``: the file's permissions (default mkstemp's 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -39,18 +36,14 @@ def atomic_write(
 
 def atomic_write_text(path: str | os.PathLike, text: str, mode: int = 0o644) -> Path:
     """``atomic_write`` of UTF-8 text, readable like any file (not mkstemp's 0600)."""
-    data = text.encode("utf-8")
-    return atomic_write(path, lambda f: f.write(data), mode)
+    return atomic_write(path, lambda f: f.write(text.encode("utf-8")), mode)
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:
     """Make a rename in ``directory`` durable (POSIX); a no-op where it cannot be opened."""
-    try:
+    with contextlib.suppress(OSError):  # some filesystems cannot fsync a directory
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):  # some filesystems cannot fsync a directory
+        try:
             os.fsync(fd)
-    finally:
-        os.close(fd)
+        finally:
+            os.close(fd)

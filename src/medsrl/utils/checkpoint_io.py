@@ -12,11 +12,8 @@ from medsrl.utils.guard import LIKELY_CAUSES, RunawayError, nonfinite_tensors
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Like Lightning's default, but the file at ``path`` is either the old or the new one.
-
-    A kill mid-save leaves the previous checkpoint (``last.ckpt``) intact (``atomic_write``). A
-    ``state_dict`` with a NaN or inf tensor is refused: the last line of defence behind the
-    module's runaway guard, which stops such a run before its checkpoint.
+    """Like Lightning's default, but a kill mid-save leaves the previous checkpoint intact, and a
+    ``state_dict`` with a NaN or inf tensor is refused (the last defence behind the runaway guard).
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:

@@ -1,10 +1,7 @@
-"""Columnar state of the replicated per-key stores (MEDS's memory, R3's history), in one place.
-
-Rows become declared, typed columns (numpy arrays, lists of text, :class:`Ragged` sequences).
-:func:`check` tests every column before a store changes anything, so a corrupt checkpoint or
-snapshot raises a ``ValueError`` naming the field and never half-loads; :func:`digest` hashes
-the columns (compared across ranks); :class:`Format` stamps, checks and atomically writes them.
-"""
+"""Columnar state of the replicated per-key stores (MEDS's memory, R3's history): declared, typed
+columns that :func:`check` tests before a store changes anything (a corrupt checkpoint raises a
+``ValueError`` naming the field, never half-loads), :func:`digest` hashes (compared across ranks)
+and :class:`Format` stamps and atomically writes."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The few collectives a multi-process RL step needs, as no-ops in a single process.
-
-Lightning's strategy (DDP / FSDP) starts the processes and the process group; these helpers only
-talk over it. Everything that must agree across ranks (which groups survive dynamic sampling,
-the token count that normalises the loss, the MEDS memory) goes through them.
+"""The few collectives a multi-process RL step needs, as no-ops in a single process: whatever
+must agree across ranks goes through them, over the process group Lightning's strategy starts.
 """
 
 from __future__ import annotations
@@ -18,9 +15,7 @@ def is_distributed() -> bool:
 
 
 def rank_and_size() -> tuple[int, int]:
-    if not is_distributed():
-        return 0, 1
-    return dist.get_rank(), dist.get_world_size()
+    return (dist.get_rank(), dist.get_world_size()) if is_distributed() else (0, 1)
 
 
 def shard_bounds(num: int, rank: int, size: int) -> tuple[int, int]:
@@ -40,18 +35,13 @@ def all_gather_objects(obj: Any) -> list[Any]:
     return out
 
 
-def _collective_device() -> torch.device:
-    """Where a small tensor must live for this process group: NCCL takes CUDA tensors only."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def all_reduce_sum(value: float) -> float:
     """Sum of a Python number over ranks."""
     if not is_distributed():
         return value
-    t = torch.tensor([value], dtype=torch.float64, device=_collective_device())
+    nccl = dist.get_backend() == "nccl"  # NCCL takes CUDA tensors only
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    t = torch.tensor([value], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return float(t.item())
 
@@ -66,8 +56,5 @@ def all_reduce_grads(params: list[torch.nn.Parameter]) -> None:
     if dist.get_backend() == "nccl" and flat.device.type != "cuda":
         raise RuntimeError("NCCL needs CUDA tensors; use the gloo backend on CPU")
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    offset = 0
-    for p, g in zip(params, grads, strict=True):
-        n = g.numel()
-        p.grad = flat[offset : offset + n].view_as(p).clone()
-        offset += n
+    for p, chunk in zip(params, flat.split([g.numel() for g in grads]), strict=True):
+        p.grad = chunk.view_as(p).clone()

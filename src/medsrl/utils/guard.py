@@ -1,17 +1,9 @@
 """Runaway updates: weights that an optimiser step made non-finite or exploded.
 
-A non-finite loss or gradient is caught before the step (``step/update.py`` skips that update).
-A finite gradient times an absurd learning rate is not: ``optim.lr=1e30`` gives weights of about
-1e30, the next step's sampling fails deep inside ``torch.multinomial`` and the checkpoint in
-between saves the broken weights. So after every optimiser step :class:`RunawayGuard` checks
-that the global L2 norm of the policy's parameters is finite (a float32 overflow counts) and at
-most ``optim.max_param_norm_growth`` times its value at the start of this fit (after a resume:
-the resumed weights; 0: finiteness only). Relative, because a sensible absolute bound depends on
-the model's size: 100x is far above a working run's drift and far below a runaway's (1e30x).
-
-On a runaway the run stops (:class:`RunawayError`) with the step and the likely causes, before
-Lightning's checkpoint of that step: a roll-back would also have to undo the optimiser's moments
-and would repeat the same update, so a clear stop is the honest outcome.
+A finite gradient times an absurd learning rate passes the update's non-finite check, so after
+every optimiser step :class:`RunawayGuard` checks that the parameter norm is finite and at most
+``optim.max_param_norm_growth`` times its value at the fit's start (relative: a sensible bound
+depends on the model's size). On a runaway the run stops before Lightning checkpoints the step.
 """
 
 from __future__ import annotations

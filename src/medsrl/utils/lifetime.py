@@ -1,16 +1,10 @@
 """Worker processes that end with the process that owns them, however it ends (even ``kill -9``).
 
-Why a worker does not notice on its own: it sees EOF on a pipe only when no living process holds
-the other end, and ``ProcessPoolExecutor`` under forkserver / spawn pickles *both* ends of its
-call queue into each worker; a forkserver child also keeps the forkserver and the resource
-tracker alive (seen after ``kill -9`` of a MEDS run: all three left under PID 1).
-
-So each worker calls :func:`exit_with_owner` first: a daemon thread checks every ``poll_s`` that
-the owner (pid *and* start time, so a reused pid or a zombie counts as dead) still runs, and
-``os._exit``s when not. A direct child forked from the owner's main thread also gets Linux's
-``PR_SET_PDEATHSIG`` (it fires when the forking *thread* exits, hence the main-thread condition).
-Limits: the thread needs the GIL, so a worker inside a long C call (an HDBSCAN fit) or still
-importing the main module exits when that is done.
+A worker never sees EOF on its own (``ProcessPoolExecutor`` under forkserver / spawn pickles
+*both* ends of its call queue into it), so it calls :func:`exit_with_owner` first: a daemon
+thread checks every ``poll_s`` that the owner (pid *and* start time) still runs, and
+``os._exit``s when not; a direct child of the owner's main thread also gets ``PR_SET_PDEATHSIG``.
+The thread needs the GIL: a worker in a long C call (an HDBSCAN fit) exits when that is done.
 """
 
 from __future__ import annotations
@@ -81,18 +75,16 @@ def is_running(ref: ProcessRef) -> bool:
 
 def descendants(pid: int) -> list[ProcessRef]:
     """Every running process below ``pid`` (Linux /proc; empty elsewhere): to check for orphans."""
-    children: dict[int, list[int]] = {}
-    starts: dict[int, str] = {}
+    children: dict[int, list[ProcessRef]] = {}
     for entry in Path("/proc").glob("[0-9]*") if _has_proc() else []:
         stat = _proc_stat(int(entry.name))
         if stat is not None and stat[1] not in "ZXx":
-            children.setdefault(stat[0], []).append(int(entry.name))
-            starts[int(entry.name)] = stat[2]
+            children.setdefault(stat[0], []).append(ProcessRef(int(entry.name), stat[2]))
     out, frontier = [], [pid]
     while frontier:
-        for child in children.get(frontier.pop(), []):
-            out.append(ProcessRef(child, starts[child]))
-            frontier.append(child)
+        found = children.get(frontier.pop(), [])
+        out += found
+        frontier += [child.pid for child in found]
     return out
 
 
@@ -101,14 +93,11 @@ def this_owner() -> Owner:
     return Owner(process_ref(), threading.current_thread() is threading.main_thread())
 
 
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
-    """Ask Linux to send ``sig`` when the thread that forked us exits; False where unsupported."""
-    if not sys.platform.startswith("linux"):
-        return False
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
-    return False
+def set_parent_death_signal() -> None:
+    """Ask Linux to SIGKILL us when the thread that forked us exits (a no-op where unsupported)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
 
 def exit_with_owner(owner: Owner, poll_s: float = 0.2) -> None:

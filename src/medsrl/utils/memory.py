@@ -1,11 +1,8 @@
 """Live tensor bytes and the largest vocabulary-wide tensor during a block of code.
 
 Proves what the fused log-prob path (``algo/logprobs.py``) promises: no ``[..., V]`` tensor
-larger than one chunk of tokens, forward or backward. The CPU has no
-``torch.cuda.max_memory_allocated``, so the peak is the largest running sum of the allocator's
-events (``torch.profiler``, ``profile_memory=True``: op temporaries and autograd's thread
-included), and a ``TorchDispatchMode`` keeps the shape of the largest new (not a view of an
-input) op output whose last dimension is the vocabulary, backward included::
+larger than one chunk of tokens. The CPU has no ``torch.cuda.max_memory_allocated``, so the peak
+is the largest running sum of the profiler's allocator events::
 
     with track_memory(vocab_size=V) as mem:
         f(hidden).sum().backward()
@@ -15,6 +12,7 @@ input) op output whose last dimension is the vocabulary, backward included::
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -32,18 +30,14 @@ class BlockMemory:
     largest_vocab_numel: int = 0  # elements of the largest op output whose last dim is vocab_size
     largest_vocab_shape: tuple[int, ...] = ()
     largest_vocab_bytes: int = 0
-    vocab_outputs: int = 0  # how many op outputs had the vocabulary as last dimension
     net_bytes: int = 0  # allocated minus freed over the block: what it left alive
 
 
 def peak_live_bytes(deltas: Iterable[tuple[int, int]]) -> int:
     """The largest running sum of ``(time, +bytes allocated / -bytes freed)`` events taken in time
     order; 0 when nothing was allocated above the start (frees of older tensors go below it)."""
-    live = peak = 0
-    for _, nbytes in sorted(deltas, key=lambda e: e[0]):
-        live += nbytes
-        peak = max(peak, live)
-    return peak
+    in_order = [nbytes for _, nbytes in sorted(deltas, key=lambda e: e[0])]
+    return max(itertools.accumulate(in_order, initial=0))
 
 
 class _VocabOutputs(TorchDispatchMode):
@@ -61,7 +55,6 @@ class _VocabOutputs(TorchDispatchMode):
                 continue
             if t.untyped_storage().data_ptr() in inputs:  # a view of an input (W.t()): no new memory
                 continue
-            self.report.vocab_outputs += 1
             if t.numel() > self.report.largest_vocab_numel:
                 self.report.largest_vocab_numel = t.numel()
                 self.report.largest_vocab_shape = tuple(t.shape)
@@ -69,27 +62,19 @@ class _VocabOutputs(TorchDispatchMode):
         return out
 
 
-def _memory_deltas(prof, device_type: str) -> list[tuple[int, int]]:
-    """``(start ns, bytes)`` of the profiler's allocator events on ``device_type``."""
-    want = torch.device(device_type).type.upper()
-    out = []
-    for e in prof.profiler.kineto_results.events():
-        if e.name() == "[memory]" and str(e.device_type()).rsplit(".", 1)[-1] == want:
-            out.append((e.start_ns(), e.nbytes()))
-    return out
-
-
 @contextlib.contextmanager
-def track_memory(vocab_size: int, device_type: str = "cpu") -> Iterator[BlockMemory]:
-    """Measure the block: peak bytes on ``device_type`` (allocator events) and the largest
-    vocabulary-wide op output. Slow (a Python call per op): for tests and benchmarks only."""
+def track_memory(vocab_size: int) -> Iterator[BlockMemory]:
+    """Measure the block: peak CPU bytes (allocator events) and the largest vocabulary-wide op
+    output. Slow (a Python call per op): for tests and benchmarks only."""
     from torch.profiler import ProfilerActivity, profile
 
     report = BlockMemory(vocab_size)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
-    with profile(activities=activities, profile_memory=True) as prof:
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         with _VocabOutputs(report):
             yield report
-    deltas = _memory_deltas(prof, device_type)
+    deltas = [
+        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and str(e.device_type()).rsplit(".", 1)[-1] == "CPU"
+    ]
     report.peak_bytes = peak_live_bytes(deltas)
     report.net_bytes = sum(nbytes for _, nbytes in deltas)

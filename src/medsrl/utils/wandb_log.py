@@ -1,11 +1,9 @@
 """Weights & Biases beside TensorBoard: what the run sends to W&B besides Lightning's metrics.
 
-``logger=wandb`` / ``logger=many`` (configs/logger/) put Lightning's ``WandbLogger`` among the
-trainer's loggers; the helpers here find it there and log what TensorBoard gets as histograms and
-text (the plug-ins' ``StepContext``), open the run early to say where it writes, and finish it
-with the run's summary. ``wandb`` is an optional dependency (the ``wandb`` extra): nothing here
-imports it unless a ``WandbLogger`` is in use, and ``medsrl.config`` refuses ``logger=wandb``
-without it, before any model loads.
+The helpers find Lightning's ``WandbLogger`` among the trainer's loggers (``logger=wandb`` /
+``logger=many``), log the plug-ins' histograms and text, say where the run writes, and finish it
+with the run's summary. ``wandb`` is optional: nothing here imports it unless a ``WandbLogger``
+is in use (``medsrl.config`` refuses ``logger=wandb`` without it).
 """
 
 from __future__ import annotations
@@ -67,26 +65,18 @@ def log_text(loggers: Iterable[Any], tag: str, text: str, step: int) -> None:
         lg.log_metrics({tag: panel}, step=step)
 
 
-def run_dir(logger: Any) -> Path:
-    """The W&B run's directory (``<save_dir>/wandb/offline-run-<time>-<id>``); starts the run."""
-    return Path(logger.experiment.settings.sync_dir)
-
-
 def describe(logger: Any) -> str:
     """One line on where a W&B run writes and how to upload it (starts the run: rank 0 only)."""
     run = logger.experiment
-    where = run_dir(logger)
+    where = Path(run.settings.sync_dir)  # <save_dir>/wandb/offline-run-<time>-<id>
     if getattr(run, "offline", False):
         return f"[medsrl] WandbLogger (offline) run {run.id}: {where}  (upload: wandb sync {where})"
     return f"[medsrl] WandbLogger run {run.id}: {getattr(run, 'url', None) or where}"
 
 
 def finish(loggers: Iterable[Any], summary: dict[str, Any] | None = None, exit_code: int = 0) -> None:
-    """Put the run's summary into each open W&B run's summary and finish it (rank 0).
-
-    Finishing matters in one process that trains twice (tests, a sweep in-process): W&B reuses
-    an unfinished run for the next ``WandbLogger``.
-    """
+    """Put the run's summary into each open W&B run's summary and finish it (rank 0): W&B would
+    reuse an unfinished run for the next ``WandbLogger`` of this process (tests, sweeps)."""
     for lg in wandb_loggers(loggers):
         run = getattr(lg, "_experiment", None)  # never start a run only to finish it
         if run is None or not hasattr(run, "finish"):

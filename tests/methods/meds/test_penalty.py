@@ -24,12 +24,6 @@ def test_explicit_beta():
     assert meds_penalty([100], alpha=0.1, beta=0.2)[0] == pytest.approx(0.2)
 
 
-def test_tensor_in_tensor_out():
-    out = meds_penalty(torch.tensor([0, 5, 10]), alpha=0.1)
-    assert isinstance(out, torch.Tensor) and out.dtype == torch.float32
-    assert out.tolist() == pytest.approx([0.0, 0.1 * math.log(6), 0.2])
-
-
 def test_negative_size_rejected():
     with pytest.raises(ValueError):
         meds_penalty([-1], alpha=0.1)

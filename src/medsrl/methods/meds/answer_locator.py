@@ -1,27 +1,12 @@
 """Where the final answer starts in a response: the token holding the ``{`` of the last ``\\boxed{``.
 
 MEDS reads its feature there (PAPER.md step 1): that token's hidden states predict the first
-answer token, at ``position + 1``. The search runs on the *text* of the tokens, because a
-tokenizer splits ``\\boxed{`` in many ways (Qwen2.5 byte-level BPE)::
-
-    "\\boxed{025}"        -> ['\\', 'boxed', '{', '0', '2', '5', '}']
-    "$\\boxed{\\frac12}$" -> ['Ġ$\\', 'boxed', '{\\', 'frac', ...]
-    "\\(\\boxed{x=3}\\)"  -> ['Ġ\\', '(\\', 'boxed', '{x', '=', ...]
-
-Each id is decoded on its own (``decode([id])``, special tokens kept, cached per id), which
-gives every token a character span; the ``{`` after the last ``\\boxed`` maps back to its token.
-Byte-level BPE keeps every ASCII character exact; a multi-byte character split across tokens
-only shifts spans within its own tokens. Behaviour, against the reference:
-
-* **Last box wins**, whatever its split (the reference searches the token ids of ``\\boxed{``
-  backwards and can land on an earlier box when the final one is split differently).
-* **Fallback** without ``\\boxed{`` (e.g. ``\\boxed {7}``): the first ``{`` after the last
-  ``boxed``, if its token is at most ``fallback_window`` tokens later; else ``None`` (no feature,
-  no memory entry, no penalty).
-* **Merged braces** (``'{x'``, ``'{\\'``): the feature is still read at this token and scores
-  the token after it, as the reference does.
-* **Unclosed boxes** are located like any other; a ``{`` that is the last token has nothing
-  to score and :func:`medsrl.methods.meds.logit_capture.answer_targets` drops it.
+answer token. The search runs on the decoded *text* of the tokens (cached per id), because a
+tokenizer splits ``\\boxed{`` in many ways (``['\\', 'boxed', '{']``, ``['Ġ$\\', 'boxed', '{x']``).
+Unlike the reference, which searches the ids backwards, the last box wins whatever its split.
+Without ``\\boxed{`` (e.g. ``\\boxed {7}``) the first ``{`` after the last ``boxed`` counts if at
+most ``fallback_window`` tokens later. A merged brace (``'{x'``) is read at its token, as the
+reference does; a ``{`` that is the last token is dropped by :func:`.logit_capture.answer_targets`.
 """
 
 from __future__ import annotations
@@ -32,8 +17,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from medsrl.reward.answer_span import TokenPieces, answer_start, as_list, token_pieces
-
-__all__ = ["TokenPieces", "locate_answer", "locate_answers", "token_pieces"]
 
 BOXED_OPEN = "\\boxed{"
 BOXED_WORD = "boxed"
@@ -47,14 +30,11 @@ def _token_at(ends: list[int], char_index: int) -> int:
 
 
 def _locate(ids: list[int], pieces: TokenPieces, fallback_window: int) -> int | None:
-    n = len(ids)
-    if n == 0:
-        return None
     # 1. Exact: the last "\boxed{", scanning backwards in doubling windows (one found in the text
     # of ids[start:] is the last of the response: a later one would lie in the same suffix).
     window = _FIRST_WINDOW
     while True:
-        start = max(0, n - window)
+        start = max(0, len(ids) - window)
         suffix = pieces.pieces(ids[start:])
         text = "".join(suffix)
         k = text.rfind(BOXED_OPEN)
@@ -66,26 +46,20 @@ def _locate(ids: list[int], pieces: TokenPieces, fallback_window: int) -> int | 
         window *= 2
     # 2. Fallback on the whole text: last "boxed", then the first "{" after it, within the window.
     k = text.rfind(BOXED_WORD)
-    if k < 0:
-        return None
-    brace = text.find("{", k + len(BOXED_WORD))
+    brace = text.find("{", k + len(BOXED_WORD)) if k >= 0 else -1
     if brace < 0:
         return None
     ends = list(itertools.accumulate(len(p) for p in suffix))
-    boxed_token = _token_at(ends, k + len(BOXED_WORD) - 1)
     brace_token = _token_at(ends, brace)
-    if brace_token - boxed_token > fallback_window:
-        return None
-    return brace_token
+    near = brace_token - _token_at(ends, k + len(BOXED_WORD) - 1) <= fallback_window
+    return brace_token if near else None
 
 
 def _locate_after(ids: list[int], pieces: TokenPieces, fallback_window: int,
                   reasoning_end: str | None) -> int | None:
     """:func:`_locate` after the last ``reasoning_end`` (``None`` when the reasoning never closes)."""
     start = answer_start(ids, pieces, reasoning_end)
-    if start is None:
-        return None
-    index = _locate(ids[start:], pieces, fallback_window)
+    index = None if start is None else _locate(ids[start:], pieces, fallback_window)
     return None if index is None else start + index
 
 

@@ -1,16 +1,11 @@
 """The MEDS memory with its clusters kept current: ``ErrorMemory`` plus background re-fits.
 
 Order inside a step (PAPER.md steps 4-5): shaping reads the labels stored so far
-(:meth:`labels_for`), then :meth:`insert` appends the step's features (every rank's, in rank
-order, so the memory is replicated) and submits each touched store's HDBSCAN re-fit to a worker
-process. A re-fit is needed only when its store is read again, so the policy update runs
-meanwhile; :meth:`labels_for` waits only if that store's re-fit is still running.
-
-``refit_growth`` (beyond the reference, which re-fits after every add): a store re-fits only once
-the rows added since its last fit reach that fraction of the rows fitted. A fit costs more than
-linear time in the store's size while a visit adds at most ``n`` rows: with 2048 rows per store
-the re-fits took ~1.9 CPU-seconds a step for a 0.4 % change of each store (``docs/BENCHMARKS.md``).
-In between, the k-NN vote reads the rows fitted so far (as it always does for the step's own rows).
+(:meth:`labels_for`), then :meth:`insert` appends every rank's features (in rank order: the
+memory is replicated) and submits the touched stores' re-fits, run during the policy update.
+``refit_growth`` (beyond the reference): a store re-fits only once the rows added since its last
+fit reach that fraction of the rows fitted, as a fit costs more than linear time in the store's
+size (``docs/BENCHMARKS.md``); in between, the k-NN vote reads the rows fitted so far.
 """
 
 from __future__ import annotations
@@ -50,23 +45,21 @@ class ClusteredMemory:
         if self.refitter is None:
             self.refitter = BackgroundRefitter(**self._refit_args)
 
-    def close(self) -> None:
-        if self.refitter is not None:
-            self._apply(self.refitter.drain())
-            self.refitter.close()
-            self.refitter = None
-
     def drain(self) -> None:
         """Apply every pending re-fit (before saving: a resumed run sees the same labels)."""
         if self.refitter is not None:
             self._apply(self.refitter.drain())
 
+    def close(self) -> None:
+        self.drain()
+        if self.refitter is not None:
+            self.refitter.close()
+            self.refitter = None
+
     def reset(self) -> None:
         if self.refitter is not None:
             self.refitter.drain()
         self.memory.reset()
-
-    # ------------------------------------------------------------------ reading
 
     def labels_for(self, key: str, correct: bool) -> MemoryEntry | None:
         """The ``(key, correct)`` store with up-to-date labels (waits for a running re-fit)."""
@@ -74,9 +67,7 @@ class ClusteredMemory:
         return self.memory.get(key, correct)
 
     def _collect(self, key: str, correct: bool) -> None:
-        if self.refitter is None:
-            return
-        labels = self.refitter.wait((key, bool(correct)))
+        labels = self.refitter.wait((key, bool(correct))) if self.refitter is not None else None
         if labels is not None:
             self.memory.set_labels(key, correct, labels)
 
@@ -84,8 +75,6 @@ class ClusteredMemory:
         for (key, correct), labels in results.items():
             if (key, correct) in self.memory and len(labels) == len(self.memory.get(key, correct)):
                 self.memory.set_labels(key, correct, labels)
-
-    # ------------------------------------------------------------------ writing
 
     def insert(self, rows: list[tuple[list[Store], np.ndarray]], step: int) -> list[Store]:
         """Append every rank's ``(stores, features)`` rows, in order; re-fit the touched stores."""
@@ -103,10 +92,6 @@ class ClusteredMemory:
         self._apply(self.refitter.collect())
         return list(by_store)
 
-    def digest(self) -> str:
-        """The memory's hash of keys, features and steps (``ErrorMemory.digest``)."""
-        return self.memory.digest()
-
     def metrics(self, touched: list[Store]) -> dict[str, float]:
         """Size, re-fit waits, and the clusters of the wrong stores touched this step."""
         stats = self.refitter.stats if self.refitter is not None else {"blocked_waits": 0, "blocked_seconds": 0.0}
@@ -118,10 +103,8 @@ class ClusteredMemory:
         }
         self._waits_seen = stats["blocked_waits"]
         clusters, noise, ratios = [], [], []
-        for key, ok in touched:
-            if ok:
-                continue
-            entry = self.memory.get(key, ok)
+        for key in [key for key, ok in touched if not ok]:
+            entry = self.memory.get(key, False)
             lab = entry.fitted_labels
             if len(lab):
                 clusters.append(len(set(lab.tolist()) - {NOISE}))

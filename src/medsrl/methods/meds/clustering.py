@@ -2,9 +2,8 @@
 
 Reference (PAPER.md, steps 4-5): a new response's cluster is *predicted* by a k=3 cosine
 nearest-neighbour vote over the labels stored for its (prompt, correctness) key; its size is the
-number of stored points with that label. After the step's features are inserted, HDBSCAN is
-re-fitted on the L2-normalised store for the key's *next* visit. Pure numpy (no torch), so it
-runs in worker processes (``refit.py``).
+number of stored points with that label. HDBSCAN re-fits the store for the key's *next* visit.
+No torch here: it runs in worker processes (``refit.py``).
 """
 
 from __future__ import annotations
@@ -15,11 +14,8 @@ NOISE = -1  # HDBSCAN's label for points in no cluster
 
 
 def normalize_rows(x: np.ndarray) -> np.ndarray:
-    """Rows of ``x`` [N, D] scaled to unit L2 norm, as float64; all-zero rows stay zero.
-
-    MEDS clusters *directions* of the logit profile; on unit vectors ``|a-b|^2 = 2 - 2 cos``,
-    so HDBSCAN (Euclidean) and the cosine k-NN agree on geometry.
-    """
+    """Rows of ``x`` [N, D] scaled to unit L2 norm, as float64 (zero rows stay zero): on unit
+    vectors ``|a-b|^2 = 2 - 2 cos``, so HDBSCAN (Euclidean) and the cosine k-NN agree."""
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2:
         raise ValueError(f"expected a 2-D array [N, D], got shape {x.shape}")
@@ -30,12 +26,9 @@ def normalize_rows(x: np.ndarray) -> np.ndarray:
 def fit_cluster_labels(
     features: np.ndarray, *, min_cluster_size: int = 2, min_samples: int = 1
 ) -> np.ndarray:
-    """HDBSCAN labels [N] (int64, -1 = noise) of the L2-normalised rows of ``features`` [N, D].
-
-    Too few points (N < 2, N < ``min_cluster_size`` or N <= ``min_samples``) give all noise, as
-    in the reference. Deterministic: hdbscan's Boruvka KD-tree here depends only on the rows and
-    their order. ``core_dist_n_jobs=1``: no joblib workers of its own (above 16k points).
-    """
+    """HDBSCAN labels [N] (int64, -1 = noise) of the L2-normalised rows of ``features`` [N, D];
+    all noise for too few points, as in the reference. Deterministic (Boruvka KD-tree); no
+    joblib workers of its own (``core_dist_n_jobs=1``)."""
     x = normalize_rows(features)
     n = x.shape[0]
     if n < max(2, min_cluster_size) or n <= min_samples:
@@ -52,13 +45,10 @@ def fit_cluster_labels(
 def predict_labels(
     stored: np.ndarray, stored_labels: np.ndarray, queries: np.ndarray, *, k: int = 3
 ) -> np.ndarray:
-    """Predicted label [Q] (int64) of each query row: majority vote of its k nearest stored rows.
-
-    Cosine distance, so scaling a row changes nothing. Equal distances: the lower stored index
-    first (stable sort); equal vote counts: the smallest label, so noise (-1) wins any tie it is
-    in, as sklearn's ``KNeighborsClassifier(k, metric="cosine")``. An empty store predicts -1;
-    a zero query row is at distance 1 from everything (it takes the first k stored rows).
-    """
+    """Predicted label [Q] (int64) of each query row: majority vote of its k nearest stored rows
+    (cosine). Ties as sklearn's ``KNeighborsClassifier(k, metric="cosine")``: equal distances, the
+    lower stored index first; equal votes, the smallest label (noise, -1, wins any tie it is in).
+    An empty store predicts -1; a zero query row takes the first k stored rows."""
     queries = np.asarray(queries)
     stored_labels = np.asarray(stored_labels, dtype=np.int64)
     num_q = queries.shape[0]
@@ -85,10 +75,8 @@ def cluster_sizes(
     stored_labels: np.ndarray, predicted: np.ndarray, *, noise_is_cluster: bool = True
 ) -> np.ndarray:
     """Size [Q] (int64) of each predicted cluster: the number of stored rows with that label.
-
-    Noise counts as one cluster by default (reference), so a key whose errors never cluster
-    still accumulates pressure; ``noise_is_cluster=False`` gives noise predictions size 0.
-    """
+    Noise counts as one cluster unless ``noise_is_cluster=False`` (the reference counts it, so
+    a key whose errors never cluster still accumulates pressure)."""
     stored_labels = np.asarray(stored_labels, dtype=np.int64)
     predicted = np.asarray(predicted, dtype=np.int64)
     sizes = (predicted[:, None] == stored_labels[None, :]).sum(axis=1).astype(np.int64)
@@ -103,11 +91,8 @@ def single_cluster_sizes(num_stored: int, num_queries: int) -> np.ndarray:
 
 
 def top1_eigen_ratio(features: np.ndarray) -> float:
-    """Diversity metric ``lambda_1 / sum(lambda)`` of the covariance of the rows [N, D].
-
-    Near 1: the rows vary along one direction (collapsed). ``nan`` when undefined (fewer than
-    2 rows, or all rows equal): average it over keys with ``np.nanmean``.
-    """
+    """Diversity metric ``lambda_1 / sum(lambda)`` of the covariance of the rows [N, D]: near 1,
+    they vary along one direction (collapsed); ``nan`` for fewer than 2 rows or all equal."""
     x = np.asarray(features, dtype=np.float64)
     if x.ndim != 2:
         raise ValueError(f"expected a 2-D array [N, D], got shape {x.shape}")

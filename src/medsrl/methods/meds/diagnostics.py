@@ -1,10 +1,9 @@
 """Whether MEDS's penalty lands on the repeated mistake: two figures per step, from the answers.
 
-MEDS clusters the features of wrong responses, not their answers: two wrong answers that start
-alike can share a cluster, and one repeated answer can be split. :func:`cluster_answer_purity`
-says how often a memory cluster is one answer; :func:`penalty_on_top_answer` compares the share
-of the penalty on each group's most frequent wrong answer with that answer's share of the wrong
-responses (a penalty aimed at the repeated mistake has the first above the second).
+MEDS clusters the features of wrong responses, not their answers, so a cluster can mix answers
+and one repeated answer can be split. :func:`cluster_answer_purity` says how often a cluster is
+one answer; :func:`penalty_on_top_answer` compares the penalty's share on each group's most
+frequent wrong answer with that answer's share of the wrong responses.
 """
 
 from __future__ import annotations
@@ -40,16 +39,10 @@ def penalty_on_top_answer(
         if w and a is not None:
             by_group[g][a] += 1
     top = {g: c.most_common(1)[0][0] for g, c in by_group.items()}
-    n_wrong = on_top = 0
-    pen_total = pen_top = 0.0
-    for g, w, a, p in zip(group_ids, wrong, answers, penalty, strict=True):
-        if not w:
-            continue
-        n_wrong += 1
-        hit = a is not None and top.get(g) == a
-        on_top += hit
-        pen_total += float(p)
-        pen_top += float(p) if hit else 0.0
-    if not n_wrong:
+    rows = [(a is not None and top.get(g) == a, float(p))  # (on the top answer, penalty)
+            for g, w, a, p in zip(group_ids, wrong, answers, penalty, strict=True) if w]
+    if not rows:
         return None, None
-    return (pen_top / pen_total if pen_total > 0 else None), on_top / n_wrong
+    pen_total = sum(p for _, p in rows)
+    pen_top = sum(p for hit, p in rows if hit)
+    return (pen_top / pen_total if pen_total > 0 else None), sum(hit for hit, _ in rows) / len(rows)

@@ -1,22 +1,15 @@
 """The MEDS feature of each response, read from a forward the caller runs (PAPER.md steps 1-2).
 
-The one capture path of the project: the MEDS plug-in reads it during the old-log-prob forward
-of a training step, and ``evaluation/response_features.py`` during its own no-grad forward, so a feature
-means the same thing in both. Per response:
+The one capture path of the project, used by the MEDS plug-in in the scoring forward and by
+``evaluation/response_features.py``, so a feature means the same thing in both. Per response:
 
-1. **Answer.** The token holding the ``{`` of the last ``\\boxed{`` (:mod:`.answer_locator`);
-   its logit of the next token (the first answer token) is read. No box: no feature.
-2. **Per-layer logits.** :class:`~.logit_capture.LayerLogitCapture` applies the LM head to the
-   hidden state of each needed layer at that position, in fp32.
-3. **Rounding** (``dtype``). The reference applies the LM head under bf16 autocast, so its
-   logits are bf16 values (steps of 0.125 at ``|x|`` in 16-32, 0.25 at 32-64) and often tie
-   exactly; HDBSCAN with ``min_samples=1`` treats exact ties differently from near ties. With
-   ``bfloat16`` (or ``auto`` on a policy computing in bf16) the fp32 logits are rounded to bf16 here.
-4. **Differences** (``diff``). The reference takes first differences over *all* ``N`` layers
-   and keeps the last ``k``, so layer ``n`` contributes ``logit(n) - logit(n-1)``: with the last
-   14 of 28 layers that is ``L15-L14 .. L28-L27`` (14 values), and layer 1, which has no
-   predecessor, gives nothing (``all`` gives ``N - 1`` values). Each predecessor is captured
-   too, and the rounding comes first (the reference's head output is bf16, its diff after).
+1. **Answer.** The token holding the ``{`` of the last ``\\boxed{`` (:mod:`.answer_locator`).
+2. **Per-layer logits** of the first answer token there, in fp32 (:mod:`.logit_capture`).
+3. **Rounding** (``dtype``). The reference's LM head runs under bf16 autocast, and HDBSCAN with
+   ``min_samples=1`` treats its exact ties differently from near ties, so ``bfloat16`` (or
+   ``auto`` on a bf16 policy) rounds the fp32 logits to bf16.
+4. **Differences** (``diff``). As in the reference, layer ``n`` gives ``logit(n) - logit(n-1)``
+   (after rounding): the last 14 of 28 layers give ``L15-L14 .. L28-L27``; layer 1 nothing.
 """
 
 from __future__ import annotations
@@ -40,8 +33,6 @@ from medsrl.methods.meds.logit_capture import (
     select_layers,
 )
 
-DTYPES = FEATURE_DTYPES
-
 
 @dataclass(frozen=True)
 class FeatureSpec:
@@ -53,10 +44,10 @@ class FeatureSpec:
     dtype: str = "auto"  # auto | float32 | bfloat16 (module docstring, step 3)
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
+        if self.dtype not in FEATURE_DTYPES:
             raise ValueError(
-                f"FeatureSpec.dtype={self.dtype!r}; valid: {', '.join(DTYPES)} (auto: bf16-rounded "
-                "when the policy's parameters are bf16, as the reference's bf16 LM head)"
+                f"FeatureSpec.dtype={self.dtype!r}; valid: {', '.join(FEATURE_DTYPES)} "
+                "(auto: bf16-rounded when the policy computes in bf16, as the reference's LM head)"
             )
         for name in ("diff", "final_norm"):
             value = getattr(self, name)
@@ -65,9 +56,6 @@ class FeatureSpec:
         if not isinstance(self.layers, (str, int)) and hasattr(self.layers, "__iter__"):
             # A tuple keeps the spec hashable and equal whether it came from YAML or Python.
             object.__setattr__(self, "layers", tuple(self.layers))
-
-
-# --------------------------------------------------------------------------- pure steps
 
 
 def capture_layers(selected: Sequence[int], diff: bool) -> list[int]:
@@ -105,11 +93,10 @@ def round_to_bfloat16(x: torch.Tensor) -> torch.Tensor:
 
 
 def resolve_feature_dtype(dtype: str, model: nn.Module) -> torch.dtype:
-    """``float32`` / ``bfloat16`` as given; ``auto`` follows the dtype the policy computes in:
-    bf16 parameters, or fp32 parameters under bf16 autocast (``trainer.precision=bf16-mixed``)
-    -> bf16, so a bf16-computing policy matches the reference; anything else -> fp32."""
-    if dtype not in DTYPES:
-        raise ValueError(f"feature dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+    """``float32`` / ``bfloat16`` as given; ``auto``: bf16 when the policy computes in bf16 (bf16
+    parameters, or fp32 under bf16 autocast), to match the reference; else fp32."""
+    if dtype not in FEATURE_DTYPES:
+        raise ValueError(f"feature dtype {dtype!r}; valid: {', '.join(FEATURE_DTYPES)}")
     if dtype != "auto":
         return getattr(torch, dtype)
     param = next((p for p in model.parameters() if p.is_floating_point()), None)
@@ -120,14 +107,8 @@ def resolve_feature_dtype(dtype: str, model: nn.Module) -> torch.dtype:
     return torch.bfloat16 if param.dtype == torch.bfloat16 or autocast_bf16 else torch.float32
 
 
-# --------------------------------------------------------------------------- the reader
-
-
 class AnswerFeatureReader:
-    """Reads MEDS features from a forward the caller runs (no forward of its own).
-
-    Per batch: :meth:`begin` with the responses, then one forward per packed micro-batch of
-    ``rows`` inside :meth:`microbatch`, then :meth:`finish`::
+    """Reads MEDS features from a forward the caller runs (no forward of its own)::
 
         reader.begin(response_ids, packed.prompt_length)
         for rows in micro_batches:
@@ -170,8 +151,7 @@ class AnswerFeatureReader:
         return self._require_targets("answer_rows").sample_index
 
     def begin(self, response_ids: Sequence[Sequence[int]], prompt_length: int) -> None:
-        """Locate the answers of a batch packed with prompts of ``prompt_length`` columns and
-        forget anything read before (a failed step leaves nothing behind)."""
+        """Locate the answers of a packed batch; forget anything read before (a failed step's)."""
         index = locate_answers(response_ids, self.tokenizer, reasoning_end=self.reasoning_end)
         self._targets = answer_targets(index, response_ids, prompt_length)
         self._capture.clear()
@@ -179,10 +159,8 @@ class AnswerFeatureReader:
 
     def microbatch(self, rows: Sequence[int] | torch.Tensor, columns_end: int | None = None
                    ) -> contextlib.AbstractContextManager:
-        """Hooks around the one forward of the packed ``rows`` (a no-op context when none of
-        them has an answer, so that forward costs nothing extra). ``columns_end``: where that
-        forward's columns end, when it does not run the batch's right padding
-        (``PackedRollouts.columns_end``)."""
+        """Hooks around the one forward of the packed ``rows`` (a no-op when none has an answer);
+        ``columns_end``: where that forward's columns end (``PackedRollouts.columns_end``)."""
         part = self._require_targets("microbatch").for_rows(rows, columns_end)
         if not len(part):
             return contextlib.nullcontext()
@@ -195,25 +173,21 @@ class AnswerFeatureReader:
         self._read_rows.append(part.sample_index)
 
     def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(features float32 [M, D] on CPU, response rows long [M], ascending)`` of the batch.
-
-        Raises when a row with an answer was read by no micro-batch or by several (the
-        micro-batches must cover the packed rows once).
-        """
+        """``(features float32 [M, D] on CPU, response rows long [M], ascending)`` of the batch;
+        raises unless the micro-batches read each row with an answer exactly once."""
         targets = self._require_targets("finish")
         self._targets = None
         logits = self._capture.pop_features()  # [M, C] fp32, in read order
         parts, self._read_rows = self._read_rows, []
         rows = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
-        if not torch.equal(torch.sort(rows).values, targets.sample_index):
+        rows, order = torch.sort(rows)
+        if not torch.equal(rows, targets.sample_index):
             raise RuntimeError(
                 f"MEDS features: rows read {rows.tolist()} != rows with an answer "
                 f"{targets.sample_index.tolist()}; run one microbatch(rows) per forward "
                 "over all packed rows"
             )
-        if len(rows) > 1 and not bool((rows[1:] > rows[:-1]).all()):
-            order = torch.argsort(rows)
-            rows, logits = rows[order], logits[order.to(logits.device)]
+        logits = logits[order.to(logits.device)]
         if self.dtype == torch.bfloat16:
             logits = round_to_bfloat16(logits)
         if self.spec.diff:

@@ -1,24 +1,11 @@
 """Per-layer answer logits (the MEDS feature) read from the one no-grad forward of a micro-batch.
 
-PAPER.md step 2: at the answer position (the ``{`` of the last ``\\boxed{``), for each selected
-layer ``n`` apply the LM head to that layer's hidden state and keep the raw fp32 logit of the
-token at ``position + 1``.
-
-Layers follow ``output_hidden_states=True`` (``N + 1`` entries, index 0 the embeddings): layer
-``n`` (1-based) is ``lm_head(hidden_states[n])[next_token]``. Transformers 5.x (checked on 5.23,
-Qwen2 / Qwen3 / Llama) ties ``hidden_states[N]`` to ``last_hidden_state``, as the reference
-(verl) did, so:
-
-* layers ``1..N-1``: the raw output of block ``n``, unless ``final_norm=True`` applies
-  ``model.model.norm`` to them too (a textbook logit lens);
-* layer ``N``: passed through ``model.model.norm`` (unless the config sets
-  ``tie_last_hidden_states=False``).
-
-Hooks on the selected blocks exist only inside a :meth:`LayerLogitCapture.capture` context (other
-forwards cost nothing) and keep only the ``M`` targeted vectors; on exit the LM head (a plain,
-possibly biased linear map; FSDP-sharded weights must be gathered) is applied to them in fp32
-with just the needed weight rows. :class:`~medsrl.methods.meds.features.AnswerFeatureReader`
-builds the MEDS feature on this reader.
+PAPER.md step 2: at the answer position, for each selected layer ``n`` (1-based, as in
+``output_hidden_states``) apply the LM head to that layer's hidden state and keep the fp32 logit
+of the token at ``position + 1``. As in the reference, layer ``N`` is normed (unless the config
+sets ``tie_last_hidden_states=False``) and layers ``1..N-1`` are not, unless ``final_norm=True``.
+Hooks exist only inside :meth:`LayerLogitCapture.capture` and keep only the targeted vectors; the
+LM head (FSDP-sharded weights must be gathered) is applied to them with just the needed rows.
 """
 
 from __future__ import annotations
@@ -67,16 +54,12 @@ def select_layers(num_layers: int, spec: Any = DEFAULT_LAST_N) -> list[int]:
             if not is_int:
                 raise ValueError(f"select_layers: layer indices must be ints, got {x!r} in {spec!r}")
         as_ints = [int(x) for x in layers]
-        if not as_ints:
-            raise ValueError("select_layers: empty layer list")
-        bad = [n for n in as_ints if not 1 <= n <= num_layers]
-        if bad:
+        distinct = len(set(as_ints)) == len(as_ints)
+        if not (as_ints and distinct and 1 <= min(as_ints) and max(as_ints) <= num_layers):
             raise ValueError(
-                f"select_layers: layers {bad} out of range; layers are 1-based, 1..{num_layers} "
-                f"(n = output of decoder block n)"
+                f"select_layers: layers {as_ints} must be distinct and 1-based, in 1..{num_layers} "
+                "(n = output of decoder block n)"
             )
-        if len(set(as_ints)) != len(as_ints):
-            raise ValueError(f"select_layers: duplicate layers in {as_ints}")
         return sorted(as_ints)
     else:
         raise ValueError(f"select_layers: unsupported spec {spec!r}")
@@ -138,10 +121,9 @@ def find_lm_head(model: nn.Module) -> nn.Module:
 
 @dataclass(frozen=True)
 class CaptureTargets:
-    """Read ``rows[i]`` / ``positions[i]`` of the packed batch, scoring ``next_token_ids[i]``;
-    ``sample_index[i]``: the response (global row). ``seq_len``: the forward's full width; a
-    forward over fewer columns dropped left padding (``step.scoring``) and positions move left.
-    """
+    """Read ``rows[i]`` / ``positions[i]`` of response ``sample_index[i]``, scoring
+    ``next_token_ids[i]``; ``seq_len``: the forward's full width (a narrower forward dropped left
+    padding, ``step.scoring``, and positions move left)."""
 
     rows: torch.Tensor
     positions: torch.Tensor
@@ -175,10 +157,6 @@ def answer_targets(
     """Targets for the located answers of a batch packed by ``pack_rollouts``: answer ``t`` of
     response ``i`` reads row ``i`` at ``prompt_length + t``, scoring ``response_ids[i][t + 1]``.
     No answer, or a ``{`` as last token: left out (``sample_index`` says which remain)."""
-    if len(answer_index) != len(response_ids):
-        raise ValueError(
-            f"answer_targets: {len(answer_index)} answer indices for {len(response_ids)} responses"
-        )
     rows, positions, next_ids = [], [], []
     for i, (t, resp) in enumerate(zip(answer_index, response_ids, strict=True)):
         if t is None or not 0 <= int(t) < len(resp) - 1:
@@ -196,7 +174,6 @@ class LayerLogitCapture:
     :func:`select_layers` spec; ``final_norm=True`` also norms intermediate layers."""
 
     def __init__(self, model: nn.Module, layers: Any = DEFAULT_LAST_N, *, final_norm: bool = False):
-        self.model = model
         self._blocks = find_decoder_layers(model)
         self.num_layers = len(self._blocks)
         self.layers = select_layers(self.num_layers, layers)
@@ -222,11 +199,9 @@ class LayerLogitCapture:
 
     @contextlib.contextmanager
     def capture(self, targets: CaptureTargets) -> Iterator[LayerLogitCapture]:
-        """Arm the hooks for the one forward run inside this context (a second one raises).
-
-        ``targets`` has rows local to this forward's batch (:meth:`CaptureTargets.for_rows`).
-        An exception inside the body discards this call's captures.
-        """
+        """Arm the hooks for the one forward run inside this context (a second one raises), at
+        ``targets`` local to its batch (:meth:`CaptureTargets.for_rows`); an exception inside
+        discards this call's captures."""
         if self.armed:
             raise RuntimeError("LayerLogitCapture.capture: contexts cannot be nested")
         if not isinstance(targets, CaptureTargets):
@@ -264,7 +239,6 @@ class LayerLogitCapture:
     def _make_hook(self, n: int, rows: torch.Tensor, positions: torch.Tensor, store: dict,
                    seq_len: int | None = None):
         normed = self.last_layer_normed if n == self.num_layers else self.final_norm
-        cache: dict[str, torch.Tensor] = {}
 
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             if n in store:
@@ -273,19 +247,14 @@ class LayerLogitCapture:
                     f"`with cap.capture(...)` per forward"
                 )
             hidden = output[0] if isinstance(output, (tuple, list)) else output
-            if "rows" not in cache:
-                b, s = hidden.shape[0], hidden.shape[1]
-                pos = positions if seq_len is None or s >= seq_len else positions - (seq_len - s)
-                if int(rows.max()) >= b or int(rows.min()) < 0:
-                    raise IndexError(f"LayerLogitCapture: rows out of range for batch size {b}")
-                if int(pos.max()) >= s or int(pos.min()) < 0:
-                    raise IndexError(
-                        f"LayerLogitCapture: positions out of range for sequence length {s}"
-                    )
-                cache["rows"] = rows.to(hidden.device)
-                cache["positions"] = pos.to(hidden.device)
+            b, s = hidden.shape[0], hidden.shape[1]
+            pos = positions if seq_len is None or s >= seq_len else positions - (seq_len - s)
+            if int(rows.max()) >= b or int(rows.min()) < 0:
+                raise IndexError(f"LayerLogitCapture: rows out of range for batch size {b}")
+            if int(pos.max()) >= s or int(pos.min()) < 0:
+                raise IndexError(f"LayerLogitCapture: positions out of range for length {s}")
             with torch.no_grad():
-                vec = hidden.detach()[cache["rows"], cache["positions"]]  # [m, H], a copy
+                vec = hidden.detach()[rows.to(hidden.device), pos.to(hidden.device)]  # [m, H] copy
                 if normed:
                     vec = self._norm(vec)
             store[n] = vec
@@ -296,11 +265,7 @@ class LayerLogitCapture:
     def logits_of(self, hidden: torch.Tensor, next_token_ids: torch.Tensor) -> torch.Tensor:
         """``[M, L, H]`` hidden vectors -> ``[M, L]`` fp32 logits of ``next_token_ids`` ``[M]``."""
         weight = self._lm_head.weight
-        ids = torch.as_tensor(next_token_ids, dtype=torch.long).reshape(-1).to(weight.device)
-        if ids.numel() != hidden.shape[0]:
-            raise ValueError(
-                f"capture: {ids.numel()} next-token ids for {hidden.shape[0]} captured positions"
-            )
+        ids = next_token_ids.to(weight.device, torch.long)
         w = weight.index_select(0, ids).float()  # [M, H]: only the needed rows of the head
         out = torch.einsum("mlh,mh->ml", hidden.to(weight.device).float(), w)
         bias = getattr(self._lm_head, "bias", None)

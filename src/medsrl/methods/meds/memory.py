@@ -1,14 +1,9 @@
 """MEDS error memory: per (prompt, correctness) the features of past responses and their labels.
 
-One store per key ``(prompt_key, correct)`` (PAPER.md step 3): right and wrong responses are
-kept apart. A store holds the features [N, D] (float32) in insertion order, the training step
-each row was added at [N] (int64), and the cluster labels [N] (int64) from the last HDBSCAN
-re-fit, which covered the first ``fitted_upto`` rows (rows after it are -1 until the next fit).
-The reference store is unbounded; ``cap_per_key`` optionally keeps only the newest rows.
-
-The memory survives restarts two ways: ``state_dict``/``load_state_dict`` (plain numpy/python,
-for Lightning checkpoints) and ``snapshot``/``load_snapshot`` (one ``.npz`` a user can open
-without this package, written atomically).
+One store per key ``(prompt_key, correct)`` (PAPER.md step 3) holds the features [N, D] in
+insertion order, the step each row was added at, and the labels of the last HDBSCAN re-fit over
+the first ``fitted_upto`` rows (later rows: -1). The reference store is unbounded. Restarts:
+``state_dict`` (Lightning checkpoints) and ``snapshot`` (one ``.npz`` a user can open).
 """
 
 from __future__ import annotations
@@ -60,22 +55,13 @@ class MemoryEntry:
 
 
 class ErrorMemory:
-    """Features of past responses, per ``(prompt_key, correct)``, with their cluster labels.
-
-    All stores share one feature dimension D (fixed by the first ``add``); a feature of another
-    dimension raises ``ValueError`` naming the key. ``cap_per_key`` (None = unbounded, the
-    reference) drops the oldest rows of a store beyond the cap, keeping steps and labels aligned.
-    """
+    """Features of past responses, per ``(prompt_key, correct)``, with their cluster labels, of one
+    feature dimension; ``cap_per_key`` (None = unbounded) keeps each store's newest rows."""
 
     def __init__(self, cap_per_key: int | None = None) -> None:
         self.cap_per_key = check_cap(cap_per_key, "ErrorMemory")
-        self._dim: int | None = None
+        self.dim: int | None = None  # fixed by the first add
         self._stores: dict[MemoryKey, MemoryEntry] = {}
-
-    # ------------------------------------------------------------------ access
-    @property
-    def dim(self) -> int | None:
-        return self._dim
 
     def get(self, key: str, correct: bool) -> MemoryEntry | None:
         return self._stores.get((key, bool(correct)))
@@ -98,27 +84,26 @@ class ErrorMemory:
     def __contains__(self, key: MemoryKey) -> bool:
         return (key[0], bool(key[1])) in self._stores
 
-    # ----------------------------------------------------------------- changes
     def add(self, key: str, correct: bool, features: np.ndarray, step: int) -> None:
         """Append ``features`` [m, D] to the ``(key, correct)`` store, all stamped ``step``."""
         correct = bool(correct)
         x = np.asarray(features, dtype=np.float32)
         if x.ndim != 2:
             raise ValueError(f"features for key {key!r} must be [m, D], got shape {x.shape}")
-        if self._dim is not None and x.shape[1] != self._dim:
+        if self.dim is not None and x.shape[1] != self.dim:
             raise ValueError(
                 f"feature dim {x.shape[1]} for key {key!r} (correct={correct}) does not match the "
-                f"memory's feature dim {self._dim}"
+                f"memory's feature dim {self.dim}"
             )
         if x.shape[0] == 0:
             return
         if not np.isfinite(x).all():
             raise ValueError(f"features for key {key!r} (correct={correct}) contain NaN or inf")
-        self._dim = x.shape[1]
+        self.dim = x.shape[1]
         m = x.shape[0]
         old = self._stores.get((key, correct))
         if old is None:
-            old = MemoryEntry(np.zeros((0, self._dim), np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64))
+            old = MemoryEntry(np.zeros((0, self.dim), np.float32), np.zeros(0, np.int64), np.zeros(0, np.int64))
         self._stores[(key, correct)] = self._capped(
             np.concatenate([old.features, x]),
             np.concatenate([old.steps, np.full(m, step, np.int64)]),
@@ -135,13 +120,9 @@ class ErrorMemory:
     def set_labels(
         self, key: str, correct: bool, labels: np.ndarray, upto: int | None = None
     ) -> None:
-        """Store the labels of a re-fit over the store's first ``upto`` rows (default: all
-        ``len(labels)``). Rows after ``upto`` become -1 (not fitted yet).
-
-        The labels must come from the rows as they are *now*: with a cap, a fit computed before
-        a later ``add`` is misaligned (the oldest rows moved out), so re-fit after each add and
-        collect the result before the key's next ``add`` (``BackgroundRefitter.wait``).
-        """
+        """Store the labels of a re-fit over the store's first ``len(labels)`` rows (later rows:
+        -1). They must come from the rows as they are *now*: with a cap, a fit computed before a
+        later ``add`` is misaligned, so collect it before the key's next ``add``."""
         entry = self._stores.get((key, bool(correct)))
         if entry is None:
             raise KeyError(f"no memory for key {key!r} (correct={bool(correct)})")
@@ -158,28 +139,21 @@ class ErrorMemory:
 
     def reset(self) -> None:
         self._stores.clear()
-        self._dim = None
+        self.dim = None
 
-    # ------------------------------------------------------- checkpoint state
     def state_dict(self, *, as_tensors: bool = False) -> dict[str, Any]:
-        """Plain python + numpy copy of the memory (exact: float32 features, int64 steps/labels).
-
-        ``torch.load`` with its default ``weights_only=True`` refuses numpy arrays; pass
-        ``as_tensors=True`` to get CPU tensors instead (``load_state_dict`` takes either).
-        """
+        """Exact plain python + numpy copy of the memory; ``as_tensors=True`` gives CPU tensors,
+        which ``torch.load(weights_only=True)`` accepts (``load_state_dict`` takes both)."""
         entries = [
             {"key": key, "correct": correct, **pack({c.name: getattr(e, c.name) for c in _STORE}, as_tensors=as_tensors),
              "fitted_upto": int(e.fitted_upto)}
             for (key, correct), e in self._stores.items()
         ]  # fmt: skip
-        return {**FORMAT.header(), "dim": self._dim, "cap_per_key": self.cap_per_key, "entries": entries}
+        return {**FORMAT.header(), "dim": self.dim, "cap_per_key": self.cap_per_key, "entries": entries}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the contents with ``state`` (from ``state_dict``), after validating all of it.
-
-        The memory keeps its own ``cap_per_key`` (configuration, not state): stores longer than
-        it are trimmed to their newest rows.
-        """
+        The memory keeps its own ``cap_per_key``: longer stores keep their newest rows."""
         FORMAT.check(state, ("dim", "entries"))
         dim, stores = state["dim"], {}
         for e in state["entries"]:
@@ -194,7 +168,7 @@ class ErrorMemory:
             if (key, correct) in stores:
                 raise ValueError(f"{where} appears twice")
             stores[(key, correct)] = self._capped(cols["features"], cols["steps"], cols["labels"], upto)
-        self._stores, self._dim = stores, (None if dim is None else int(dim))
+        self._stores, self.dim = stores, (None if dim is None else int(dim))
 
     def digest(self) -> str:
         """SHA-1 of every store's key, features and steps, to check that all ranks hold the same
@@ -204,25 +178,21 @@ class ErrorMemory:
         names = ("store_correct", "store_rows", "step", "features")
         return digest({"keys": [k for k, _ in self._stores], **{n: cols[n] for n in names}}, FORMAT.name)
 
-    # ---------------------------------------------------------------- snapshot
     def snapshot(self, path: str | os.PathLike) -> Path:
-        """Write the memory to one ``.npz`` file, atomically; returns the path. Open it without medsrl::
+        """Write the memory to one ``.npz`` file, atomically; returns the path. Its arrays
+        (``_columns``) hold rows grouped by store; no pickle, no medsrl needed to open it::
 
-            z = np.load(path)                     # no pickle needed
-            meta = json.loads(str(z["meta"]))    # keys, dim, cap_per_key, per-store info
+            z = np.load(path)
+            meta = json.loads(str(z["meta"]))    # keys, dim, cap_per_key
             df = pd.DataFrame({"key": np.array(meta["keys"], dtype=object)[z["store"]],
                                "correct": z["correct"], "step": z["step"], "label": z["label"]})
-            df[[f"f{i}" for i in range(z["features"].shape[1])]] = z["features"]
-
-        Arrays: per row ``store`` (index into ``meta["keys"]``), ``correct``, ``step``, ``label``,
-        ``features`` [R, D]; rows are grouped by store in ``meta["keys"]`` order. Per store:
-        ``store_correct``, ``store_rows``, ``store_fitted_upto``.
         """
         keys = [key for key, _ in self._stores]
-        return FORMAT.save_npz(path, self._columns(), dim=self._dim, cap_per_key=self.cap_per_key, keys=keys)
+        return FORMAT.save_npz(path, self._columns(), dim=self.dim, cap_per_key=self.cap_per_key, keys=keys)
 
     def _columns(self) -> dict[str, np.ndarray]:
-        """All stores end to end in ``keys()`` order: the snapshot's arrays (see ``snapshot``)."""
+        """All stores end to end in ``keys()`` order: per row ``store`` (index into the keys),
+        ``correct``, ``step``, ``label``, ``features`` [R, D]; per store ``store_*``."""
         entries = list(self._stores.values())
         flags = np.array([c for _, c in self._stores], bool)
         rows = np.array([len(e) for e in entries], np.int64)
@@ -235,7 +205,7 @@ class ErrorMemory:
             "correct": np.repeat(flags, rows),
             "step": cat("steps", np.zeros(0, np.int64)),
             "label": cat("labels", np.zeros(0, np.int64)),
-            "features": cat("features", np.zeros((0, self._dim or 0), np.float32)),
+            "features": cat("features", np.zeros((0, self.dim or 0), np.float32)),
             "store_correct": flags,
             "store_rows": rows,
             "store_fitted_upto": np.array([e.fitted_upto for e in entries], np.int64),
@@ -259,6 +229,4 @@ class ErrorMemory:
         return mem
 
 
-def load_snapshot(path: str | os.PathLike) -> ErrorMemory:
-    """Module-level alias of ``ErrorMemory.load_snapshot``."""
-    return ErrorMemory.load_snapshot(path)
+load_snapshot = ErrorMemory.load_snapshot

@@ -14,32 +14,23 @@ from torch import Tensor
 TARGETS = ("wrong", "right", "both", "none")
 
 
-def meds_penalty(sizes: np.ndarray | Tensor, alpha: float, beta: float | None = None):
-    """Penalty per response from its cluster size: ``min(alpha * ln(size + 1), beta)``; ``beta=None``
-    is the reference cap, ``alpha * min(ln(size + 1), 2.0)``. A float tensor for a tensor input
-    (same device), else a float64 numpy array."""
-    tensor = isinstance(sizes, Tensor)
-    if tensor:
-        s = sizes.to(torch.get_default_dtype()) if not sizes.is_floating_point() else sizes
-    else:
-        s = np.asarray(sizes, dtype=np.float64)
+def meds_penalty(sizes: np.ndarray, alpha: float, beta: float | None = None) -> np.ndarray:
+    """Penalty per response (float64) from its cluster size: ``min(alpha * ln(size + 1), beta)``;
+    ``beta=None`` is the reference cap, ``alpha * min(ln(size + 1), 2.0)``."""
+    s = np.asarray(sizes, dtype=np.float64)
     if (s < 0).any():
         raise ValueError("cluster sizes must be >= 0")
-    log = torch.log1p(s) if tensor else np.log1p(s)
+    log = np.log1p(s)
     return alpha * log.clip(max=2.0) if beta is None else (alpha * log).clip(max=beta)
 
 
 def apply_penalty(
     scores: Tensor, correct: Tensor, penalties: Tensor, target: str = "wrong"
 ) -> Tensor:
-    """Shaped scores [B] (a new tensor): the penalty applied to the targeted responses.
-
-    - ``wrong`` (reference): wrong responses get ``score - pen``, right ones are untouched;
-    - ``right``: right responses get ``score / (1 + pen)``, wrong ones untouched;
-    - ``both``: each rule on its own side;
-    - ``none``: a copy of ``scores`` (memory is still filled; useful for logging-only runs).
-    Responses without a feature (no ``\\boxed{``) must be given penalty 0 by the caller.
-    """
+    """Shaped scores [B] (a new tensor): ``wrong`` (reference) gives wrong responses
+    ``score - pen``; ``right`` gives right ones ``score / (1 + pen)``; ``both`` does each on its
+    own side; ``none`` copies ``scores`` (the memory still fills: logging-only runs). Responses
+    without a feature must be given penalty 0 by the caller."""
     if target not in TARGETS:
         raise ValueError(f"unknown penalty target {target!r}; expected one of {TARGETS}")
     if scores.shape != correct.shape or scores.shape != penalties.shape:

@@ -1,12 +1,10 @@
 """MEDS as one plug-in: a wrong response that repeats a frequent past mistake of its prompt loses
 ``min(alpha * ln(|C| + 1), beta)`` of its score before group normalisation (PAPER.md).
 
-Per step: locate each response's answer token and read its per-layer logits from the scoring
-forward (``methods/meds/features.py``); predict each featured response's cluster from the labels stored
-for its ``(prompt key, correctness)`` (k-NN vote, cosine; responses of the same step do not count
-each other) and shape the score; then insert every rank's features into the replicated memory,
-whose HDBSCAN re-fits run in a worker process during the update (``methods/meds/clustered_memory.py``).
-Every setting is an argument here and a key of ``configs/plugins/meds.yaml``.
+Per step: read each response's answer feature in the scoring forward (``features.py``), predict
+its cluster from the labels stored for its ``(prompt key, correctness)`` (k-NN vote; the step's
+own responses do not count) and shape the score; then insert every rank's features into the
+replicated memory (``clustered_memory.py``). Settings: ``configs/plugins/meds.yaml``.
 """
 
 from __future__ import annotations
@@ -132,7 +130,7 @@ class Meds(Plugin):
         self._stage = state_dict.get("stage")
 
     def digest(self) -> str:
-        return self.store.digest()
+        return self.store.memory.digest()
 
     # ------------------------------------------------------------------ the step
 
@@ -150,11 +148,9 @@ class Meds(Plugin):
             self._dropped = self.dropped_features(ctx.dropped, rollouts.packed.input_ids.device, ctx)
 
     def dropped_features(self, groups: list, device, ctx: StepContext) -> tuple[list[tuple[str, bool]], np.ndarray]:
-        """``(key, correct)`` and features of the responses of ``groups`` (dropped by DAPO's filter,
-        never trained on), from a no-grad forward of the old policy over them alone: the scoring
-        forward never saw them. Beyond the reference (``meds.remember_dropped``): a mistake a
-        prompt makes in every sample is remembered, and costs when the prompt next gives a
-        mixed group."""
+        """``(key, correct)`` and features of the responses of ``groups`` that DAPO's filter
+        dropped, from a no-grad forward over them alone (``meds.remember_dropped``, beyond the
+        reference: a mistake made in every sample costs at the prompt's next mixed group)."""
         t0 = time.perf_counter()
         extra = StepRollouts.from_groups(groups, ctx.step, ctx.stage, self.reader.tokenizer.pad_token_id, device)
         self.reader.begin(extra.response_ids, extra.packed.prompt_length)
@@ -178,7 +174,7 @@ class Meds(Plugin):
         """The step's features ``[M, D]`` of response ``rows`` ``[M]`` (those with an answer)."""
         ctx.log(self, {"answer_found_rate": len(rows) / max(len(rollouts), 1)})
         if self.mixed_groups_only and len(rows):
-            keep = _in_mixed_groups(rollouts.acc, rollouts.group_ids)[rows]
+            keep = keep_mask_by_group_spread(rollouts.acc, rollouts.group_ids)[rows]  # mixed groups
             ctx.log(self, {"skipped_rows": float((~keep).sum())})
             feats, rows = feats[keep], rows[keep]
         self._feats, self._rows = feats, rows
@@ -202,9 +198,8 @@ class Meds(Plugin):
             self._panels(rollouts, sizes, labels, ctx)
 
     def _mechanism(self, rollouts: StepRollouts, labels: np.ndarray, pen: torch.Tensor) -> dict[str, float]:
-        """Where the penalty landed (methods/meds/diagnostics.py) and how full the memory was when read:
-        ``entries_per_read`` is the mean size of the stores read this step, an empty one (a
-        prompt's first visit) counting 0."""
+        """Where the penalty landed (``diagnostics.py``) and ``entries_per_read``: the mean size of
+        the stores read this step (0 for a prompt's first visit)."""
         groups = rollouts.group_ids.tolist()
         answers = [g.extracted for g in rollouts.grades]
         wrong = (rollouts.acc <= 0.5).tolist()
@@ -246,10 +241,9 @@ class Meds(Plugin):
         return sizes, labels
 
     def step_additions(self, rollouts: StepRollouts, ctx: StepContext):
-        """The features of this step's sampled responses (and, ``remember_dropped``, of the
-        groups DAPO dropped). Rows another plug-in added (R3's replayed responses) are shaped but
-        not remembered again: each generated response enters the memory at most once, in the
-        step that sampled it."""
+        """The features of this step's sampled responses (and, ``remember_dropped``, of the groups
+        DAPO dropped). Rows another plug-in added (R3's replays) are not remembered again: a
+        response enters the memory once, in the step that sampled it."""
         keys, correct = rollouts.keys, (rollouts.acc > 0.5).tolist()
         fresh = [j for j, i in enumerate(self._rows.tolist()) if rollouts.source[i] == SAMPLED]
         rows = self._rows[fresh].tolist()
@@ -263,17 +257,12 @@ class Meds(Plugin):
     def commit(self, additions, ctx: StepContext) -> None:
         touched = self.store.insert(additions, ctx.step)
         ctx.log(self, self.store.metrics(touched))
-        if self.snapshot_every_n_steps and (ctx.step + 1) % self.snapshot_every_n_steps == 0:
-            self.snapshot(ctx.run_dir, ctx.step)
-
-    def snapshot(self, run_dir: str | None, step: int) -> Path | None:
-        """Write ``memory/memory.npz`` atomically (rank 0: has a ``run_dir``; ``numpy.load`` opens it)."""
-        if run_dir is None:
-            return None
-        path = Path(self.snapshot_dir or run_dir) / "memory" / "memory.npz"
-        self.store.memory.snapshot(path)
-        log.info("MEDS memory snapshot at step %d: %s (%d entries)", step, path, self.store.memory.num_entries())
-        return path
+        every = self.snapshot_every_n_steps
+        if every and (ctx.step + 1) % every == 0 and ctx.run_dir is not None:  # rank 0 writes
+            path = Path(self.snapshot_dir or ctx.run_dir) / "memory" / "memory.npz"
+            self.store.memory.snapshot(path)
+            log.info("MEDS memory snapshot at step %d: %s (%d entries)", ctx.step, path,
+                     self.store.memory.num_entries())
 
     def _panels(self, rollouts: StepRollouts, sizes: np.ndarray, labels: np.ndarray, ctx: StepContext) -> None:
         """Histogram of predicted cluster sizes; per prompt, the largest error cluster this step
@@ -305,8 +294,3 @@ class Meds(Plugin):
 
 def _targeted(target: str, correct: bool) -> bool:
     return {"wrong": not correct, "right": correct, "both": True, "none": False}[target]
-
-
-def _in_mixed_groups(acc: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """Bool [B]: the row's group has both right and wrong responses."""
-    return keep_mask_by_group_spread(acc, group_ids)

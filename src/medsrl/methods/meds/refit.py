@@ -1,29 +1,15 @@
 """HDBSCAN re-fits off the critical path of the training step.
 
-A step's penalties only need the labels already stored for each key (the k-NN vote, PAPER.md
-step 4); the re-fit after inserting the step's features (step 5) is needed only by the *next*
-visit of that key, typically many steps later. So ``submit`` hands the re-fit to a worker and
-``wait(key)``, called just before the key is used again, returns at once unless it still runs.
+The re-fit after inserting a step's features (PAPER.md step 5) is needed only by the *next*
+visit of its key, typically many steps later: ``submit`` hands it to a worker, and ``wait(key)``
+returns at once unless it still runs. Processes, not threads: hdbscan holds the GIL throughout a
+fit and would starve the main thread's torch dispatch (``benchmarks/cluster_refit.py``). Workers
+start by ``forkserver`` (no fork of CUDA state) and exit with their owner (``utils/lifetime.py``).
+``mode="sync"`` fits inside ``submit`` (the reference order); ``executor="thread"``: to compare.
 
-Processes, not threads: hdbscan 0.8.44's Cython has no ``with nogil`` block, so a fit holds the
-GIL throughout and a thread running it starves the main thread, which needs the GIL between torch
-ops and kernel launches. Measured with one free core (24 keys x 2048 x 14 features, 1 worker,
-median of 3): a 256x256 matmul loop took 1.73 s alone, 4.24 s beside a fits thread and 3.45 s
-beside a fits process (serial sum 4.20 s); tiny-op dispatch ran at 88.0 k/s alone, 22.5 k/s and
-41.9 k/s. Where a core is to spare a process runs entirely beside the step; a thread cannot
-(``benchmarks/cluster_refit.py`` repeats the comparison).
-
-The start method is ``forkserver`` (``spawn`` where unavailable): no fork of a process holding
-torch thread pools or CUDA state; workers import only numpy and hdbscan. ``executor="thread"``
-stays for comparison. ``mode="sync"`` fits inside ``submit``, the reference order; both modes
-give identical labels for the same features.
-
-Failures: a fit's exception surfaces as ``RefitError`` naming the key. A worker that dies
-(segfault, OOM kill) breaks the pool: the key being collected is recomputed here with a warning,
-the other pending keys go to a fresh pool (at most ``max_restarts`` times, then everything runs
-in the main process). Workers exit when the process that made the pool dies
-(``utils/lifetime.py``), which would otherwise leave them, the forkserver and the resource
-tracker waiting forever.
+A fit's exception surfaces as ``RefitError`` naming the key. A worker that dies breaks the pool:
+the key being collected is recomputed here with a warning, the other pending keys go to a fresh
+pool (at most ``max_restarts`` times, then everything runs in the main process).
 """
 
 from __future__ import annotations
@@ -60,8 +46,7 @@ def _fit_job(
 
 
 def _warm_up() -> None:
-    """Submitted at start so the workers spawn and import hdbscan (about a second, more with
-    sklearn cold) in the background instead of inside the first ``wait``."""
+    """Submitted at start: workers import hdbscan (a second or more) before the first ``wait``."""
     import hdbscan  # noqa: F401
 
 
@@ -72,11 +57,8 @@ class _Job:
 
 
 class BackgroundRefitter:
-    """Runs ``fit_cluster_labels`` per key in worker processes; results are fetched per key.
-
-    ``key_id``: any hashable, picklable id (e.g. ``(prompt_key, correct)``). Each result is
-    handed out once, by ``wait``, ``collect`` or ``drain``.
-    """
+    """Runs ``fit_cluster_labels`` per key (hashable, picklable) in worker processes; each result
+    is handed out once, by ``wait``, ``collect`` or ``drain``."""
 
     def __init__(
         self,
@@ -86,21 +68,12 @@ class BackgroundRefitter:
         min_samples: int = 1,
         *,
         executor: Literal["process", "thread"] = "process",
-        mp_context: str | None = None,
         fit_fn: FitFn = fit_cluster_labels,
         max_restarts: int = 2,
     ) -> None:
-        if mode not in ("background", "sync"):
-            raise ValueError(f"mode must be 'background' or 'sync', got {mode!r}")
-        if executor not in ("process", "thread"):
-            raise ValueError(f"executor must be 'process' or 'thread', got {executor!r}")
-        if num_workers < 1:
-            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
-        self.mode, self.executor_kind, self.num_workers = mode, executor, num_workers
-        self.min_cluster_size, self.min_samples = min_cluster_size, min_samples
-        if mp_context is None:
-            mp_context = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-        self.fit_fn, self.mp_context, self.max_restarts = fit_fn, mp_context, max_restarts
+        self.executor_kind, self.num_workers = executor, num_workers
+        self.max_restarts = max_restarts
+        self._fit_args = (min_cluster_size, min_samples, fit_fn)
         self._pool: Executor | None = None
         self._restarts = 0
         self._local_only = mode == "sync"
@@ -119,16 +92,16 @@ class BackgroundRefitter:
             if self.executor_kind == "thread":
                 self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="refit")
             else:
-                ctx = mp.get_context(self.mp_context)
+                method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
                 self._pool = ProcessPoolExecutor(
-                    self.num_workers, mp_context=ctx,
+                    self.num_workers, mp_context=mp.get_context(method),
                     initializer=exit_with_owner, initargs=(this_owner(),),
                 )
         return self._pool
 
     def _fit_here(self, key_id: Hashable, features: np.ndarray) -> np.ndarray:
         try:
-            res = _fit_job(features, self.min_cluster_size, self.min_samples, self.fit_fn)
+            res = _fit_job(features, *self._fit_args)
         except Exception as e:
             raise RefitError(f"HDBSCAN re-fit failed for key {key_id!r}: {e}") from e
         return self._record(res)
@@ -144,9 +117,7 @@ class BackgroundRefitter:
         if self._local_only:
             return None
         try:
-            return self._ensure_pool().submit(
-                _fit_job, features, self.min_cluster_size, self.min_samples, self.fit_fn
-            )
+            return self._ensure_pool().submit(_fit_job, features, *self._fit_args)
         except BrokenProcessPool:
             self._on_broken_pool()
             return self._start(key_id, features)
@@ -182,10 +153,10 @@ class BackgroundRefitter:
                 stacklevel=3,
             )
             self._on_broken_pool()
-            return self._fit_here(key_id, job.features)
+            res = None
         except Exception as e:
             raise RefitError(f"HDBSCAN re-fit failed for key {key_id!r}: {e}") from e
-        if res is None:  # placeholder: the pool was given up, compute here
+        if res is None:  # its worker died, or a placeholder: the pool was given up
             return self._fit_here(key_id, job.features)
         return self._record(res)
 
@@ -230,7 +201,6 @@ class BackgroundRefitter:
 
     def drain(self) -> dict[Hashable, np.ndarray]:
         """Wait for every pending fit; returns all results not yet handed out."""
-        wait_futures([job.future for job in self._pending.values()])
         while self._pending:  # a broken pool may re-queue jobs while we finish others
             key_id = next(iter(self._pending))
             job = self._pending.pop(key_id)
@@ -262,7 +232,7 @@ class BackgroundRefitter:
 
 def _lost(future: Future) -> bool:
     """A future of a dead pool: cancelled by its shutdown or failed with BrokenProcessPool."""
-    if future.cancelled():
+    if future.cancelled():  # before exception(), which raises for a cancelled future
         return True
     return future.done() and isinstance(future.exception(), BrokenProcessPool)
 

@@ -1,13 +1,8 @@
 """Per-prompt history of whole responses, shared by R3's replay, reflection and ranking.
 
-Each prompt key keeps its stored responses in insertion order (oldest first); ``cap_per_key``
-optionally keeps only the newest ones. ``visits`` counts the training steps in which the key was
-added to, and is not reduced by the cap (a key's age, not its number of stored responses).
-
-The history is replicated, not sharded: its caller feeds identical ``add`` calls in the same
-order on every rank, so every rank holds the same history (``digest`` checks that cheaply).
-It survives restarts two ways: ``state_dict``/``load_state_dict`` (for Lightning checkpoints)
-and ``snapshot``/``load_snapshot`` (one Parquet file: ``pandas.read_parquet(path)``).
+A key's visits (the steps in which it was added to) are not reduced by ``cap_per_key``. The
+history is replicated: every rank makes the same ``add`` calls in the same order (``digest``
+checks it). Restarts: ``state_dict`` (Lightning checkpoints) and ``snapshot`` (one Parquet file).
 """
 
 from __future__ import annotations
@@ -43,11 +38,8 @@ _SNAPSHOT = (Column("key", str), *_FIELDS)
 
 @dataclass(frozen=True)
 class StoredResponse:
-    """One sampled response and what grading made of it, as an immutable value.
-
-    ``token_ids`` and ``logprobs`` are normalised to tuples of python ints and of float32 values
-    (the trainer's dtype), so checkpoint and snapshot round trips are bit-exact.
-    """
+    """One sampled response and what grading made of it, as an immutable value. Its fields are
+    normalised (e.g. float32 log-probs), so checkpoint and snapshot round trips are bit-exact."""
 
     token_ids: tuple[int, ...]
     text: str
@@ -78,13 +70,8 @@ class StoredResponse:
 
 
 class ResponseHistory:
-    """Stored responses per prompt key, oldest first, with per-key visit counts.
-
-    ``cap_per_key`` (None = unbounded) drops the oldest response of a key beyond the cap.
-    A visit is a step in which ``add`` was called for the key: an ``add`` whose step differs
-    from the key's last one counts a new visit (training steps only grow, so this counts the
-    distinct steps without keeping them all).
-    """
+    """Stored responses per prompt key, oldest first (beyond ``cap_per_key``, the oldest goes),
+    with per-key visits: an ``add`` whose step differs from the key's last one counts one."""
 
     def __init__(self, cap_per_key: int | None = None) -> None:
         self.cap_per_key = columnar.check_cap(cap_per_key, "ResponseHistory")
@@ -92,13 +79,9 @@ class ResponseHistory:
         self._visits: dict[str, int] = {}
         self._last_step: dict[str, int] = {}
 
-    # ----------------------------------------------------------------- changes
     def add(self, key: str, response: StoredResponse) -> None:
         """Append ``response`` to ``key``'s history (beyond the cap, its oldest one goes)."""
-        rows = self._rows.get(key)
-        if rows is None:
-            rows = self._rows[key] = deque(maxlen=self.cap_per_key)
-        rows.append(response)
+        self._rows.setdefault(key, deque(maxlen=self.cap_per_key)).append(response)
         if self._last_step.get(key) != response.step:
             self._visits[key] = self._visits.get(key, 0) + 1
             self._last_step[key] = response.step
@@ -108,7 +91,6 @@ class ResponseHistory:
         self._visits.clear()
         self._last_step.clear()
 
-    # ------------------------------------------------------------------ access
     def responses(self, key: str) -> list[StoredResponse]:
         """The stored responses of ``key``, oldest first ([] for an unknown key)."""
         return list(self._rows.get(key, ()))
@@ -116,18 +98,13 @@ class ResponseHistory:
     def recent(self, key: str, correct: bool, k: int) -> list[StoredResponse]:
         """Up to ``k`` stored responses of ``key`` with that outcome, most recent first: higher
         step first, and within a step the one added later first."""
-        if k <= 0:
-            return []
         newest_first = [r for r in reversed(self._rows.get(key, ())) if r.correct == correct]
-        newest_first.sort(key=lambda r: -r.step)  # stable: ties keep later-added first
-        return newest_first[:k]
+        return sorted(newest_first, key=lambda r: -r.step)[: max(k, 0)]  # stable: ties stay
 
     def mean_reward(self, key: str) -> float | None:
         """Mean reward over the stored responses of ``key``; None if none are stored."""
         rows = self._rows.get(key)
-        if not rows:
-            return None
-        return math.fsum(r.reward for r in rows) / len(rows)
+        return math.fsum(r.reward for r in rows) / len(rows) if rows else None
 
     def visits(self, key: str) -> int:
         """Number of distinct steps in which ``key`` was added to (not reduced by the cap)."""
@@ -146,7 +123,6 @@ class ResponseHistory:
     def __contains__(self, key: object) -> bool:
         return key in self._rows
 
-    # ------------------------------------------------------- checkpoint state
     def _columns(self) -> dict[str, Any]:
         """Per key (in ``keys()`` order), then per response (grouped by key, oldest first): the
         one layout behind state, digest and snapshot."""
@@ -158,14 +134,10 @@ class ResponseHistory:
         return {"keys": keys, **ints, **to_columns(rows, _FIELDS)}
 
     def state_dict(self) -> dict[str, Any]:
-        """Columnar copy of the history: CPU tensors for the numeric columns, lists of str for
-        the text ones, so ``torch.load(weights_only=True)`` accepts it. Exact (int64 token ids
-        and steps, float32 log-probs, float64 rewards).
-
-        Rows are grouped by key in ``keys`` order (``rows_per_key``), oldest first; the token
-        ids of row i are ``token_ids[token_offsets[i]:token_offsets[i + 1]]``; ``logprobs``
-        concatenates those of the rows with ``has_logprobs`` only.
-        """
+        """Exact columnar copy of the history that ``torch.load(weights_only=True)`` accepts
+        (CPU tensors, lists of str). Rows are grouped by key (``rows_per_key``), oldest first;
+        row i's token ids are ``token_ids[token_offsets[i]:token_offsets[i + 1]]``; ``logprobs``
+        concatenates those of the rows with ``has_logprobs`` only."""
         cols = self._columns()
         ids, lps = cols.pop("token_ids"), cols.pop("logprobs")
         cols.update(token_ids=ids.values, token_offsets=ids.offsets, logprobs=lps.values, has_logprobs=lps.present)
@@ -173,10 +145,7 @@ class ResponseHistory:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the contents with ``state`` (from ``state_dict``), after validating all of it.
-
-        The history keeps its own ``cap_per_key`` (a run resumed with a smaller cap drops each
-        key's oldest responses beyond it).
-        """
+        The history keeps its own ``cap_per_key`` (a smaller one drops the oldest responses)."""
         FORMAT.check(state, ("cap_per_key", "token_ids", "token_offsets", "logprobs", "has_logprobs"))
         per_key = _check_keys(state, state["cap_per_key"], _STATE)
         n = int(per_key["rows_per_key"].sum())
@@ -196,21 +165,14 @@ class ResponseHistory:
         self._last_step = dict(zip(keys, per_key["last_step"].tolist(), strict=True))
 
     def digest(self) -> str:
-        """SHA-1 over the whole state (cap, keys, every field of every response, visits): equal
-        histories give equal digests, e.g. to check that all ranks hold the same replica."""
+        """SHA-1 over the whole state, to check that all ranks hold the same replica."""
         return columnar.digest(self._columns(), FORMAT.name, FORMAT.version, self.cap_per_key)
 
-    # ---------------------------------------------------------------- snapshot
     def snapshot(self, path: str | os.PathLike) -> Path:
-        """Write the history to one Parquet file, atomically; returns the path.
+        """Write the history to one Parquet file, atomically; returns the path. One row per stored
+        response (``key`` and its fields; ``cap_per_key`` in the schema metadata; no visits)::
 
-        One row per stored response, grouped by key in ``keys()`` order, oldest first. Columns:
-        ``key``, ``step`` (int64), ``correct``, ``reward`` (float64), ``finish_reason``,
-        ``extracted`` (null: no box), ``has_box``, ``text``, ``token_ids`` (list<int64>),
-        ``logprobs`` (list<float32>, null when None). ``cap_per_key`` is JSON in the schema
-        metadata under ``medsrl.cap_per_key``. Visits are not stored (see ``load_snapshot``)::
-
-            df = pandas.read_parquet(path)          # one row per stored response
+            df = pandas.read_parquet(path)
             df[df.key == key].sort_values("step")   # the history of one prompt
         """
         cols = {"key": [k for k, rows in self._rows.items() for _ in rows], **self._columns()}
@@ -218,12 +180,9 @@ class ResponseHistory:
 
     @classmethod
     def load_snapshot(cls, path: str | os.PathLike) -> ResponseHistory:
-        """Rebuild a history (including its ``cap_per_key``) from a ``snapshot`` file.
-
-        The snapshot keeps only the stored responses, so each key's visits are rebuilt as the
-        number of distinct steps among its stored rows (fewer than the original's once the cap
-        has dropped responses of older steps), and its last step as the highest stored step.
-        """
+        """Rebuild a history (with its ``cap_per_key``) from a ``snapshot`` file. Each key's
+        visits become the distinct steps among its stored rows (fewer than the original's once
+        the cap dropped older steps), its last step the highest stored one."""
         cols, meta = FORMAT.load_parquet(path, _SNAPSHOT)
         cols = check(cols, _SNAPSHOT, None, str(path))
         key, n = cols["key"], len(cols["key"])
@@ -241,9 +200,7 @@ class ResponseHistory:
         return hist
 
 
-def load_snapshot(path: str | os.PathLike) -> ResponseHistory:
-    """Module-level alias of ``ResponseHistory.load_snapshot``."""
-    return ResponseHistory.load_snapshot(path)
+load_snapshot = ResponseHistory.load_snapshot
 
 
 def _check_keys(columns: dict[str, Any], cap: Any, where: str) -> dict[str, Any]:

@@ -2,23 +2,18 @@
 response history (``r3/``; the paper's rules and our defaults for its gaps: PAPER.md).
 
 Per step:
-- ``add_prompts`` (reflection, ISR): for each prompt whose stored mean reward is below ``tau``,
-  one extra prompt with a random stored wrong response and an instruction to fix it.
-- ``transform_groups`` (replay, CCR): a group whose responses are all right (all wrong) gets up
-  to ``k`` stored wrong (right) responses of its prompt, most recent first, so it has a signal;
-  an all-wrong group that ranking will score is marked ``kept_by`` (DAPO's filter keeps both).
-  Every sampled group is noted for the history here, before any later plug-in drops it.
-- ``shape_rewards`` (ranking, SERR): the responses of an all-wrong group get
-  ``R_max * (1 - rank / (N - 1))`` from their token entropies (the scoring forward's).
-- ``commit``: every rank's sampled responses of the step enter the replicated history, with
-  their behaviour log-probs (this step's old-policy log-probs; none for groups dropped before
-  the scoring forward).
-- ``shape_advantages``: replay's own normalisation over each mixed group, and (option) truncated
-  importance weights for the replayed rows.
+- ``add_prompts`` (reflection, ISR): a prompt whose stored mean reward is below ``tau`` gets an
+  extra prompt showing one of its stored wrong responses (``reflection.py``).
+- ``transform_groups`` (replay, CCR): an all-right (all-wrong) group gets up to ``k`` stored
+  wrong (right) responses of its prompt (``replay.py``); an all-wrong group that ranking will
+  score is marked ``kept_by``. Every sampled group is noted for the history here.
+- ``shape_rewards`` (ranking, SERR): an all-wrong group's responses are ranked (``ranking.py``).
+- ``commit``: every rank's sampled responses enter the replicated history, with their behaviour
+  log-probs (none for groups dropped before the scoring forward).
+- ``shape_advantages``: replay's normalisation of mixed groups; optional importance weights.
 
-The mechanisms act on a prompt once it has been seen in ``min_visits`` earlier steps, from
-``start_step`` on (the paper: from epoch 2). Place R3 before ``dynamic_sampling`` so that a
-group it rescues counts as kept.
+The mechanisms act on a prompt seen in ``min_visits`` earlier steps, from ``start_step`` on (the
+paper: epoch 2). Place R3 before ``dynamic_sampling``, so that a group it rescues counts as kept.
 """
 
 from __future__ import annotations
@@ -30,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from medsrl.algo import per_token
 from medsrl.config import (
     Count,
     Flag,
@@ -46,12 +42,7 @@ from medsrl.methods.r3.history import ResponseHistory, StoredResponse
 from medsrl.methods.r3.length_bonus import length_bonus as correct_length_bonus
 from medsrl.methods.r3.ranking import answer_span_mask, entropy_profile, ranking_rewards
 from medsrl.methods.r3.reflection import DEFAULT_INSTRUCTION, is_reflection, reflection_prompt
-from medsrl.methods.r3.replay import (
-    mixed_group_advantages,
-    pick_replay,
-    replay_count,
-    truncated_is_weights,
-)
+from medsrl.methods.r3.replay import mixed_group_advantages, replay_count, truncated_is_weights
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.reward.answer_span import answer_starts
 from medsrl.reward.grader import GradeResult
@@ -190,7 +181,8 @@ class R3(Plugin):
 
     def _replay_into(self, g: Group, all_correct: bool, ctx: StepContext) -> bool:
         """Append stored opposite-outcome responses to zero-spread group ``g``; False: none stored."""
-        picks = pick_replay(self.history, g.prompt.key, all_correct, replay_count(self.replay.k, len(g)))
+        k = replay_count(self.replay.k, len(g))
+        picks = self.history.recent(g.prompt.key, correct=not all_correct, k=k)  # newest first
         if not picks:
             return False
         prompt_ids = g.rollout.prompt_ids[0]
@@ -226,8 +218,7 @@ class R3(Plugin):
             ))
 
     def shape_rewards(self, rollouts: StepRollouts, ctx: StepContext) -> None:
-        """The length bonus of correct responses (a reward term), then ranking: the score of each
-        response of an all-wrong group becomes its SERR reward."""
+        """The length bonus of correct responses (a reward term), then ranking (SERR)."""
         if self.length_bonus is not None:
             lengths = torch.tensor([len(r) for r in rollouts.response_ids])
             rollouts.add_reward("length_bonus", correct_length_bonus(lengths, rollouts.acc.cpu() > 0.5, self.length_bonus))
@@ -290,17 +281,12 @@ class R3(Plugin):
             "history/responses": float(self.history.num_responses()),
             "history/keys": float(self.history.num_keys()),
         })
-        if self.snapshot_every_n_steps and (ctx.step + 1) % self.snapshot_every_n_steps == 0:
-            self.snapshot(ctx.run_dir, ctx.step)
-
-    def snapshot(self, run_dir: str | None, step: int) -> Path | None:
-        """Write ``r3/history.parquet`` atomically (rank 0: has a ``run_dir``; ``pandas.read_parquet`` opens it)."""
-        if run_dir is None:
-            return None
-        path = Path(self.snapshot_dir or run_dir) / "r3" / "history.parquet"
-        self.history.snapshot(path)
-        log.info("R3 history snapshot at step %d: %s (%d responses)", step, path, self.history.num_responses())
-        return path
+        every = self.snapshot_every_n_steps
+        if every and (ctx.step + 1) % every == 0 and ctx.run_dir is not None:  # rank 0 writes
+            path = Path(self.snapshot_dir or ctx.run_dir) / "r3" / "history.parquet"
+            self.history.snapshot(path)
+            log.info("R3 history snapshot at step %d: %s (%d responses)", ctx.step, path,
+                     self.history.num_responses())
 
     def shape_advantages(self, rollouts: StepRollouts, advantages: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """Replay's normalisation over each mixed group; importance weights of replayed rows."""
@@ -309,11 +295,8 @@ class R3(Plugin):
             return advantages
         mixed = torch.isin(rollouts.group_ids, rollouts.group_ids[replayed].unique())
         adv = mixed_group_advantages(rollouts.scores, rollouts.group_ids, self.replay.alpha, self.replay.lam)
-        adv = adv.to(advantages.device, advantages.dtype)
-        mixed = mixed.to(advantages.device)
-        if advantages.dim() == 2:
-            adv = adv.unsqueeze(-1).expand_as(advantages)
-            mixed = mixed.unsqueeze(-1)
+        adv = per_token(adv.to(advantages.device, advantages.dtype), advantages)  # [B, 1] or [B]
+        mixed = per_token(mixed.to(advantages.device), advantages)
         advantages = torch.where(mixed, adv, advantages)
         if self.replay.importance_cap is not None:
             self._importance_weights(rollouts, replayed, ctx)

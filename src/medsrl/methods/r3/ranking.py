@@ -1,15 +1,12 @@
 """Structural entropy ranking reward (SERR): order the responses of an all-wrong group.
 
 Every response of an all-wrong group scores 0, so GRPO learns nothing from it. SERR prefers the
-failed responses that explored where it mattered and were confident elsewhere: from per-token
-entropies, ``E_peak`` = mean of the top ``max(1, floor(p * L))`` entropies and ``E_global`` =
-mean over all ``L`` tokens; ``i`` beats ``j`` when ``E_peak_i > E_peak_j`` and
-``E_global_i < E_global_j``. Ranked by the number of responses beaten (ties: lower ``E_global``
-first, then the original order), rank ``r`` of ``N`` gets ``R_max * (1 - r / (N - 1))``.
-
-With ``grader.reasoning_end`` set, the entropies are read over the answer after the reasoning
-(:func:`answer_span_mask`); a response with nothing after it is read whole (the paper's truncated
-response).
+failed responses that explored where it mattered and were confident elsewhere: ``E_peak`` = mean
+of the top ``max(1, floor(p * L))`` token entropies, ``E_global`` = mean of all ``L``; ``i``
+beats ``j`` when ``E_peak_i > E_peak_j`` and ``E_global_i < E_global_j``. Ranked by the number
+beaten (ties: lower ``E_global``, then the original order), rank ``r`` of ``N`` gets
+``R_max * (1 - r / (N - 1))``. With ``grader.reasoning_end``, only the answer after the
+reasoning is read (:func:`answer_span_mask`), or the whole response when nothing follows.
 """
 
 from __future__ import annotations

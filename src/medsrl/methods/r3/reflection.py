@@ -1,9 +1,8 @@
 """In-context self-reflection (ISR): a second chance at a prompt the policy keeps failing.
 
 The reflection prompt shows the problem, one past wrong response and an instruction to find the
-mistake; it is graded against the same answer as its own group. Its key gets ``REFLECT_SUFFIX``,
-so its per-prompt state (MEDS memory) is apart from the original's, shared by its reflections.
-"""
+mistake, graded against the same answer. Its key gets ``REFLECT_SUFFIX``: its per-prompt state
+(MEDS memory) is apart from the original's."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """Cross-context replay (CCR): the math of mixing stored responses into a zero-spread group.
 
 A group all right (or all wrong) has no advantage signal: R3 appends up to ``k`` stored responses
-of the opposite outcome, most recent first, and normalises the mixed group as
-``(R - mean) / (alpha * std + lambda)``. An optional truncated importance weight corrects for the
-older policy that sampled them (off in the paper).
+of the opposite outcome and normalises the mixed group as ``(R - mean) / (alpha * std + lambda)``;
+an optional truncated importance weight corrects for the older policy (off in the paper).
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import torch
 from torch import Tensor
 
 from medsrl.algo import group_advantages
-from medsrl.methods.r3.history import ResponseHistory, StoredResponse
 
 
 def replay_count(k: int | None, n: int) -> int:
@@ -20,11 +18,6 @@ def replay_count(k: int | None, n: int) -> int:
     if k is None:
         return max(1, n // 4)
     return max(0, int(k))
-
-
-def pick_replay(history: ResponseHistory, key: str, all_correct: bool, k: int) -> list[StoredResponse]:
-    """Up to ``k`` stored responses of ``key`` with the opposite outcome, most recent first."""
-    return history.recent(key, correct=not all_correct, k=k)
 
 
 def mixed_group_advantages(scores: Tensor, group_ids: Tensor, alpha: float = 1.0, lam: float = 1e-6) -> Tensor:
