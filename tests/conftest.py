@@ -15,11 +15,24 @@ if platform.machine().lower() in ("x86_64", "amd64"):
 import pytest  # noqa: E402
 
 
+def pytest_configure(config):
+    """Under pytest-xdist each worker gets its share of the cores for torch (two workers each
+    running two threads on two cores would spin against each other)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
 @pytest.fixture(scope="session")
 def micro_cache(tmp_path_factory):
-    """One warm-start cache for the whole session: runs with ``MICRO_WARM_START`` build the
-    micro model once (the cache is keyed by its config) instead of once per test module."""
-    return tmp_path_factory.mktemp("ws-cache")
+    """One warm-start cache for the whole session, xdist workers included (the cache is keyed by
+    its config and file-locked): runs with ``MICRO_WARM_START`` build the micro model once."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    (shared / "ws-cache").mkdir(exist_ok=True)
+    return shared / "ws-cache"
 
 
 @pytest.fixture
@@ -41,3 +54,13 @@ def wandb_offline(tmp_path, monkeypatch):
 
     if wandb.run is not None:  # a test that failed mid-run: never leave a run for the next test
         wandb.finish(exit_code=1)
+
+
+@pytest.fixture
+def cpu_bf16_gemms():
+    """bf16 GEMMs at fp32 speed on CPUs without a bf16 GEMM kernel (``tests/cpu_bf16.py``): for the
+    tests that train under ``bf16-mixed`` on the CPU."""
+    from cpu_bf16 import bf16_gemms_at_fp32_speed
+
+    with bf16_gemms_at_fp32_speed():
+        yield

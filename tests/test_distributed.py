@@ -24,16 +24,16 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory):
+def one_process(tmp_path_factory, micro_cache):
     root = tmp_path_factory.mktemp("one")
-    train_in_subprocess(root / "run", root / "cache", TWO_RANK_RUN)
+    train_in_subprocess(root / "run", micro_cache, TWO_RANK_RUN)
     return root
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_processes_match_one_with_the_same_global_batch(tmp_path, one_process, strategy):
+def test_two_processes_match_one_with_the_same_global_batch(tmp_path, one_process, strategy, micro_cache):
     one, two = one_process / "run", tmp_path / "two"
-    cache = one_process / "cache"  # the same warm start
+    cache = micro_cache  # the same warm start
     if strategy == "ddp":
         train_in_subprocess(two, cache, [*TWO_RANK_RUN, f"trainer={strategy}", *CPU_TWO_PROCESSES])
     else:
@@ -69,20 +69,15 @@ def test_dynamic_sampling_share_keeps_the_first_groups_in_round_then_rank_order(
     assert batch_share([[3, 9]], 0, 8) == [3, 5]  # one process: the first 8 in round order
 
 
-def test_fsdp_validation_with_an_idle_rank_does_not_hang(tmp_path):
-    """``debug=fast``'s pass@k check has 4 problems: one sampling chunk, all on rank 0. Under FSDP,
-    transformers' ``generate`` defaults to ``synced_gpus`` (a collective per token), so rank 0
-    waited for a rank that never generated: the run hung before step 0."""
-    out = train_in_subprocess(tmp_path / "run", tmp_path / "cache",
-                              ["debug=fast", "trainer=fsdp", *CPU_TWO_PROCESSES], timeout_s=300)
-    assert "`Trainer.fit` stopped: `max_steps=2` reached." in out
-
-
 def test_fsdp_shards_per_layer_in_bf16_mixed_and_resumes_from_sharded_checkpoints(tmp_path):
     """Per-layer FSDP units: the update never holds more than the root unit (embeddings, final
     norm, LM head) and two decoder layers (the one running and the one prefetched) gathered at
     once, out of four; under bf16-mixed the shards, their gradients and AdamW states stay fp32.
-    Sharded checkpoints (one file per rank) resume."""
+    Sharded checkpoints (one file per rank) resume.
+
+    And validation with an idle rank does not hang: ``debug=fast``'s pass@k check has 4 problems,
+    one sampling chunk, all on rank 0. Under FSDP, transformers' ``generate`` defaults to
+    ``synced_gpus`` (a collective per token), so rank 0 waited for a rank that never generated."""
     import json
 
     run = [
@@ -92,7 +87,8 @@ def test_fsdp_shards_per_layer_in_bf16_mixed_and_resumes_from_sharded_checkpoint
         "+callbacks.gather_probe={_target_: fsdp_probe.GatherProbe}",
     ]
     first = tmp_path / "first"
-    train_in_subprocess(first, tmp_path / "cache", run, timeout_s=300)
+    out = train_in_subprocess(first, tmp_path / "cache", run, timeout_s=300)
+    assert "`Trainer.fit` stopped: `max_steps=2` reached." in out  # validated at step 0, no hang
     for rank in (0, 1):
         probe = json.loads((first / f"gather_probe_rank{rank}.json").read_text())
         units = probe["units"]

@@ -18,10 +18,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory):
+def trained_run(tmp_path_factory, micro_cache):
     """A 1-step run of the micro preset (warm-started: it writes boxed, mostly wrong answers)."""
     run = tmp_path_factory.mktemp("eval") / "run"
-    run_cfg = compose_train(run, ["export_policy=true", "trainer.max_steps=1", *MICRO_WARM_START])
+    run_cfg = compose_train(run, ["export_policy=true", "trainer.max_steps=1", *MICRO_WARM_START], cache_dir=micro_cache)
     train(run_cfg)
     # A Hydra run saves its config here (compose_train runs without Hydra); .ckpt loading reads it.
     (run / ".hydra").mkdir(exist_ok=True)

@@ -3,10 +3,11 @@
 Each experiment (``configs/experiment/qwen*``, those that declare ``hardware``) is composed as a
 user launches it, on the CPU and on one device, with its own precision settings (model.dtype
 float32, trainer.precision bf16-mixed), a random model of its real architecture at 2 layers with
-the shared Qwen tokenizer, and trains 3 steps at lr 1e-6. At least 99 % of the matrix weights
-must move, and the update must be an fp32 run's on the same rollouts to within bf16 compute
-error. Under the settings shipped before (pure bf16) the same run moves about 2 % of them
-(``test_pure_bf16_loses_most_updates``; docs/GPU.md).
+the shared Qwen tokenizer, and trains a step at lr 1e-6: at least 99 % of the matrix weights must
+move. For one experiment of each architecture (``COMPARED_WITH_FP32``) two steps' update must also
+be an fp32 run's on the same rollouts to within bf16 compute error. Under the settings shipped before
+(pure bf16) the same run moves about 2 % of them (``test_pure_bf16_loses_most_updates``;
+docs/GPU.md). bf16 GEMMs run at fp32 speed where the CPU has no bf16 kernel (``cpu_bf16.py``).
 """
 
 from __future__ import annotations
@@ -25,17 +26,18 @@ from medsrl.rollout.hf import HFRolloutEngine
 from run_helpers import ROOT, compose_train
 from shared_paths import require_shared
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_bf16_gemms")]
 
 # small and fast, but the experiment's own precision, optimiser, algorithm and plug-ins
 SMALL = [
     "trainer=gpu", "trainer.accelerator=cpu", "trainer.devices=1",
     "rollout.backend=hf",  # the experiments' vLLM is a GPU build (make test-vllm covers the engine)
-    "data.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=8", "rollout.max_batch_size=16",
-    "algorithm.mini_batch_prompts=2", "algorithm.micro_batch_size=4",
+    "data.prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=8", "rollout.max_batch_size=16",
+    "algorithm.mini_batch_prompts=1", "algorithm.micro_batch_size=4",
     "algorithm.plugins.overlong.buffer_length=4", "optim.warmup_steps=0",
     "callbacks.pass_at_k.every_n_steps=0", "callbacks.pass_at_k.at_start=false",
     "callbacks.sample_logger.every_n_steps=0", "logger=csv", "export_policy=false",
+    "callbacks.model_checkpoint=null", "trainer.enable_checkpointing=false",  # 12 bytes a parameter
 ]
 # the width of the random models (the vocabulary and the architecture's classes are real)
 NARROW = {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
@@ -77,7 +79,7 @@ def _some_right(self, responses, golds):
 
 
 def train_small(tmp_path: Path, experiment: str, overrides: list[str], monkeypatch, *, width=NARROW,
-                record: list | None = None, replay: list | None = None, steps: int = 3):
+                record: list | None = None, replay: list | None = None, steps: int = 1):
     """Train the experiment's ``steps`` small steps; return (weights before, after) by name, in
     fp32. ``record`` collects the engine's rollouts; ``replay`` serves those instead of sampling."""
     tok = load_tokenizer(str(require_shared("tokenizers", "qwen2.5-math")))
@@ -119,26 +121,43 @@ def update_error(before: dict, after: dict, reference: dict, names: list[str]) -
     return (diff / ref) ** 0.5
 
 
+# one experiment of each architecture, one of each algorithm: bf16 compute error is the model's
+# and the precision plug-in's, the same for the other sizes and algorithms of an architecture
+COMPARED_WITH_FP32 = ("qwen2.5-math-1.5b_meds", "qwen3-8b_dapo")
+
+
 @pytest.mark.parametrize("experiment", gpu_experiments())
-def test_gpu_experiment_moves_every_weight_at_lr_1e6_and_matches_fp32(tmp_path, monkeypatch, experiment):
+def test_gpu_experiment_moves_every_weight_at_lr_1e6(tmp_path, monkeypatch, experiment):
     rollouts: list = []
-    cfg, before, mixed = train_small(tmp_path / "mixed", experiment, [], monkeypatch, record=rollouts)
+    steps = 2 if experiment in COMPARED_WITH_FP32 else 1
+    cfg, before, mixed = train_small(tmp_path / "mixed", experiment, [], monkeypatch, record=rollouts, steps=steps)
     assert cfg.optim.lr == 1e-6 and cfg.model.dtype == "float32" and cfg.trainer.precision == "bf16-mixed"
     names = matrices(cfg, before)
     changed = changed_fraction(before, mixed, names)
-    _, before32, fp32 = train_small(tmp_path / "fp32", experiment, ["trainer.precision=32-true"], monkeypatch,
-                                    replay=rollouts)
-    assert all(torch.equal(before32[k], before[k]) for k in names)  # the same start
-    err = update_error(before, mixed, fp32, names)
-    print(f"[{experiment}] matrix weights changed {changed:.4%}; update vs fp32's: relative error {err:.4f}")
+    print(f"[{experiment}] matrix weights changed {changed:.4%}")
     assert changed >= 0.99
-    assert err < UPDATE_TOLERANCE
+    if experiment in COMPARED_WITH_FP32:
+        _, before32, fp32 = train_small(tmp_path / "fp32", experiment, ["trainer.precision=32-true"], monkeypatch,
+                                        replay=rollouts, steps=steps)
+        assert all(torch.equal(before32[k], before[k]) for k in names)  # the same start
+        err = update_error(before, mixed, fp32, names)
+        print(f"[{experiment}] update vs fp32's on the same rollouts: relative error {err:.4f}")
+        assert err < UPDATE_TOLERANCE
+
+
+def test_every_architecture_is_compared_with_fp32():
+    architectures = {compose_train(Path("/tmp/unused"), [f"experiment={e}"], debug=None).model.architecture
+                     for e in gpu_experiments()}
+    compared = {compose_train(Path("/tmp/unused"), [f"experiment={e}"], debug=None).model.architecture
+                for e in COMPARED_WITH_FP32}
+    assert compared == architectures
 
 
 def test_at_real_width_one_step_moves_every_weight(tmp_path, monkeypatch):
     """The 1.5B experiment at its real width (326M parameters at 2 layers: 1536 wide, a
     151,936-row head): one step at lr 1e-6 moves every matrix weight there too."""
-    cfg, before, after = train_small(tmp_path, "qwen2.5-math-1.5b_meds", [], monkeypatch, width=None, steps=1)
+    cfg, before, after = train_small(tmp_path, "qwen2.5-math-1.5b_meds", ["data.prompts_per_step=1", "rollout.n=2"],
+                                     monkeypatch, width=None)
     changed = changed_fraction(before, after, matrices(cfg, before))
     print(f"[qwen2.5-math-1.5b_meds, real width, 1 step] matrix weights changed {changed:.4%}")
     assert changed >= 0.99

@@ -14,7 +14,7 @@ import pytest
 from run_helpers import ROOT
 from shared_paths import require_shared
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_bf16_gemms")]
 
 
 def _smoke_module():

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from medsrl.utils.lifetime import ProcessRef, descendants, is_running
+from medsrl.utils.lifetime import ProcessRef, is_running
+from process_tree import descendants
 from run_helpers import ROOT
 
 pytestmark = [

@@ -23,7 +23,7 @@ from run_helpers import compose_train, read_metrics
 from shared_paths import require_shared
 from test_gpu_experiments import NARROW, _random_policy, changed_fraction, matrices
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_bf16_gemms")]
 
 WRONG = "-7777"
 SMALL = [

@@ -142,6 +142,7 @@ def _some_right(self, responses, golds):
             for i in range(len(responses))]
 
 
+@pytest.mark.usefixtures("cpu_bf16_gemms")
 def test_lora_on_a_real_architecture_trains_adapters_and_resumes_exactly(tmp_path, monkeypatch):
     tok = str(require_shared("tokenizers", "qwen2.5-math"))
     monkeypatch.setattr(MathGrader, "grade_batch", _some_right)

@@ -14,7 +14,7 @@ from run_helpers import MICRO_WARM_START, compose_train, read_metrics
 pytestmark = pytest.mark.slow
 
 
-def test_validation_is_logged_at_start_every_n_steps_and_at_the_end(tmp_path):
+def test_validation_is_logged_at_start_every_n_steps_and_at_the_end(tmp_path, micro_cache):
     out = tmp_path / "run"
     overrides = [
         *MICRO_WARM_START,
@@ -23,7 +23,7 @@ def test_validation_is_logged_at_start_every_n_steps_and_at_the_end(tmp_path):
         "trainer.max_steps=3",
         "data.val_size=8",
     ]
-    summary = train(compose_train(out, overrides))
+    summary = train(compose_train(out, overrides, cache_dir=micro_cache))
     metrics = read_metrics(out)
     for step in (0, 2, 3):  # before step 1, every 2 steps, and after the last
         m = metrics[step]

@@ -14,15 +14,23 @@ from medsrl.study.plots import align_seeds, moving_average, seed_band
 from medsrl.study.report import (
     BEGIN,
     END,
+    ROUNDS,
     aggregate,
     main,
     problem_values,
-    render_results,
+    render_markdown,
     update_study_doc,
     write_report,
 )
 
 from .test_collect import build_study, problem_samples
+
+
+def render_results(study_root, rounds: int = ROUNDS) -> str:
+    """The study's Markdown results without figures (what ``write_report`` puts in the doc)."""
+    study = load_study(study_root)
+    return render_markdown(study, aggregate(study, rounds=rounds), {})
+
 
 PROTOCOL = "# Study\n\nHand-written protocol.\n\n## Results\n\n"
 DOC = f"{PROTOCOL}{BEGIN}\nold results\n{END}\n\nAfter the block.\n"

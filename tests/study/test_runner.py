@@ -2,6 +2,9 @@
 interruption redoes only what was not finished."""
 
 import json
+import runpy
+import subprocess
+import sys
 
 import pytest
 
@@ -32,7 +35,29 @@ def _argv(tmp_path, name="mini"):
     ]
 
 
+@pytest.fixture
+def commands_in_process(monkeypatch):
+    """The study's ``python -m medsrl.<entry> ...`` commands run in this process (``runpy``, as
+    the command line runs them): the runner's phases are what is tested here, and a fresh
+    interpreter for each of its nine commands would add an import of Lightning (~10 s) to each."""
+    real = subprocess.run
+
+    def run(cmd, *args, **kwargs):
+        if cmd[:2] != [sys.executable, "-m"] or not cmd[2].startswith("medsrl."):
+            return real(cmd, *args, **kwargs)
+        monkeypatch.setattr(sys, "argv", [cmd[2], *cmd[3:]])
+        try:
+            runpy.run_module(cmd[2], run_name="__main__", alter_sys=True)
+        except SystemExit as stop:
+            return subprocess.CompletedProcess(cmd, stop.code if isinstance(stop.code, int) else 1)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(subprocess, "run", run)
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("commands_in_process")
+@pytest.mark.filterwarnings("ignore:'medsrl.(train|eval)' found in sys.modules")  # runpy: imported already
 def test_study_runs_every_phase_then_resumes_only_the_unfinished(tmp_path, capfd):
     runner.main(_argv(tmp_path))
     root = tmp_path / "study" / "mini"

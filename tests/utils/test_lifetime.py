@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from medsrl.utils.lifetime import ProcessRef, descendants, is_running, process_ref, this_owner
+from medsrl.utils.lifetime import ProcessRef, is_running, process_ref, this_owner
+from process_tree import descendants
 
 ROOT = Path(__file__).resolve().parents[2]
 linux_only = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
@@ -108,3 +109,34 @@ def test_refit_pool_grader_forkserver_and_resource_tracker_all_exit():
     assert len(tree) >= 4, tree  # resource tracker, forkserver, re-fit worker, grader worker
     assert not any(map(is_running, tree)), f"survivors: {[r for r in tree if is_running(r)]}"
     assert seconds < 5
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_workers_started_without_main_import_skip_the_parents_main_module(tmp_path, monkeypatch, method):
+    """A spawn / forkserver child re-runs the parent's ``__main__`` (``medsrl-train``'s: Lightning
+    and transformers, seconds each) unless started under ``without_main_import``."""
+    import importlib.util
+    import multiprocessing as mp
+    import types
+
+    from medsrl.utils.lifetime import without_main_import
+
+    marker, script = tmp_path / "main_ran", tmp_path / "heavy_main.py"
+    script.write_text(f"open({str(marker)!r}, 'a').write('x')\n")
+    main = types.ModuleType("__main__")
+    main.__spec__, main.__file__ = importlib.util.spec_from_file_location("heavy_main", script), str(script)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "__main__", main)
+
+    def run_child():
+        child = mp.get_context(method).Process(target=time.sleep, args=(0,))
+        child.start()
+        child.join(timeout=60)
+        assert child.exitcode == 0
+
+    with without_main_import():
+        run_child()
+    assert main.__spec__.name == "heavy_main" and main.__file__ == str(script)  # restored
+    assert not marker.exists()
+    run_child()  # the default: the child imports heavy_main
+    assert marker.exists()

@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection, wait
 
 from medsrl.reward.answer_span import answer_text
 from medsrl.reward.extract import extract_last_boxed
-from medsrl.utils.lifetime import Owner, exit_with_owner, this_owner
+from medsrl.utils.lifetime import Owner, exit_with_owner, this_owner, without_main_import
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,8 @@ class _Worker:
             target=_worker_main, args=(child_conn, compare_fn, this_owner()), daemon=True,
             name="medsrl-grader",
         )
-        self.process.start()
+        with without_main_import():
+            self.process.start()
         child_conn.close()
         self.ready = False
         self.task: int | None = None
@@ -288,7 +289,7 @@ class MathGrader:
     ``timeout_s`` scores 0 with ``timed_out=True`` and its worker is replaced (the replacement's
     start-up, seconds, does not count against ``timeout_s``). ``num_workers=0`` grades in-process
     with NO timeout: for debugging only. A worker exits by itself when the process that started it
-    dies, however it dies (``utils/lifetime.py``); spawning needs the ``__main__`` guard.
+    dies, however it dies, and starts without re-running ``__main__`` (``utils/lifetime.py``).
 
     ``reasoning_end`` (e.g. ``"</think>"``): only the text after its last occurrence is graded; a
     response without it scores 0 with ``unclosed_reasoning=True`` (``reward/answer_span.py``).
@@ -363,9 +364,8 @@ class MathGrader:
         return results  # type: ignore[return-value]
 
     def start(self) -> MathGrader:
-        """Spawn the workers now rather than at the first answer that needs one: a worker takes
-        seconds to import sympy, which then happens in the background (while the model loads and
-        the first steps generate) instead of stalling a training step. Returns the grader."""
+        """Spawn the workers now, so their sympy import (seconds) runs while the model loads and
+        the first steps generate, not inside a step. Returns the grader."""
         with self._lock:
             self._fill_pool()
         return self

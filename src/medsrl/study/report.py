@@ -427,12 +427,6 @@ def _relative(paths: dict[str, Path], start: Path) -> dict[str, str]:
     }
 
 
-def render_results(study_root: str | os.PathLike, *, rounds: int = ROUNDS) -> str:
-    """Markdown results of the study at ``study_root``, without figures; writes nothing."""
-    study = load_study(study_root)
-    return render_markdown(study, aggregate(study, rounds=rounds), {})
-
-
 def update_study_doc(doc_path: str | os.PathLike, results_md: str) -> Path:
     """Replace what lies between the marker lines (``BEGIN`` / ``END``, each once on a line of
     its own) of ``doc_path`` with ``results_md``, keeping the rest byte for byte (idempotent);

@@ -73,24 +73,23 @@ def is_running(ref: ProcessRef) -> bool:
     return stat is not None and stat[1] not in "ZXx" and stat[2] == ref.start_time
 
 
-def descendants(pid: int) -> list[ProcessRef]:
-    """Every running process below ``pid`` (Linux /proc; empty elsewhere): to check for orphans."""
-    children: dict[int, list[ProcessRef]] = {}
-    for entry in Path("/proc").glob("[0-9]*") if _has_proc() else []:
-        stat = _proc_stat(int(entry.name))
-        if stat is not None and stat[1] not in "ZXx":
-            children.setdefault(stat[0], []).append(ProcessRef(int(entry.name), stat[2]))
-    out, frontier = [], [pid]
-    while frontier:
-        found = children.get(frontier.pop(), [])
-        out += found
-        frontier += [child.pid for child in found]
-    return out
-
-
 def this_owner() -> Owner:
     """This process as the owner of workers started from the calling thread."""
     return Owner(process_ref(), threading.current_thread() is threading.main_thread())
+
+
+@contextlib.contextmanager
+def without_main_import():
+    """Start spawn / forkserver workers that skip re-running the parent's ``__main__`` (for
+    ``medsrl-train``: Lightning and transformers, ~14 s of CPU each); they run library code only."""
+    main = sys.modules["__main__"]
+    spec, path = main.__spec__, main.__dict__.pop("__file__", None)
+    main.__spec__ = None  # multiprocessing.spawn.get_preparation_data: nothing to import
+    try:
+        yield
+    finally:
+        main.__spec__ = spec
+        main.__dict__.update({"__file__": path} if path else {})
 
 
 def set_parent_death_signal() -> None:

@@ -27,7 +27,7 @@ from typing import Literal
 import numpy as np
 
 from medsrl.methods.meds.clustering import fit_cluster_labels
-from medsrl.utils.lifetime import exit_with_owner, this_owner
+from medsrl.utils.lifetime import exit_with_owner, this_owner, without_main_import
 
 FitFn = Callable[..., np.ndarray]
 
@@ -85,7 +85,11 @@ class BackgroundRefitter:
         }
         if not self._local_only:
             for _ in range(num_workers):
-                self._ensure_pool().submit(_warm_up)
+                self._submit(_warm_up)
+
+    def _submit(self, fn: Callable, *args) -> Future:
+        with without_main_import():  # the pool starts its workers in submit
+            return self._ensure_pool().submit(fn, *args)
 
     def _ensure_pool(self) -> Executor:
         if self._pool is None:
@@ -117,7 +121,7 @@ class BackgroundRefitter:
         if self._local_only:
             return None
         try:
-            return self._ensure_pool().submit(_fit_job, features, *self._fit_args)
+            return self._submit(_fit_job, features, *self._fit_args)
         except BrokenProcessPool:
             self._on_broken_pool()
             return self._start(key_id, features)
