@@ -22,8 +22,12 @@ GEMMS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten.b
 
 
 def has_bf16_gemm() -> bool:
-    """Whether torch runs bf16 GEMMs through oneDNN on this CPU (AVX-512 BF16, AMX)."""
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """Whether torch runs bf16 GEMMs through oneDNN on this CPU (AVX-512 BF16, AMX); a build
+    without oneDNN's check counts as without."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 class Bf16GemmsInFp32(TorchDispatchMode):
