@@ -61,7 +61,7 @@ def main() -> None:
         for name in rounds:  # interleaved: the machine's noise falls on both
             rounds[name].append(one_round(reimport=name == "main_reimported"))
             print(f"round {r} {name}: {rounds[name][-1]}", file=sys.stderr, flush=True)
-    ratio = {k: statistics.median(b[k] / a[k] for a, b in zip(rounds["as_shipped"], rounds["main_reimported"]))
+    ratio = {k: statistics.median(b[k] / a[k] for a, b in zip(rounds["as_shipped"], rounds["main_reimported"], strict=True))
              for k in ("grader_s", "refit_s")}
     print(json.dumps({"rounds": rounds, "median_ratio_reimported_over_shipped": ratio,
                       "machine": platform.processor() or platform.machine()}))
