@@ -17,7 +17,9 @@ import torch
 
 
 def gathered_units(policy) -> list[tuple[str, int, torch.dtype | None]]:
-    """``(unit name, parameters, dtype of its gathered buffer or None)`` for every FSDP unit of ``policy``."""
+    """``(unit name, parameters, dtype of its gathered buffer or None)`` for every FSDP unit of
+    ``policy``: the compute buffer a forward gathers into, or the full-precision one that
+    ``summon_full_params`` gathers into under mixed precision."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     units = []
@@ -26,10 +28,15 @@ def gathered_units(policy) -> list[tuple[str, int, torch.dtype | None]]:
         if handle is None:
             continue
         flat = handle.flat_param
-        full = getattr(flat, "_full_param_padded", None)
-        gathered = full is not None and full.untyped_storage().size() > 0
-        units.append((name or "root", int(flat._unpadded_unsharded_size.numel()), full.dtype if gathered else None))
+        buffers = [getattr(flat, a, None) for a in ("_full_param_padded", "_full_prec_full_param_padded")]
+        full = next((b for b in buffers if b is not None and b.untyped_storage().size() > 0), None)
+        units.append((name or "root", int(flat._unpadded_unsharded_size.numel()), None if full is None else full.dtype))
     return units
+
+
+def gathered_now(policy) -> int:
+    """Parameters of ``policy`` held gathered at this moment, over all its FSDP units."""
+    return sum(n for _, n, dtype in gathered_units(policy) if dtype is not None)
 
 
 class GatherProbe(L.Callback):

@@ -38,7 +38,8 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path, one_proces
         train_in_subprocess(two, cache, [*TWO_RANK_RUN, f"trainer={strategy}", *CPU_TWO_PROCESSES])
     else:
         first = tmp_path / "first"
-        train_in_subprocess(first, cache, [*TWO_RANK_RUN, f"trainer={strategy}", *CPU_TWO_PROCESSES, "trainer.max_steps=2"])
+        full = "trainer.strategy.state_dict_type=full"  # one file of whole tensors, checked below
+        train_in_subprocess(first, cache, [*TWO_RANK_RUN, f"trainer={strategy}", *CPU_TWO_PROCESSES, full, "trainer.max_steps=2"])
         ckpt = torch.load(first / "checkpoints" / "last.ckpt", weights_only=False)
         policy = {k: v for k, v in ckpt["state_dict"].items() if k.startswith("policy.")}
         shapes = {k: tuple(v.shape) for k, v in policy.items()}
@@ -49,7 +50,7 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path, one_proces
         assert opt.keys() == plain_opt.keys()  # whole AdamW states, in the plain layout
         assert all(opt[i]["exp_avg"].shape == plain_opt[i]["exp_avg"].shape for i in opt)
         train_in_subprocess(
-            two, cache, [*TWO_RANK_RUN, f"trainer={strategy}", *CPU_TWO_PROCESSES, f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}"]
+            two, cache, [*TWO_RANK_RUN, f"trainer={strategy}", *CPU_TWO_PROCESSES, full, f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}"]
         )
 
     b = read_metrics(first if strategy == "fsdp" else two)
@@ -100,6 +101,9 @@ def test_fsdp_shards_per_layer_in_bf16_mixed_and_resumes_from_sharded_checkpoint
         assert probe["max_gathered"] < sum(units.values())
         assert probe["param_dtypes"] == probe["optim_state_dtypes"] == ["torch.float32"]
         assert probe["gathered_dtypes"] == ["torch.bfloat16"]  # computed in bf16 over the fp32 shards
+    metrics = read_metrics(first)
+    # scoring ran through the FSDP wrapper, as the update: its one update starts at ratio 1
+    assert [metrics[s]["train/ppo_kl"] for s in (0, 1)] == [0.0, 0.0]
     ckpt = first / "checkpoints" / "last.ckpt"
     assert ckpt.is_dir() and len(list(ckpt.glob("*.distcp"))) == 2  # one shard file per rank
     second = tmp_path / "second"
@@ -107,3 +111,18 @@ def test_fsdp_shards_per_layer_in_bf16_mixed_and_resumes_from_sharded_checkpoint
                               timeout_s=300)
     assert "Restored all states from the checkpoint" in out
     assert read_metrics(second).keys() >= {2}  # the resumed run trained step 2 (its third)
+
+
+def test_under_fsdp_scoring_and_the_update_compute_the_same_log_probs(tmp_path):
+    """The scoring forward ran on the gathered fp32 weights (fp32 residual stream) while the update
+    runs through FSDP with bf16 parameters, so the PPO ratio was off 1 before any update (ppo_kl
+    3.5e-6 and -6.3e-5 on this run; 0.0165 mean log-prob gap on a toy model). Scoring now runs
+    through the same FSDP module under the same autocast: at FSDP world size 1 with bf16-mixed,
+    the step's one update (one mini-batch, one epoch) starts at ratio exactly 1."""
+    run = ["debug=fast", "trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=1",
+           "trainer.precision=bf16-mixed"]
+    train_in_subprocess(tmp_path / "run", tmp_path / "cache", run, timeout_s=300)
+    metrics = read_metrics(tmp_path / "run")
+    assert [metrics[s]["train/ppo_kl"] for s in (0, 1)] == [0.0, 0.0]
+    assert [metrics[s]["train/clipfrac"] for s in (0, 1)] == [0.0, 0.0]
+    assert metrics[0]["train/meds/answer_found_rate"] >= 0  # the MEDS plug-in read the scoring forward

@@ -41,11 +41,15 @@ def test_a_token_budget_gives_the_padded_runs_metrics_and_weights(tmp_path, micr
         keys = [k for k in padded[step] if k.startswith("train/") and not any(s in k for s in SKIP)]
         assert "train/pg_loss" in keys and "train/entropy" in keys and "train/grad_norm" in keys
         for key in keys:
-            assert budget[step][key] == pytest.approx(padded[step][key], rel=1e-6, abs=1e-6), (step, key)
+            # rounding: at most 1.2e-6 relative seen (step 1's grad norm, after one update whose sums
+            # ran in another order); a wrong row or token count would be off by far more
+            assert budget[step][key] == pytest.approx(padded[step][key], rel=2e-6, abs=1e-6), (step, key)
         # the budget ran fewer padded tokens
         assert budget[step]["train/padding/update_frac"] < padded[step]["train/padding/update_frac"]
         assert budget[step]["train/padding/scoring_frac"] < padded[step]["train/padding/scoring_frac"]
     wa = load_file(runs["padded"] / "policy" / "model.safetensors")
     wb = load_file(runs["budget"] / "policy" / "model.safetensors")
     for name in wa:
-        torch.testing.assert_close(wb[name], wa[name], rtol=1e-6, atol=1e-6, msg=name)
+        # AdamW divides each step by the gradient's own scale: one element of 21,952 off by 1.05e-6
+        # seen; a missed row would move weights by about the lr (3e-5 here)
+        torch.testing.assert_close(wb[name], wa[name], rtol=1e-6, atol=2e-6, msg=name)

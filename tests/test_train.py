@@ -104,6 +104,24 @@ def test_missing_required_value_fails_at_start(tmp_path):
         train(cfg)
 
 
+def test_the_run_drops_prompts_longer_than_the_engine_takes(tmp_path):
+    """Issue 35: the data is cut at build to max_model_len - max_new_tokens, for either backend."""
+    from medsrl.train import build_run
+
+    run = build_run(compose_train(tmp_path, []))  # debug=fast: the tiny model's 1024 positions
+    assert run.datamodule.prompt_token_limit == 1024 - 16  # rollout.max_new_tokens
+    assert [(d.dataset, d.dropped) for d in run.datamodule.prompt_drops] == [
+        ("arithmetic_l1", 0), ("arithmetic_l1_val", 0)]
+
+
+def test_data_the_engine_cannot_take_fails_at_start_naming_the_settings(tmp_path):
+    cfg = compose_train(tmp_path, ["rollout.max_new_tokens=1000"])  # 24 tokens left of 1024
+    with pytest.raises(ValueError, match=r"stage 'A' dataset 'arithmetic_l1': 64 of 64 prompts .* longer "
+                       r"than 24 tokens.*min\(rollout.max_prompt_tokens 2048 \+ rollout.max_new_tokens "
+                       r"1000, the model's 1024 positions\) - rollout.max_new_tokens 1000"):
+        train(cfg)
+
+
 def test_plugins_are_built_in_order_named_by_their_keys(caplog):
     from medsrl.train import build_plugins
 
@@ -201,3 +219,20 @@ def test_skip_if_done_refuses_a_dir_of_a_run_with_other_settings(tmp_path):
     stored["model"].pop("lora", None)
     (out / "run_identity.json").write_text(json.dumps(stored))
     check_identity(compose_train(out, ["skip_if_done=true"]), out)
+
+
+def test_a_gpu_run_sets_the_allocator_and_thread_settings_the_user_left_unset():
+    """vLLM sets torch's intra-op threads to 1 for the whole process unless OMP_NUM_THREADS is set,
+    and without expandable segments fragmentation can make the KV-cache wake fail; a CPU run is
+    left alone, and what the user set is kept."""
+    from medsrl.train import gpu_environment
+
+    env: dict[str, str] = {}
+    assert gpu_environment({"accelerator": "cpu", "devices": 2}, env) == {} and env == {}
+    added = gpu_environment({"accelerator": "gpu", "devices": 2}, env)
+    assert added == env and env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert int(env["OMP_NUM_THREADS"]) >= 1
+    mine = {"OMP_NUM_THREADS": "7"}
+    assert gpu_environment({"accelerator": "gpu", "devices": [0, 1]}, mine) == {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert mine["OMP_NUM_THREADS"] == "7"

@@ -171,7 +171,8 @@ def test_lora_under_fsdp_matches_one_process(tmp_path):
     # 4 prompts in generate chunks of 2: each rank samples what one process samples for its half
     run = ["debug=fast", *LORA, "rollout.max_batch_size=8", "trainer.max_steps=2"]
     train_in_subprocess(tmp_path / "one", tmp_path / "cache", run)
-    train_in_subprocess(tmp_path / "two", tmp_path / "cache", [*run, "trainer=fsdp", *CPU_TWO_PROCESSES])
+    train_in_subprocess(tmp_path / "two", tmp_path / "cache",
+                        [*run, "trainer=fsdp", *CPU_TWO_PROCESSES, "trainer.strategy.state_dict_type=full"])
     a, b = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     for step in range(2):
         for name in ["train/reward", "train/grad_norm", "train/entropy"]:

@@ -169,6 +169,10 @@ class AlgorithmConfig(Settings):
     # truncated importance sampling of the engine's sampling mismatch: each token's policy-gradient
     # term times min(pi_old / pi_engine, cap) (algo/engine_correction.py); needs rollout.logprobs
     engine_is_cap: nullable(Positive) = None
+    # what the cap does, per token or per response (the ratio of the response's probabilities):
+    # token_truncate (min(ratio, cap)), token_mask (0 above the cap), sequence_truncate,
+    # sequence_mask (TRL's default); read only when engine_is_cap is set
+    engine_is_mode: one_of(imported("medsrl.algo.engine_correction.ENGINE_IS_MODES")) = "token_truncate"
 
 
 class VLLMConfig(Settings):
@@ -182,7 +186,7 @@ class VLLMConfig(Settings):
     enforce_eager: Flag = False  # True: no CUDA graphs / torch.compile (faster start)
     enable_sleep_mode: Flag = False  # free weights + KV cache between rollouts (GPU builds)
     dtype: Text = "auto"  # auto: the policy's dtype
-    max_model_len: nullable(PositiveInt) = None  # None: rollout.max_prompt_tokens + max_new_tokens
+    max_model_len: nullable(PositiveInt) = None  # None: rollout.max_prompt_tokens + max_new_tokens, at most the model's positions
     per_request_seeds: Flag = False  # True: a seed per response (reproducible per shard; slower)
 
 
@@ -195,7 +199,9 @@ class RolloutConfig(Settings):
     top_p: Fraction = 1.0
     max_new_tokens: PositiveInt = 256
     max_batch_size: PositiveInt = 64  # sequences per generate call
-    max_prompt_tokens: PositiveInt = 2048  # the longest prompt the vLLM engine is sized for (max_model_len)
+    # with max_new_tokens, the engine's max_model_len (at most the model's positions); data prompts
+    # longer than max_model_len - max_new_tokens are dropped at load, for both backends
+    max_prompt_tokens: PositiveInt = 2048
     logprobs: Flag = False  # engine sampling log-probs, logged against the trainer's (train/engine/*)
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
@@ -327,6 +333,9 @@ class Data(TypedDict, total=False):
     stages: list[Stage]
     val: list[Dataset] | None
     template: Template
+    # the largest share of a dataset dropped as longer than the engine takes before the run
+    # refuses to start (MathDataModule.limit_prompt_tokens); 0: none may be dropped
+    max_dropped_prompt_share: Annotated[Finite, Field(ge=0, le=1), must("a number in [0, 1]")]
 
 
 class Model(TypedDict, total=False):

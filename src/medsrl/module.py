@@ -29,7 +29,7 @@ from medsrl.models.sharding import full_weights, is_sharded, shard_policy
 from medsrl.plugins import Plugin, PluginHost, StepContext
 from medsrl.plugins.rounds import fill_batch
 from medsrl.reward.grader import MathGrader
-from medsrl.rollout.base import SamplingParams
+from medsrl.rollout.base import SamplingParams, sync_engine
 from medsrl.rollout.factory import build_engine
 from medsrl.step.metrics import (
     PhaseTimer,
@@ -128,18 +128,14 @@ class RLModule(L.LightningModule):
                 self.ref_policy.to(strategy.root_device)
 
     def full_policy(self):
-        """The policy with all its weights, for generation and scoring (FSDP: gathered for the
-        block, on every rank together; otherwise the policy itself)."""
+        """The policy with all its weights, for HF generation and the export (FSDP: gathered for
+        the block, on every rank together; otherwise the policy itself). Everything else runs
+        through ``self.policy``, the module the update trains."""
         return full_weights(self.policy)
 
     def sync_engine(self, *, stale_only: bool = False) -> None:
-        """Copy the policy's weights into an engine that holds its own (vLLM; HF generates with
-        the module itself). ``stale_only``: only when ``release`` dropped them since the last
-        sync (a validation pass in between). Under FSDP every rank calls it together."""
-        if self.engine.uses_policy_weights or (stale_only and not self.engine.weights_released):
-            return
-        with self.full_policy() as policy:
-            self.engine.sync_weights(policy)
+        """``rollout.base.sync_engine`` of this module's engine and policy (every rank together)."""
+        sync_engine(self.engine, self.policy, stale_only=stale_only)
 
     def policy_for_generation(self):
         """:meth:`full_policy` when the engine generates with the policy module (HF), else
@@ -152,8 +148,7 @@ class RLModule(L.LightningModule):
         self.guard = RunawayGuard(float(o.max_param_norm_growth), param_norm(params, is_sharded(self.policy)),
                                   o.lr, str(self.trainer.precision))
         # A resumed fit restores the weights after setup built the engine: serve those, not the base.
-        with self.full_policy() as policy:
-            self.engine.sync_weights(policy)
+        self.sync_engine()
         ddp = self.trainer.strategy.model
         if is_distributed() and hasattr(ddp, "require_backward_grad_sync"):
             ddp.require_backward_grad_sync = False  # gradients are summed once per update
@@ -222,7 +217,8 @@ class RLModule(L.LightningModule):
         packed = rollouts.packed
         budget = dict(micro_batch_size=self.algorithm.micro_batch_size, max_tokens=self.algorithm.max_tokens_per_microbatch)
         ctx.metrics.update(padding_metrics(packed, **budget))
-        with timer("logprob"), self.full_policy() as policy:
+        policy = self.policy  # under FSDP its wrapper, as in the update: the same log-probs
+        with timer("logprob"):
             if self.scoring_forward_needed:
                 ctx.scoring_policy = policy
                 self.host.before_scoring(rollouts, ctx)

@@ -28,12 +28,13 @@ from pydantic import ValidationError
 from medsrl.callbacks.hparams import WandbRunConfig, log_final_hparams, run_config
 from medsrl.callbacks.pass_at_k import _NOT_LOGGED, PassAtKValidation
 from medsrl.callbacks.progress import StepProgressBar
-from medsrl.config import LoraSettings, check_train_config
+from medsrl.config import LoraSettings, RolloutConfig, check_train_config, parse_section
 from medsrl.models.lora import lora_settings, target_problems
 from medsrl.models.policy import build_policy
 from medsrl.module import RLModule
 from medsrl.plan.model_size import meta_model
 from medsrl.plugins import Plugin
+from medsrl.rollout.factory import describe_prompt_token_limit, prompt_token_limit
 from medsrl.utils.atomic_file import atomic_write
 from medsrl.utils.checkpoint_io import AtomicCheckpointIO
 from medsrl.utils.wandb_log import describe as describe_wandb
@@ -122,9 +123,38 @@ class Run:
     loggers: list
 
 
+def gpu_environment(trainer_cfg: Any, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The process settings a GPU run needs, set where the user has not set them (and returned):
+    ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, so the cache the update leaves in
+    fragments does not make vLLM's KV-cache wake fail (vLLM turns it off around its own pool), and
+    ``OMP_NUM_THREADS`` (the node's cores over its ranks), without which vLLM sets torch's
+    intra-op threads to 1 for the whole process, the trainer's CPU work included. Before any CUDA
+    allocation: the allocator reads its settings once. A CPU run: nothing."""
+    environ = os.environ if environ is None else environ
+    if str(trainer_cfg.get("accelerator", "cpu")) == "cpu":
+        return {}
+    devices = trainer_cfg.get("devices", 1)
+    if isinstance(devices, int) and devices > 0:
+        per_node = devices
+    elif isinstance(devices, (str, int)):  # "auto", -1: every GPU of the node
+        per_node = max(torch.cuda.device_count(), 1)
+    else:  # a list of device indices
+        per_node = max(len(devices), 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    wanted = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+              "OMP_NUM_THREADS": str(max(1, cores // per_node))}
+    added = {k: v for k, v in wanted.items() if k not in environ}
+    environ.update(added)
+    if "OMP_NUM_THREADS" in added and environ is os.environ:
+        torch.set_num_threads(int(added["OMP_NUM_THREADS"]))  # this process's pool is already up
+    return added
+
+
 def build_run(cfg: DictConfig) -> Run:
     """Instantiate data, policy, module, callbacks, loggers and the Lightning trainer."""
     check_config(cfg)
+    for key, value in gpu_environment(cfg.trainer).items():
+        log.info("GPU run: %s=%s (not set by the user)", key, value)
     L.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision("high")
 
@@ -132,6 +162,9 @@ def build_run(cfg: DictConfig) -> Run:
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     policy, tokenizer = build_policy(warm_started(model_cfg, cfg.paths.cache_dir))
     datamodule.use_tokenizer(tokenizer)  # data.template.kind=chat renders with its chat template
+    rollout = parse_section(RolloutConfig, cfg.rollout, "rollout")  # prompts the engine can't take: dropped now
+    datamodule.limit_prompt_tokens(tokenizer, prompt_token_limit(rollout, policy),
+                                   why=describe_prompt_token_limit(rollout, policy))
     algorithm = OmegaConf.to_container(cfg.algorithm, resolve=True)
     module = RLModule(
         policy,

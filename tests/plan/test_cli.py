@@ -20,8 +20,13 @@ def test_every_experiment_plans():
         cfg = compose_train_config([f"experiment={name}"])
         plan = plan_for(cfg)
         phases = ["generation", "scoring", "update", "optimizer step"]
-        if cfg.rollout.backend == "vllm":  # the engine's own copy of the weights, woken for the sync
-            phases.append("weight sync")
+        if cfg.rollout.backend == "vllm":  # the engine's own copy of the weights: synced at start and after each update
+            phases = ["first weight sync", *phases, "weight sync"]
+        val = (cfg.get("callbacks") or {}).get("pass_at_k")
+        if val is not None and "_target_" in val and val.every_n_steps > 0:
+            phases.append("validation sampling")
+            if val.get("features", "run") is not None:
+                phases.append("validation features")
         assert [p.name for p in plan.phases] == phases, name
         assert all(p.total > 0 for p in plan.phases), name
 
@@ -55,7 +60,8 @@ def test_too_many_generate_rows_do_not_fit_and_name_the_knob(capsys):
 def test_fits_prints_every_phase(capsys):
     assert main(["experiment=qwen2.5-math-1.5b_meds"]) == 0
     out = capsys.readouterr().out
-    for phase in ("generation:", "scoring:", "update:", "optimizer step:", "FITS 1x H100 80GB"):
+    for phase in ("first weight sync:", "generation:", "scoring:", "update:", "optimizer step:", "weight sync:",
+                  "validation sampling:", "validation features:", "FITS 1x H100 80GB"):
         assert phase in out
 
 

@@ -3,13 +3,15 @@
 Measured here: the bytes of weights, gradients and AdamW's states and temporaries (allocator
 events, ``utils/memory.py``), the tensors one decoder layer saves for backward under bf16
 autocast over fp32 weights (saved-tensor hooks), the KV cache HF keeps under that autocast, and
-the fused log-prob head's buffers at a 151,936-token vocabulary. The plan must agree; what a
-CPU cannot show (the CUDA runtime, fragmentation, vLLM) stays computed and says so.
+the fused log-prob head's buffers at a 151,936-token vocabulary, with its backward's ``[V, H]``
+weight-gradient buffers. The plan must agree; what a CPU cannot show (the CUDA runtime,
+fragmentation, vLLM) stays computed and says so.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -81,8 +83,6 @@ def test_gradients_adamw_states_and_temporaries_are_what_the_allocator_sees():
 
 
 def _size_with(params: int):
-    from dataclasses import replace
-
     return replace(_size(), params=params)
 
 
@@ -149,3 +149,35 @@ def test_fused_head_buffers_at_a_151936_token_vocabulary_match_the_plan(grad):
     working = mem.peak_bytes - mem.net_bytes
     assert mem.largest_vocab_numel <= chunk * VOCAB
     assert 0.5 * plan_bytes <= working <= 1.1 * plan_bytes, (working, plan_bytes)
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["fp32 master weight", "FSDP bf16 gathered weight"])
+def test_fused_head_weight_gradient_buffers_match_the_plan(sharded):
+    """The backward of the fused head under bf16 autocast, at a 151,936-token vocabulary: the
+    fp32 sum and each chunk's bf16 product alive together, then the sum returned (as itself for
+    an fp32 weight; cast for FSDP's bf16 gathered one). The plan counts product and cast both,
+    an upper bound: the last product is freed before the cast is made."""
+    hidden, n, chunk = 512, 32, 16
+    size = replace(_size(), vocab_size=VOCAB, hidden_size=hidden)
+    items = {i.name: i.bytes for p in plan_memory(size, _run(sharded=sharded, devices=2 if sharded else 1)).phases
+             if p.name == "update" for i in p.items}
+    acc, product, cast = items["head grad accumulator"], items["head grad product"], items.get("head grad cast", 0)
+    assert (cast > 0) == sharded
+    dtype = torch.bfloat16 if sharded else torch.float32
+    torch.manual_seed(0)
+    w = (torch.randn(VOCAB, hidden) * 0.02).to(dtype).requires_grad_(True)
+    h = torch.randn(n, hidden, dtype=dtype)  # FSDP: the final norm's output in bf16
+    y = torch.randint(0, VOCAB, (n,))
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        logp = head_logprobs(h, w, None, y, chunk_tokens=chunk).logp
+    with track_memory(vocab_size=VOCAB) as mem:
+        logp.sum().backward()
+    # what the backward leaves is the weight's gradient: the fp32 sum itself, or its bf16 cast
+    assert mem.net_bytes == pytest.approx(cast if sharded else acc, rel=0.01)
+    # CPU only: adding the bf16 product into the fp32 sum first copies it to fp32 (TensorIterator
+    # promotes CPU inputs by a temporary; CUDA kernels cast as they read: not in the plan)
+    promotion = VOCAB * hidden * 4
+    head_cast = 0 if sharded else VOCAB * hidden * 2  # autocast's cast of the fp32 head ("bf16 weight casts")
+    expected = max(acc + product + head_cast + promotion, acc + cast)
+    chunk_set = head_chunk_bytes(size, chunk, 2, backward=True)
+    assert expected <= mem.peak_bytes <= expected + chunk_set, (mem.peak_bytes, expected)

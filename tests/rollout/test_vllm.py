@@ -300,9 +300,24 @@ def test_the_sleep_mode_sequence_around_a_step(engine, tok, monkeypatch):
     assert got.response_ids == _hf(model, tok, _prompts()).response_ids
 
 
+def test_a_sync_that_leaves_a_parameter_of_the_engine_unloaded_fails_naming_it(engine, tok, monkeypatch):
+    """vLLM's in-place reload only warns of a parameter no weight reached (after a level-2 sleep
+    it holds garbage); the engine fails the sync instead, at the first one, naming it. The
+    weights stream in one tensor at a time (``streamed_weights``)."""
+    import medsrl.rollout.vllm as engine_module
+
+    stream = engine_module.streamed_weights
+    monkeypatch.setattr(engine_module, "streamed_weights",
+                        lambda model, dtype: (w for w in stream(model, dtype) if w[0] != "model.norm.weight"))
+    with pytest.raises(RuntimeError, match=r"no weight for 1 of its parameters \(model.norm.weight\)"):
+        engine.sync_weights(_sharp(7))
+    monkeypatch.undo()
+    engine.sync_weights(_sharp(7))  # the whole stream: loads, no error
+
+
 def test_a_prompt_longer_than_the_engine_is_sized_for_is_refused_by_name(engine, tok):
     long = _prompts()[0] + " pad" * 100
-    with pytest.raises(ValueError, match="prompt 1 has .* max_model_len 256 .*rollout.max_prompt_tokens"):
+    with pytest.raises(ValueError, match="prompt 1 has .* max_model_len 256 .*rollout.max_prompt_tokens.* dropped at load"):
         engine.generate([_prompts()[0], long], GREEDY)
 
 
@@ -425,6 +440,8 @@ def test_two_processes_with_vllm_engines_match_one(tmp_path, one_vllm_process, s
 
     one, two = one_vllm_process / "run", tmp_path / "two"
     overrides = [*TWO_RANK_RUN, *_engine_overrides(), f"trainer={strategy}", *CPU_TWO_PROCESSES]
+    if strategy == "fsdp":  # whole tensors in one file, compared with one process's below
+        overrides.append("trainer.strategy.state_dict_type=full")
     out = train_in_subprocess(two, one_vllm_process / "cache", overrides)
     assert "external_launcher" in out
     assert_matches_one_process(one, two, read_metrics(two))

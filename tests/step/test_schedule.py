@@ -21,14 +21,34 @@ def _plans(counts, per_update, mb=2, sharded=False, gathered=None, max_tokens=No
     return plans
 
 
-def test_mini_batches_are_global_group_ranges_with_the_same_count_on_every_rank():
-    # rank 0 holds groups 0-2, rank 1 groups 3-4; two groups per update: {0,1} {2,3} {4}
+def test_every_update_takes_a_strided_share_of_each_ranks_groups():
+    # 5 groups, two per update: 3 updates; rank 0 holds groups 0-2, rank 1 groups 3-4 (local 0-1)
     r0, r1 = _plans([3, 2], per_update=2)
-    assert [m.tolist() for m in r0.mini_batches] == [[0, 1], [2], []]
-    assert [m.tolist() for m in r1.mini_batches] == [[], [0], [1]]  # local indices 3-3, 4-3
+    assert [m.tolist() for m in r0.mini_batches] == [[0], [1], [2]]
+    assert [m.tolist() for m in r1.mini_batches] == [[0], [1], []]
     whole = _plans([3, 2], per_update=None)
     assert [m.tolist() for m in whole[0].mini_batches] == [[0, 1, 2]]
     assert [m.tolist() for m in whole[1].mini_batches] == [[0, 1]]
+    (one,) = _plans([5], per_update=2)  # one process: the same strided order
+    assert [m.tolist() for m in one.mini_batches] == [[0, 3], [1, 4], [2]]
+    assert _plans([0], per_update=2)[0].mini_batches == []
+
+
+def test_with_8_ranks_of_64_groups_every_mini_batch_has_rows_on_every_rank():
+    """The paper's 7B run: 512 prompts on 8 ranks, 16 prompts a mini-batch. Cut as ranges of global
+    groups, each of the 32 mini-batches had rows on exactly one rank (the other seven ran idle
+    passes); strided, each rank holds 2 groups of every one of them."""
+    counts = [64] * 8
+    plans = _plans(counts, per_update=16)
+    assert {len(p.mini_batches) for p in plans} == {32}
+    for k in range(32):
+        assert [len(p.mini_batches[k]) for p in plans] == [2] * 8
+    # and together they are the mini-batches of one process holding all 512 groups
+    (one,) = _plans([512], per_update=16)
+    for k in range(32):
+        ranks = sorted(64 * r + g for r, p in enumerate(plans) for g in p.mini_batches[k].tolist())
+        assert ranks == one.mini_batches[k].tolist()
+    assert sorted(g for m in one.mini_batches for g in m.tolist()) == list(range(512))
 
 
 def test_rows_of_a_mini_batch_and_its_global_totals():

@@ -3,6 +3,7 @@ the update on explicit inputs."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -15,7 +16,7 @@ from medsrl.reward.grader import GradeResult
 from medsrl.rollout.base import RolloutBatch
 from medsrl.step.rollouts import StepRollouts, split_groups
 from medsrl.step.scoring import scoring_pass
-from medsrl.step.update import UpdateConfig, micro_loss, policy_update
+from medsrl.step.update import UpdateConfig, engine_is_weights, micro_loss, policy_update
 from medsrl.utils.guard import RunawayError, RunawayGuard, param_norm
 
 
@@ -87,6 +88,33 @@ def test_truncated_is_weights_the_policy_gradient_term_like_loss_weights():
     r.engine_logp = None
     with pytest.raises(ValueError, match="rollout.logprobs"):
         _loss(inputs, r, adv)
+
+
+
+def test_sequence_modes_give_each_row_one_weight_across_its_tokens():
+    """algorithm.engine_is_mode=sequence_*: one weight per response, exp(the sum of its tokens'
+    log-ratios) over its response mask (rows of 3 and 2 tokens; the padding's 9.0 never counts),
+    truncated or masked at the cap, on every column; a row a plug-in added keeps weight 1."""
+    inputs, r = _setup()
+    adv = torch.tensor([1.0, -1.0])
+    diff = torch.tensor([[0.1, 0.2, -0.1], [0.5, 0.8, 9.0]])  # sums 0.2 and 1.3 (exp 1.22, 3.67)
+    r.engine_logp = r.old_logp - diff
+    rows = torch.arange(len(r))
+    w = engine_is_weights(r, rows, r.old_logp, 2.0, "sequence_truncate")
+    assert w.tolist() == [pytest.approx([math.exp(0.2)] * 3, rel=1e-6), [2.0] * 3]
+    assert engine_is_weights(r, rows, r.old_logp, 2.0, "sequence_mask").tolist() == [
+        pytest.approx([math.exp(0.2)] * 3, rel=1e-6), [0.0] * 3]
+    r.loss_weights = torch.tensor([[math.exp(0.2)] * 3, [0.0] * 3])
+    want = _loss(inputs, r, adv)
+    r.loss_weights = None
+    masked = _with(inputs, engine_is_cap=2.0, engine_is_mode="sequence_mask")
+    loss, metrics = micro_loss(*masked, r, adv, rows, float(r.packed.response_mask.sum()), float(len(r)))
+    assert loss.item() == pytest.approx(want.item(), rel=1e-6)
+    assert metrics["engine_is/masked_frac"] == pytest.approx(2 / 5)  # the second row's 2 tokens
+    assert metrics["engine_is/weight_mean"] == pytest.approx(3 * math.exp(0.2) / 5, rel=1e-6)
+    assert "engine_is/capped_frac" not in metrics
+    r.source = ["sampled", "r3"]
+    assert engine_is_weights(r, rows, r.old_logp, 2.0, "sequence_mask")[1].tolist() == [1.0] * 3
 
 
 class TorchStepper:

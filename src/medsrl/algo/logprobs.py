@@ -26,9 +26,14 @@ TokenReducer = Callable[[Tensor, Tensor], Tensor]
 CHUNK_TOKENS = 1024
 
 
+def _acc_dtype(x: Tensor) -> torch.dtype:
+    """At least fp32 (fp64 stays fp64)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 def _acc(x: Tensor) -> Tensor:
     """Upcast to at least fp32 (fp64 stays fp64)."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+    return x.to(_acc_dtype(x))
 
 
 def _chunk_rows(logits: Tensor) -> int:
@@ -211,8 +216,9 @@ class _FusedHeadLogprob(torch.autograd.Function):
         if g_logp is None:
             g_logp = torch.zeros_like(lse)
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros_like(weight, dtype=_acc(weight).dtype) if need_w else None
-        grad_b = torch.zeros_like(bias, dtype=_acc(bias).dtype) if need_b else None
+        # the fp32 sums' dtype, without an fp32 copy of the [V, H] weight to read it from
+        grad_w = torch.zeros_like(weight, dtype=_acc_dtype(weight)) if need_w else None
+        grad_b = torch.zeros_like(bias, dtype=_acc_dtype(bias)) if need_b else None
         device_type, enabled, dtype = ctx.autocast
         with torch.autocast(device_type, dtype=dtype, enabled=enabled):
             w, b = _autocast_head(hidden, weight, bias)

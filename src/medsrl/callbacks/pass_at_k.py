@@ -1,18 +1,30 @@
 """Held-out validation during training (the module has no ``validation_step``): accuracy, pass@k
 and diversity as medsrl-eval measures them, with the same sampling seed at every evaluation, so
 that successive points differ by the policy, not the dice.
+
+Memory, in the order it runs: every chunk is sampled first (vLLM from its own weights; HF with the
+policy gathered under FSDP), then the engine is released, then the diversity features are read in
+one feature pass through the policy module itself (under FSDP its wrapper: a unit gathered at a
+time), cut by the run's token budget, all of it under the run's autocast.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from contextlib import nullcontext
 
 from lightning.pytorch.callbacks import Callback
 
 from medsrl.callbacks.progress import set_progress_status
-from medsrl.evaluation.responses import EvalSettings, sample_problems, summarize_records
+from medsrl.evaluation.response_features import response_features
+from medsrl.evaluation.responses import (
+    EvalSettings,
+    chunk_records,
+    chunks_of,
+    joined_rollout,
+    sample_chunk,
+    summarize_records,
+)
 from medsrl.methods.meds.features import FeatureSpec
 from medsrl.utils.distributed import all_gather_objects, rank_and_size, shard_bounds
 
@@ -69,18 +81,25 @@ class PassAtKValidation(Callback):
         max_new = self.max_new_tokens or pl_module.rollout_cfg.max_new_tokens
         settings = dataclasses.replace(self.settings, max_new_tokens=max_new)
         # whole sampling chunks per rank (each seeded by its first problem): the numbers of one process
-        chunk = settings.chunk_size
-        first, last = shard_bounds(-(-len(problems) // chunk), *rank_and_size())
-        start, stop = min(first * chunk, len(problems)), min(last * chunk, len(problems))
-        share = dataclasses.replace(settings, seed=settings.seed + start)
+        chunks = chunks_of(len(problems), settings)
+        first, last = shard_bounds(len(chunks), *rank_and_size())
         engine = pl_module.engine
-        pl_module.sync_engine(stale_only=True)
-        # the whole weights (FSDP) when the policy module runs: HF generation, MEDS features
-        needs_policy = engine.uses_policy_weights or settings.features is not None
-        with pl_module.full_policy() if needs_policy else nullcontext(pl_module.policy) as policy:
-            mine = sample_problems(policy, pl_module.tokenizer, engine, pl_module.grader,
-                                   problems[start:stop], share)
-        engine.release()
+        with trainer.precision_plugin.forward_context():
+            pl_module.sync_engine(stale_only=True)
+            with pl_module.policy_for_generation():  # HF under FSDP: the policy gathered for sampling
+                sampled = [sample_chunk(engine, pl_module.grader, problems, idx, settings) for idx in chunks[first:last]]
+            engine.release()  # every rank: its engine's memory goes to the feature pass and the update
+            feats = [None] * sum(len(c.rollout) for c in sampled)
+            if settings.features is not None:
+                algo = pl_module.algorithm  # the update's budget: the memory it is planned for
+                feats = response_features(pl_module.policy, pl_module.tokenizer, joined_rollout(sampled),
+                                          spec=settings.features, micro_batch_size=algo.micro_batch_size,
+                                          max_tokens=algo.max_tokens_per_microbatch,
+                                          reasoning_end=pl_module.grader.reasoning_end)
+        mine, at = [], 0
+        for chunk in sampled:
+            mine += chunk_records(chunk, feats[at:at + len(chunk.rollout)])
+            at += len(chunk.rollout)
         records = [rec for part in all_gather_objects(mine) for rec in part]
         by_source = defaultdict(list)
         for p, rec in zip(problems, records, strict=True):

@@ -10,7 +10,9 @@ The prompts of training step ``s`` are a pure function of ``(seed, s)``:
   each seeded by ``(seed, stage name, dataset name, epoch)``: epochs without replacement.
 
 There is no iterator state to save: resuming at ``trainer.global_step`` reproduces the run, and
-Lightning's one-batch prefetch is harmless.
+Lightning's one-batch prefetch is harmless. Prompts too long for the rollout engine are dropped
+from each dataset once, at the start (:meth:`MathDataModule.limit_prompt_tokens`), before any
+permutation is drawn: the schedule is then a pure function of ``(seed, step)`` over what is kept.
 """
 
 from __future__ import annotations
@@ -30,11 +32,21 @@ import numpy as np
 from medsrl.data.example import MathExample, Prompt, prompt_key
 from medsrl.data.template import PromptTemplate
 
-__all__ = ["DatasetSpec", "MathDataModule", "StageSpec", "largest_remainder_quotas"]
+__all__ = [
+    "DatasetSpec",
+    "MathDataModule",
+    "PromptDrop",
+    "StageSpec",
+    "largest_remainder_quotas",
+    "prompt_token_counts",
+]
 
 log = logging.getLogger(__name__)
 
 ExampleSource = Sequence[MathExample] | Callable[[], Sequence[MathExample]]
+
+PROMPT_TOKEN_BATCH = 1024  # prompts per tokenizer call when counting: bounded memory, fast-tokenizer batches
+LIMIT_SETTINGS = "rollout.max_prompt_tokens / rollout.max_new_tokens / rollout.vllm.max_model_len"
 
 
 @dataclass
@@ -46,9 +58,20 @@ class DatasetSpec:
     weight: float = 1.0
     source: ExampleSource | None = None
     _examples: list[MathExample] | None = field(default=None, init=False, repr=False)
+    _kept: list[MathExample] | None = field(default=None, init=False, repr=False)
 
     @property
     def examples(self) -> list[MathExample]:
+        """The examples the schedule draws from: :attr:`loaded`, less those :meth:`keep` left out."""
+        return self.loaded if self._kept is None else self._kept
+
+    def keep(self, kept: list[MathExample] | None) -> None:
+        """Draw from ``kept`` (a subset of :attr:`loaded`) from now on; None: every loaded one."""
+        self._kept = kept
+
+    @property
+    def loaded(self) -> list[MathExample]:
+        """Every example of the source (none dropped)."""
         if self._examples is None:
             src = self.source
             if src is None:
@@ -195,6 +218,34 @@ def _permutation(n: int, *seed_parts: object) -> np.ndarray:
     return perm
 
 
+def prompt_token_counts(tokenizer, texts: Sequence[str], batch_size: int = PROMPT_TOKEN_BATCH) -> list[int]:
+    """Each text's token count as the rollout engines count it (``tokenizer(texts)["input_ids"]``,
+    default special tokens: rollout/base.py ``tokenize_prompts``), a batch at a time."""
+    counts: list[int] = []
+    for i in range(0, len(texts), batch_size):
+        counts.extend(len(ids) for ids in tokenizer(list(texts[i : i + batch_size]))["input_ids"])
+    return counts
+
+
+@dataclass(frozen=True)
+class PromptDrop:
+    """What :meth:`MathDataModule.limit_prompt_tokens` left out of one dataset."""
+
+    where: str  # "stage 'B' dataset 'dapo_math_17k'" or "val dataset 'aime24'"
+    dataset: str
+    dropped: int
+    total: int
+    longest_kept: int  # tokens; 0 when nothing is kept
+
+    @property
+    def share(self) -> float:
+        return self.dropped / self.total if self.total else 0.0
+
+    def describe(self, limit: int) -> str:
+        return (f"{self.where}: {self.dropped} of {self.total} prompts ({self.share:.2%}) longer than "
+                f"{limit} tokens")
+
+
 # iterables handed to Lightning (not lists: Lightning would read a list as several loaders)
 
 
@@ -227,6 +278,9 @@ class MathDataModule(lightning.LightningDataModule):
     source}]}`` (a source: see :class:`DatasetSpec`). ``val``: datasets ``{name, source}`` whose
     union, shuffled with the seed and cut to ``val_size``, is the held-out set. ``template``:
     ``PromptTemplate`` settings. ``Prompt.source`` is the dataset's name in this config.
+    ``max_dropped_prompt_share``: the largest share of a dataset :meth:`limit_prompt_tokens` may
+    drop as too long before the run refuses to start (a larger loss means the limit, not a few
+    outliers, is wrong: the data's long, hard problems would silently go).
     """
 
     def __init__(
@@ -237,8 +291,15 @@ class MathDataModule(lightning.LightningDataModule):
         val_size: int | None = 64,  # None: every held-out prompt
         template: Mapping[str, Any] | None = None,
         seed: int = 0,
+        max_dropped_prompt_share: float = 0.01,
     ):
         super().__init__()
+        share = float(max_dropped_prompt_share)
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"data.max_dropped_prompt_share must be in [0, 1], got {max_dropped_prompt_share}")
+        self.max_dropped_prompt_share = share
+        self.prompt_token_limit: int | None = None  # set by limit_prompt_tokens
+        self.prompt_drops: list[PromptDrop] = []
         if int(prompts_per_step) < 1:
             raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
         if val_size is not None and int(val_size) < 1:
@@ -305,6 +366,68 @@ class MathDataModule(lightning.LightningDataModule):
         """The policy's tokenizer: ``template.kind=chat`` renders prompts with its chat template."""
         self.tokenizer = tokenizer
         self._val_prompts = None
+
+    def limit_prompt_tokens(self, tokenizer, limit: int | None, why: str = "") -> list[PromptDrop]:
+        """Drop from every stage's datasets and every val dataset the prompts (rendered with
+        :meth:`render`) longer than ``limit`` tokens of ``tokenizer``: those the rollout engine
+        cannot take beside its new tokens (rollout/factory.py ``prompt_token_limit``), dropped at
+        load as verl's ``filter_overlong_prompts`` does, not refused at the step that draws one.
+        Each list is cut once, before any permutation is drawn: the schedule stays a pure function
+        of ``(seed, step)`` and a resumed run repeats the uninterrupted one. A dataset losing more
+        than ``max_dropped_prompt_share`` fails here, at the start; ``why`` says where ``limit``
+        comes from, for that message. ``limit`` None keeps every prompt."""
+        if limit is not None and int(limit) < 1:
+            raise ValueError(f"the prompt token limit must be >= 1, got {limit} ({why or LIMIT_SETTINGS})")
+        self.prompt_token_limit = None if limit is None else int(limit)
+        self._val_prompts = None
+        named = self._named_datasets()
+        if self.prompt_token_limit is None:
+            for _, ds in named:
+                ds.keep(None)
+            self.prompt_drops = []
+            return []
+        self.prompt_drops = [self._drop_overlong(where, ds, tokenizer, self.prompt_token_limit)
+                             for where, ds in named]
+        for drop in self.prompt_drops:
+            self._log_drop(drop)
+        self._check_drops(why)
+        return self.prompt_drops
+
+    def _named_datasets(self) -> list[tuple[str, DatasetSpec]]:
+        """Every dataset the run reads, named for a log line: each stage's, then the val ones."""
+        named = [(f"stage {s.name!r} dataset {d.name!r}", d) for s in self.stages for d in s.datasets]
+        return named + [(f"val dataset {d.name!r}", d) for d in self.val or []]
+
+    def _drop_overlong(self, where: str, ds: DatasetSpec, tokenizer, limit: int) -> PromptDrop:
+        """Keep ``ds``'s examples whose rendered prompt has at most ``limit`` tokens."""
+        examples = ds.loaded
+        counts = prompt_token_counts(tokenizer, [self.render(ex.problem) for ex in examples])
+        kept = [ex for ex, n in zip(examples, counts, strict=True) if n <= limit]
+        ds.keep(kept)
+        longest = max((n for n in counts if n <= limit), default=0)
+        return PromptDrop(where, ds.name, len(examples) - len(kept), len(examples), longest)
+
+    def _log_drop(self, drop: PromptDrop) -> None:
+        limit = self.prompt_token_limit
+        if drop.dropped:
+            log.warning("%s, dropped; the longest kept has %d tokens",
+                        drop.describe(limit), drop.longest_kept)
+        else:
+            log.info("%s: all %d prompts within %d tokens (the longest has %d)",
+                     drop.where, drop.total, limit, drop.longest_kept)
+
+    def _check_drops(self, why: str) -> None:
+        """Refuse a dataset that lost more than the allowed share, or everything."""
+        share = self.max_dropped_prompt_share
+        bad = [d for d in self.prompt_drops if d.dropped and (d.share > share or d.dropped == d.total)]
+        if bad:
+            lost = "; ".join(d.describe(self.prompt_token_limit) for d in bad)
+            raise ValueError(
+                f"{lost}: more than data.max_dropped_prompt_share={share:g} of a dataset, or all of it. The limit "
+                f"{self.prompt_token_limit} is {why or 'the engine max_model_len - rollout.max_new_tokens'}: "
+                f"raise it with {LIMIT_SETTINGS} (the model's positions cap max_model_len), "
+                "or allow the loss with data.max_dropped_prompt_share (++data.max_dropped_prompt_share=<share>)"
+            )
 
     def render(self, problem: str) -> str:
         """The prompt text of ``problem`` in this data's format."""
@@ -384,7 +507,10 @@ class MathDataModule(lightning.LightningDataModule):
     # checkpointing: the schedule is stateless; this only detects a changed schedule
 
     def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "stages": [(s.name, s.start_step) for s in self.stages]}
+        state = {"seed": self.seed, "stages": [(s.name, s.start_step) for s in self.stages]}
+        if self.prompt_token_limit is not None:
+            state["prompt_token_limit"] = self.prompt_token_limit
+        return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         saved_seed = state_dict.get("seed")
@@ -395,3 +521,7 @@ class MathDataModule(lightning.LightningDataModule):
                         saved_seed, self.seed)
         if saved_stages != current:
             log.warning("stage schedule changed since the checkpoint: %s -> %s", saved_stages, current)
+        saved_limit = state_dict.get("prompt_token_limit")
+        if saved_limit != self.prompt_token_limit:
+            log.warning("prompt token limit changed since the checkpoint: %s -> %s (other prompts are "
+                        "dropped, so the prompt order differs)", saved_limit, self.prompt_token_limit)

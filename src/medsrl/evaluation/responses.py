@@ -19,7 +19,7 @@ from medsrl.evaluation.response_features import response_features
 from medsrl.evaluation.store import GenerationStore, settings_fingerprint
 from medsrl.evaluation.tables import summarize_benchmark
 from medsrl.methods.meds.features import FeatureSpec
-from medsrl.rollout.base import SamplingParams
+from medsrl.rollout.base import RolloutBatch, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,67 @@ def problems_from(examples, template: dict[str, Any], tokenizer=None) -> list[Pr
     return [Prompt(e.key, fmt.render(e.problem, tokenizer), e.problem, e.answer, e.source) for e in examples]
 
 
+@dataclass
+class SampledChunk:
+    """One sampling chunk: its problems' indices, the problems, their responses and grades."""
+
+    indices: range
+    problems: list[Prompt]
+    rollout: RolloutBatch
+    grades: list
+
+
+def sample_chunk(engine, grader, problems: Sequence[Prompt], indices: range, settings: EvalSettings) -> SampledChunk:
+    """Sample and grade the chunk of ``problems`` at ``indices``, seeded by its first problem."""
+    batch = [problems[i] for i in indices]
+    params = SamplingParams(
+        n=settings.n, temperature=settings.temperature, top_p=settings.top_p,
+        max_new_tokens=settings.max_new_tokens, seed=settings.seed + indices.start,
+    )
+    rollout = engine.generate([p.text for p in batch], params)
+    grades = grader.grade_batch(rollout.response_text, [batch[j].answer for j in rollout.prompt_index])
+    return SampledChunk(indices, batch, rollout, grades)
+
+
+def chunks_of(num_problems: int, settings: EvalSettings) -> list[range]:
+    """The fixed sampling chunks of ``num_problems`` problems."""
+    size = settings.chunk_size
+    return [range(s, min(s + size, num_problems)) for s in range(0, num_problems, size)]
+
+
+def chunk_records(chunk: SampledChunk, features: Sequence[list[float] | None], *, run: str = "",
+                  benchmark: str = "") -> list[dict[str, Any]]:
+    """One record per problem of ``chunk`` (its n responses, grades and ``features``)."""
+    rollout = chunk.rollout
+    per_problem: list[list[dict[str, Any]]] = [[] for _ in chunk.problems]
+    for r, g in enumerate(chunk.grades):
+        per_problem[rollout.prompt_index[r]].append({
+            "text": rollout.response_text[r],
+            "extracted": g.extracted,
+            "score": g.score,
+            "finish_reason": rollout.finish_reason[r],
+            "timed_out": g.timed_out,
+            "feature": features[r],
+        })
+    return [
+        {"run": run, "benchmark": benchmark, "index": i, "key": p.key, "problem": p.problem,
+         "gold": p.answer, "responses": per_problem[j]}
+        for j, (i, p) in enumerate(zip(chunk.indices, chunk.problems, strict=True))
+    ]
+
+
+def joined_rollout(chunks: Sequence[SampledChunk]) -> RolloutBatch:
+    """The chunks' responses as one batch (``prompt_index`` counted on across chunks), so one
+    feature pass covers them all."""
+    out, offset = RolloutBatch.empty(), 0
+    for c in chunks:
+        out.prompt_index += [offset + i for i in c.rollout.prompt_index]
+        offset += len(c.problems)
+        for k in ("prompt_ids", "response_ids", "response_text", "finish_reason"):
+            getattr(out, k).extend(getattr(c.rollout, k))
+    return out
+
+
 def sample_problems(
     policy, tokenizer, engine, grader, problems: Sequence[Prompt], settings: EvalSettings, *,
     run: str = "", benchmark: str = "", store: GenerationStore | None = None,
@@ -58,43 +119,16 @@ def sample_problems(
     """One record per problem (its n responses, grades and features), in problem order; with a
     ``store``, records already there are reused and new ones written as each chunk finishes."""
     records: list[dict[str, Any]] = []
-    chunk = settings.chunk_size
-    for start in range(0, len(problems), chunk):
-        idx = range(start, min(start + chunk, len(problems)))
+    for idx in chunks_of(len(problems), settings):
         if store is not None and all(store.lookup(run, benchmark, i, fingerprint) for i in idx):
             records += [store.lookup(run, benchmark, i, fingerprint) for i in idx]
             continue
-        batch = [problems[i] for i in idx]
-        params = SamplingParams(
-            n=settings.n, temperature=settings.temperature, top_p=settings.top_p,
-            max_new_tokens=settings.max_new_tokens, seed=settings.seed + start,
-        )
-        rollout = engine.generate([p.text for p in batch], params)
-        grades = grader.grade_batch(rollout.response_text, [batch[j].answer for j in rollout.prompt_index])
-        feats = [None] * len(rollout)
+        chunk = sample_chunk(engine, grader, problems, idx, settings)
+        feats = [None] * len(chunk.rollout)
         if settings.features is not None:
-            feats = response_features(policy, tokenizer, rollout, spec=settings.features,
+            feats = response_features(policy, tokenizer, chunk.rollout, spec=settings.features,
                                       reasoning_end=grader.reasoning_end)
-        per_problem: list[list[dict[str, Any]]] = [[] for _ in batch]
-        for r, g in enumerate(grades):
-            per_problem[rollout.prompt_index[r]].append({
-                "text": rollout.response_text[r],
-                "extracted": g.extracted,
-                "score": g.score,
-                "finish_reason": rollout.finish_reason[r],
-                "timed_out": g.timed_out,
-                "feature": feats[r],
-            })
-        for j, (i, p) in enumerate(zip(idx, batch, strict=True)):
-            rec = {
-                "run": run,
-                "benchmark": benchmark,
-                "index": i,
-                "key": p.key,
-                "problem": p.problem,
-                "gold": p.answer,
-                "responses": per_problem[j],
-            }
+        for rec in chunk_records(chunk, feats, run=run, benchmark=benchmark):
             if store is not None:
                 store.add(rec, fingerprint)
             records.append(rec)

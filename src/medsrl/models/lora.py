@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -134,29 +134,54 @@ def reference_policy(policy: nn.Module, copy: nn.Module | None) -> Iterator[nn.M
 
 
 @torch.no_grad()
-def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The weights a plain model would hold with the adapters merged, under the base model's own
-    names: for vLLM and the merged export. ``model`` is left as it is (nothing merged in place);
-    weights without an adapter are returned, not copied. A plain model: its state."""
-    if not is_lora(model):
-        return dict(model.state_dict())
+def merged_weights(
+    model: nn.Module, dtype: torch.dtype | None = None, *, copy: bool = False,
+    skip: Callable[[nn.Module], bool] | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The state a plain model would hold with the adapters merged, under the base model's own
+    names (what vLLM loads and the merged export saves), one module at a time: a LoRA layer's
+    weight is its base weight plus each active adapter's delta, made, cast to ``dtype`` and
+    yielded before the next module's, so no more than one merged weight need exist at once.
+    ``model`` is left as it is. Other tensors are yielded as they are (``copy``: always a fresh
+    tensor); subtrees where ``skip(module)`` holds are left out. A plain model: its state."""
     from peft.tuners.lora import LoraLayer
 
-    base = unwrap_peft(model)
-    deltas: dict[str, torch.Tensor] = {}
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer) and not module.merged and not module.disable_adapters:
-            for adapter in module.active_adapters:
-                if adapter in module.lora_A:
-                    key = f"{name}.base_layer.weight"
-                    deltas[key] = deltas.get(key, 0) + module.get_delta_weight(adapter)
-    out = {}
-    for key, value in base.state_dict().items():
-        if key in deltas:
-            value = value + deltas[key].to(value.dtype)
-        if not is_adapter_key(key):
-            out[key.replace(".base_layer.", ".")] = value.detach()
-    return out
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to(dtype or t.dtype, copy=copy)
+
+    def walk(module: nn.Module, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+        if isinstance(module, LoraLayer):
+            yield from _merged_layer(module, prefix, dtype)
+            return
+        for name, t in module._parameters.items():
+            if t is not None:
+                yield prefix + name, cast(t)
+        for name, t in module._buffers.items():
+            if t is not None and name not in module._non_persistent_buffers_set:
+                yield prefix + name, cast(t)
+        for name, child in module._modules.items():
+            if child is not None and not (skip and skip(child)):
+                yield from walk(child, f"{prefix}{name}.")
+
+    yield from walk(unwrap_peft(model), "")
+
+
+def _merged_layer(layer, prefix: str, dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
+    """A LoRA layer's base tensors under its own name, the weight with the active adapters' deltas
+    added (in the base weight's dtype, then cast)."""
+    base = layer.get_base_layer()
+    for name, t in base.named_parameters(recurse=False):
+        if name == "weight" and not layer.merged and not layer.disable_adapters:
+            deltas = [layer.get_delta_weight(a) for a in layer.active_adapters if a in layer.lora_A]
+            if deltas:
+                t = t + sum(deltas).to(t.dtype)
+                del deltas
+        yield prefix + name, t.detach().to(dtype or t.dtype, copy=True)
+
+
+def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """:func:`merged_weights` as one dict (the merged export)."""
+    return dict(merged_weights(model))
 
 
 def export_view(policy: nn.Module, merge: bool) -> tuple[nn.Module, dict[str, torch.Tensor] | None]:

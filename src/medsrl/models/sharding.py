@@ -1,17 +1,21 @@
-"""FSDP for the policy: sharded per decoder layer for the update, whole for generation and scoring.
+"""FSDP for the policy: one unit per decoder layer, gathered a unit at a time.
 
-The update's passes (the same number on every rank) go through the FSDP wrapper; rank-local work
-of different lengths (generation, scoring, MEDS capture, export) runs inside :func:`full_weights`,
-so nothing in it is a collective. Layout and precision: docs/ARCHITECTURE.md and docs/GPU.md.
+Every forward of the policy goes through the FSDP wrapper (the scoring pass, the MEDS features,
+validation's feature forward, the update), each a collective: ranks agree on the number of
+passes (:func:`agreed_passes`) and a rank with fewer rows joins the others' with a one-token
+:func:`idle_forward`. The weights go to the rollout engine a unit at a time
+(:func:`streamed_weights`). Only HF generation and the export gather the whole policy
+(:func:`full_weights`). Layout and precision: docs/ARCHITECTURE.md and docs/GPU.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from lightning.pytorch.plugins.precision import FSDPPrecision
 from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 from torch.distributed.fsdp import (
@@ -24,11 +28,28 @@ from torch.distributed.fsdp import (
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
 
-from medsrl.utils.distributed import all_reduce_sum
+from medsrl.utils.distributed import all_gather_objects, all_reduce_sum
 
 
 def is_sharded(module: nn.Module) -> bool:
     return isinstance(module, FSDP)
+
+
+class PolicyFSDPPrecision(FSDPPrecision):
+    """Lightning's FSDP precision with the autocast its AMP plugin uses: on the strategy's device
+    type (Lightning's is CUDA only, so a CPU run computed without autocast) and without the
+    weight-cast cache (Lightning's keeps it on, so every fp32 weight a forward in
+    ``training_step`` cast to bf16 stayed alive as a bf16 copy to the end of the step)."""
+
+    def __init__(self, precision: str, device_type: Callable[[], str]) -> None:
+        super().__init__(precision)
+        self._device_type = device_type
+
+    def forward_context(self):
+        low = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(self.precision)
+        if low is None:
+            return super().forward_context()
+        return torch.autocast(self._device_type(), dtype=low, cache_enabled=False)
 
 
 class PolicyFSDPStrategy(FSDPStrategy):
@@ -50,6 +71,17 @@ class PolicyFSDPStrategy(FSDPStrategy):
                 "_no_split_modules; see medsrl.models.sharding): remove strategy.auto_wrap_policy"
             )
         super().__init__(*args, **kwargs)
+
+    @property
+    def precision_plugin(self) -> FSDPPrecision:
+        return FSDPStrategy.precision_plugin.fget(self)
+
+    @precision_plugin.setter
+    def precision_plugin(self, plugin) -> None:
+        """Lightning's own FSDP precision plugin becomes :class:`PolicyFSDPPrecision`."""
+        if type(plugin) is FSDPPrecision:
+            plugin = PolicyFSDPPrecision(plugin.precision, lambda: self.root_device.type)
+        FSDPStrategy.precision_plugin.fset(self, plugin)
 
     @property
     def mixed_precision_config(self):
@@ -126,10 +158,69 @@ def shard_policy(policy: nn.Module, strategy: FSDPStrategy) -> nn.Module:
     )
 
 
+def agreed_passes(count: int, sharded: bool) -> int:
+    """How many forwards every rank runs when this one has ``count``: under FSDP each forward is
+    a collective (its units' all-gathers), so every rank runs as many as the busiest one."""
+    return max(all_gather_objects(count)) if sharded else count
+
+
+@torch.no_grad()
+def idle_forward(model: nn.Module) -> None:
+    """A one-token no-grad forward through the FSDP wrapper: this rank's part of a pass it has
+    no rows for (the other ranks' all-gathers wait for it)."""
+    device = next(model.parameters()).device
+    ids = torch.zeros((1, 1), dtype=torch.long, device=device)
+    model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
+
+
+def idle_passes(model: nn.Module) -> None:
+    """This rank has no rows for a forward the others run (under FSDP): join all their passes."""
+    for _ in range(agreed_passes(0, sharded=True)):
+        idle_forward(model)
+
+
+def streamed_weights(module: nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """The state a plain model of the policy holds (a LoRA policy's merged, under the base model's
+    names: ``models/lora.py`` ``merged_weights``), one tensor at a time, for an engine's layerwise
+    reload. Under FSDP one unit is gathered at a time (the root's own weights: embeddings, final
+    norm, LM head; then each decoder layer with its adapters), and each tensor is a fresh copy in
+    ``dtype`` (the engine may hold it until its layer is complete, past the unit's release). Every
+    rank must run it to the end together: each unit's gather is a collective."""
+    from medsrl.models.lora import merged_weights, unwrap_peft
+
+    if not is_sharded(module):
+        yield from merged_weights(module, dtype)
+        return
+    plain = unwrap_peft(module.module)
+    # the root first: its gather also initialises FSDP's root state, which a nested unit's would
+    # claim for itself
+    with FSDP.summon_full_params(module, recurse=False, writeback=False):
+        yield from merged_weights(plain, dtype, copy=True, skip=lambda m: isinstance(m, FSDP))
+    for prefix, unit in _top_units(plain):
+        with FSDP.summon_full_params(unit, recurse=True, writeback=False):
+            for name, t in merged_weights(unit, dtype, copy=True):
+                yield f"{prefix}.{_clean(name)}", t
+
+
+def _top_units(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, FSDP]]:
+    """The FSDP units in ``module``'s tree not nested in another one, with their names."""
+    for name, child in module.named_children():
+        path = f"{prefix}{name}"
+        if isinstance(child, FSDP):
+            yield path, child
+        else:
+            yield from _top_units(child, path + ".")
+
+
+def _clean(name: str) -> str:
+    return name.replace("_fsdp_wrapped_module.", "")
+
+
 @contextlib.contextmanager
 def full_weights(module: nn.Module) -> Iterator[nn.Module]:
     """The plain module with all its weights for the block, for reading (changes are discarded):
-    gathered on every rank when FSDP-wrapped (a collective: all ranks enter together)."""
+    gathered on every rank when FSDP-wrapped (a collective: all ranks enter together). For HF
+    generation and the export; everything else goes through the wrapper."""
     if not is_sharded(module):
         yield module
         return

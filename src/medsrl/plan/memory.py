@@ -3,10 +3,17 @@
 What ``medsrl-plan`` prints (docs/GPU.md). Every figure is computed from the model's parameter
 counts (``plan/model_size.py``) and the run's batch, precision and sharding; what a CPU can
 measure is checked in ``tests/plan/test_memory_plan.py``, the rest (activations, KV cache, the
-engine) are estimates with their formulas. Phases, as ``module.py`` runs them: generation (the
-policy gathered whole under FSDP; HF's KV cache or vLLM's reservation), scoring (no-grad
-forward per micro-batch), update (forward + backward of one micro-batch, the step's gradients
-alive), optimizer step. A vLLM engine without sleep mode keeps its reservation throughout.
+engine) are estimates with their formulas. Phases, as ``module.py`` and the validation callback
+run them: the first weight sync (train start, vLLM only: the engine awake with its whole
+reservation, the weights streamed in), generation (HF: the policy gathered whole under FSDP and
+HF's KV cache; vLLM: the engine's reservation, from its own weights), scoring (no-grad forward
+per micro-batch; under FSDP through the wrapper: a unit gathered at a time), update (forward +
+backward of one micro-batch, the step's gradients alive, the fused head's weight-gradient
+buffers), optimizer step, the weight sync (vLLM: streamed a unit at a time into the engine's
+woken weights), and with validation on (``callbacks.pass_at_k.every_n_steps`` > 0) validation
+sampling (as generation, with its own rows and length) and validation features (one no-grad
+feature forward like scoring, without the head chunk). A vLLM engine without sleep mode keeps
+its reservation throughout.
 """
 
 from __future__ import annotations
@@ -26,7 +33,10 @@ GIB = 2**30
 USABLE_FRACTION = 0.90
 RUNTIME_BYTES = 1 * GIB  # CUDA context, cuBLAS workspaces (and NCCL buffers with several ranks): assumed
 DEFAULT_PROMPT_TOKENS = 1024  # the reference run's longest prompt (PAPER.md)
-DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2}
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2}
+# PassAtKValidation's own defaults (callbacks/pass_at_k.py; tests/plan/test_memory_plan.py checks
+# them), for a config that leaves a setting out: importing the callback would slow every plan
+VALIDATION_DEFAULTS = {"every_n_steps": 20, "n": 8, "max_new_tokens": None, "features": "run", "batch_size": 128}
 
 
 @dataclass(frozen=True)
@@ -55,13 +65,27 @@ class RunShape:
     on_gpu: bool = True  # trainer.accelerator is not cpu: the CUDA runtime's own memory counts
     chunk_tokens: int = CHUNK_TOKENS
     max_tokens: int | None = None  # algorithm.max_tokens_per_microbatch: padded tokens per forward
+    validation: bool = False  # callbacks.pass_at_k runs (every_n_steps > 0)
+    val_generate_rows: int = 0  # HF: sequences per generate call in validation (its chunk, capped by the engine's)
+    val_response_tokens: int = 0  # callbacks.pass_at_k.max_new_tokens (null: rollout.max_new_tokens)
+    val_features: bool = False  # callbacks.pass_at_k.features not null: one feature forward after sampling
 
     @property
     def micro_batch_tokens(self) -> int:
         """Padded tokens of the largest forward/backward: ``micro_batch`` rows of the longest
         prompt + response, or the token budget when smaller (a longer row still runs alone)."""
-        full = self.micro_batch * self.tokens_per_row
-        return full if self.max_tokens is None else max(self.tokens_per_row, min(full, self.max_tokens))
+        return self.budget_tokens(self.tokens_per_row)
+
+    @property
+    def val_micro_batch_tokens(self) -> int:
+        """Padded tokens of validation's largest feature forward: the same cut, its own rows."""
+        return self.budget_tokens(self.prompt_tokens + self.val_response_tokens)
+
+    def budget_tokens(self, row_tokens: int) -> int:
+        """Padded tokens of the largest forward over rows of at most ``row_tokens``, cut by rows
+        and the token budget as ``step/micro_batches.py`` cuts them."""
+        full = self.micro_batch * row_tokens
+        return full if self.max_tokens is None else max(row_tokens, min(full, self.max_tokens))
 
     @property
     def shards(self) -> int:
@@ -153,7 +177,13 @@ def run_shape(cfg: Mapping[str, Any], prompt_tokens: int = DEFAULT_PROMPT_TOKENS
     vllm = rollout.get("vllm") or {}
     hardware = cfg.get("hardware") or None
     engine_dtype = str(vllm.get("dtype", "auto"))
-    engine_bytes = DTYPE_BYTES.get(engine_dtype, compute if engine_dtype == "auto" and master == compute else master)
+    # "auto" is the policy's dtype (rollout/vllm.py _engine_dtype)
+    engine_bytes = DTYPE_BYTES.get(engine_dtype, master)
+    response_tokens = int(rollout.get("max_new_tokens"))
+    val = validation_settings(cfg)
+    val_n = int(val["n"])
+    # HF: a chunk of batch_size // n problems, which the engine cuts by its own rows per call
+    val_prompts = min(max(1, int(val["batch_size"]) // val_n), max(1, int(rollout.get("max_batch_size", 64)) // val_n))
     return RunShape(
         devices=devices,
         sharded=sharded,
@@ -164,7 +194,7 @@ def run_shape(cfg: Mapping[str, Any], prompt_tokens: int = DEFAULT_PROMPT_TOKENS
         backend=str(rollout.get("backend", "hf")),
         sequences_per_rank=seqs,
         prompt_tokens=prompt_tokens,
-        response_tokens=int(rollout.get("max_new_tokens")),
+        response_tokens=response_tokens,
         generate_rows=min(rows, seqs),
         micro_batch=int(algo.get("micro_batch_size")),
         max_tokens=None if algo.get("max_tokens_per_microbatch") is None else int(algo.get("max_tokens_per_microbatch")),
@@ -177,7 +207,21 @@ def run_shape(cfg: Mapping[str, Any], prompt_tokens: int = DEFAULT_PROMPT_TOKENS
         gpu_bytes=None if hardware is None else int(float(hardware["gpu_memory_gib"]) * GIB),
         hardware=None if hardware is None else str(hardware.get("name", "")),
         on_gpu=str(trainer.get("accelerator", "cpu")) != "cpu",
+        validation=int(val["every_n_steps"]) > 0,
+        val_generate_rows=val_prompts * val_n,
+        val_response_tokens=int(val["max_new_tokens"] or response_tokens),
+        val_features=val["features"] is not None,
     )
+
+
+def validation_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``callbacks.pass_at_k``'s memory settings over the callback's defaults; every_n_steps 0
+    (validation off) when the run builds no such callback (null, or settings without a
+    ``_target_``: ``callbacks=none`` under an experiment's settings; ``train.py`` skips those)."""
+    node = (cfg.get("callbacks") or {}).get("pass_at_k")
+    if node is None or "_target_" not in node:
+        return {**VALIDATION_DEFAULTS, "every_n_steps": 0}
+    return {k: node.get(k, default) for k, default in VALIDATION_DEFAULTS.items()}
 
 
 def _count(v: Any) -> int:
@@ -188,12 +232,13 @@ def _count(v: Any) -> int:
     raise ValueError(f"medsrl-plan needs a number of devices, got {v!r} (set trainer.devices=N)")
 
 
-def layer_forward_bytes(size: ModelSize, tokens: int, compute_bytes: int) -> int:
-    """The working set of one decoder layer's no-grad forward over ``tokens``: the fp32
-    residual stream and norm upcast, q/k/v and the attention output, the MLP's gate, up and
-    product (sdpa attention: no ``T x T`` scores)."""
+def layer_forward_bytes(size: ModelSize, tokens: int, compute_bytes: int, resid_bytes: int = 4) -> int:
+    """The working set of one decoder layer's no-grad forward over ``tokens``: the residual
+    stream (``resid_bytes``: fp32 under autocast over fp32 weights, the compute dtype over FSDP's
+    gathered ones) and the norm's fp32 upcast, q/k/v and the attention output, the MLP's gate, up
+    and product (sdpa attention: no ``T x T`` scores)."""
     H, inter = size.hidden_size, size.intermediate_size
-    per_token = (H + 2 * size.q_width + 2 * size.kv_width + 3 * inter) * compute_bytes + 2 * H * 4
+    per_token = (H + 2 * size.q_width + 2 * size.kv_width + 3 * inter) * compute_bytes + H * resid_bytes + H * 4
     return tokens * per_token
 
 
@@ -221,6 +266,84 @@ def head_chunk_bytes(size: ModelSize, chunk: int, compute_bytes: int, backward: 
     return chunk * per_row
 
 
+def head_weight_grad_items(size: ModelSize, run: RunShape) -> list[Item]:
+    """The fused head's buffers for the LM head's weight gradient (``algo/logprobs.py``
+    ``_FusedHeadLogprob.backward``): the fp32 ``[V, H]`` sum; each chunk's ``g.t() @ h``, made in
+    the compute dtype before it is added when that is not fp32 (otherwise ``addmm_`` in place);
+    the sum returned in the weight's dtype, a copy unless that is fp32 (under FSDP the gathered
+    weight's, the compute dtype). None with LoRA: the head is frozen."""
+    if size.lora:
+        return []
+    V, H, c = size.vocab_size, size.hidden_size, run.compute_bytes
+    weight_bytes = c if run.sharded else run.master_bytes
+    items = [Item("head grad accumulator", V * H * 4, f"the fused head's fp32 weight-gradient sum: {V} x {H} x 4 B")]
+    if c < 4:
+        items.append(Item("head grad product", V * H * c, f"a chunk's g.t() @ h before it is added: {V} x {H} x {c} B"))
+    if weight_bytes != 4:
+        whose = "the gathered weight's" if run.sharded else "the weight's"
+        items.append(Item("head grad cast", V * H * weight_bytes,
+                          f"the sum returned in {whose} dtype: {V} x {H} x {weight_bytes} B"))
+    return items
+
+
+def sync_items(size: ModelSize, run: RunShape) -> list[Item]:
+    """The weight sync's transient (``models/sharding.py`` ``streamed_weights``, ``models/lora.py``
+    ``merged_weights``): under FSDP one unit gathered at a time in the master dtype (the root's own
+    weights, or a decoder layer with its adapters); one unit's tensors as fresh copies in the
+    engine's dtype, which vLLM's layerwise reload may hold until its layer is complete (without
+    FSDP only where a cast or a merge makes them); with LoRA one module's delta and merged sum."""
+    m, e = run.master_bytes, run.vllm_weight_bytes
+    root, layer, adapters = size.root_params, size.layer_params, size.adapters_per_layer
+    items = []
+    if run.sharded:
+        plus = f" + {adapters:,} adapter params" if adapters else ""
+        items.append(Item("gathered unit", max(root, layer + adapters) * m,
+                          f"one unit at a time: max(root {root:,}, layer {layer:,}{plus}) x {m} B"))
+    if run.sharded or size.lora or m != e:
+        items.append(Item("engine-dtype copies", max(root, layer) * e,
+                          f"one unit's tensors held until vLLM's layer is complete: max(root, layer) x {e} B"))
+    if size.lora:
+        n = size.lora_largest_matrix
+        items.append(Item("LoRA merge", 2 * n * m, f"one module's delta and merged weight: 2 x {n:,} x {m} B",
+                          "model.lora.target_modules"))
+    return items
+
+
+def gathered_units(size: ModelSize, compute_bytes: int) -> Item:
+    """A forward through the FSDP wrapper: the root unit and two decoder layers (one computing,
+    one prefetched), gathered in the compute dtype."""
+    units = size.root_params + 2 * size.layer_params
+    return Item("gathered units", units * compute_bytes, f"root {size.root_params:,} + 2 layers x "
+                f"{size.layer_params:,} (one computing, one prefetched) x {compute_bytes} B")
+
+
+def hf_generation_items(size: ModelSize, run: RunShape, rows: int, response_tokens: int, rows_knob: str) -> list[Item]:
+    """HF ``generate`` of ``rows`` sequences a call (``rollout/hf.py``): under FSDP the whole policy
+    gathered in the master dtype (``full_weights``); the KV cache; one layer's prefill; the sampling
+    logits; under autocast a weight's cast per op (the gathered weights are the master's)."""
+    c, m, P = run.compute_bytes, run.master_bytes, size.params
+    V, H = size.vocab_size, size.hidden_size
+    T = run.prompt_tokens + response_tokens
+    # K and V come out fp32 under autocast over fp32 weights (the rotary cos/sin follow the fp32
+    # residual stream): measured on CPU, tests/plan/test_memory_plan.py
+    kv = 4 if run.autocast else c
+    items = []
+    if run.sharded:
+        items.append(Item("policy gathered whole", m * P, f"summon_full_params: {P:,} x {m} B",
+                          "rollout.backend=vllm (HF generate runs on the whole policy)"))
+    items += [
+        Item("KV cache", kv_cache_bytes(size, rows, T, kv) * (size.num_layers + 1) // size.num_layers,
+             f"{rows} rows x {T} tokens x {size.kv_bytes_per_token} x {kv} B (+1 layer: the cache grows by copy)",
+             rows_knob),
+        Item("prefill activations", layer_forward_bytes(size, rows * run.prompt_tokens, c, 4 if run.autocast else c),
+             f"one layer over {rows} x {run.prompt_tokens} prompt tokens", rows_knob),
+        Item("sampling logits", rows * V * 4 * 3, f"{rows} x {V} fp32: logits, probabilities, a copy"),
+    ]
+    if run.autocast:
+        items.append(Item("bf16 cast of a weight", V * H * c, f"the largest matrix ({V} x {H}) cast per op"))
+    return items
+
+
 def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
     """The bytes per GPU of every phase of a step (see the module docstring)."""
     P, shards = size.params, run.shards
@@ -230,8 +353,6 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
     share = f" / {shards} ranks" if shards > 1 else ""
     T = run.tokens_per_row
     mb_tokens = run.micro_batch_tokens
-    mb_how = (f"{run.micro_batch} x {T}" if mb_tokens == run.micro_batch * T
-              else f"a budget of {mb_tokens}")
     mb_knob = "algorithm.micro_batch_size" if run.max_tokens is None else "algorithm.max_tokens_per_microbatch"
 
     shard_knob = "" if run.sharded else "trainer=fsdp trainer.devices=N"
@@ -245,38 +366,31 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
         resident.append(Item("KL reference model", m * P, f"a full copy on every rank: {P:,} x {m} B",
                              "algorithm.kl_coef=0"))
     engine = _engine_item(size, run)
-    awake = [engine] if engine is not None and not run.vllm_sleep else []  # in every later phase
+    engines = [engine] if engine is not None else []
+    awake = engines if not run.vllm_sleep else []  # in every later phase
     rollouts = Item(
         "rollout tensors",
         run.sequences_per_rank * (T * 3 * 8 + run.response_tokens * 4 * 4),
         f"{run.sequences_per_rank} rows x {T} tokens: ids, mask, positions (int64); log-probs, stats (fp32)",
         "data.prompts_per_step",
     )
-    gathered = [Item("policy gathered whole", m * P, f"summon_full_params: {P:,} x {m} B",
-                     "none yet: HF generation, scoring and the vLLM sync gather the policy")] if run.sharded else []
-    cast = [Item("bf16 cast of a weight", V * H * c, f"the largest matrix ({V} x {H}) cast per op")] if run.autocast else []
+    # every forward but HF generation goes through the policy module: under FSDP its wrapper
+    # gathers a unit at a time in the compute dtype (and the residual stream is in it); without
+    # FSDP autocast casts the fp32 weight of every op
+    units = [gathered_units(size, c)] if run.sharded else []
+    cast = [Item("bf16 cast of a weight", V * H * c, f"the largest matrix ({V} x {H}) cast per op")
+            ] if run.autocast and not run.sharded else []
+    resid = c if run.sharded or not run.autocast else 4
 
-    generation = Phase("generation", [*resident, *([engine] if engine else [])])
+    generation = Phase("generation", [*resident, *engines])
     if run.backend == "hf":  # the policy generates (vLLM: the engine, from its own copy)
-        rows = run.generate_rows
-        # K and V come out fp32 under autocast over fp32 weights (the rotary cos/sin follow the
-        # fp32 residual stream): measured on CPU, tests/plan/test_memory_plan.py
-        kv = 4 if run.autocast else c
-        generation.items += [
-            *gathered,
-            Item("KV cache", kv_cache_bytes(size, rows, T, kv) * (size.num_layers + 1) // size.num_layers,
-                 f"{rows} rows x {T} tokens x {size.kv_bytes_per_token} x {kv} B (+1 layer: the cache grows by copy)",
-                 "rollout.max_batch_size (rows per generate call)"),
-            Item("prefill activations", layer_forward_bytes(size, rows * run.prompt_tokens, c),
-                 f"one layer over {rows} x {run.prompt_tokens} prompt tokens", "rollout.max_batch_size"),
-            Item("sampling logits", rows * V * 4 * 3, f"{rows} x {V} fp32: logits, probabilities, a copy"),
-            *cast,
-        ]
+        generation.items += hf_generation_items(size, run, run.generate_rows, run.response_tokens,
+                                                "rollout.max_batch_size (rows per generate call)")
 
     scoring = Phase("scoring", [
-        *resident, rollouts, *awake, *gathered,
-        Item("activations (no grad)", layer_forward_bytes(size, mb_tokens, c),
-             f"one layer over {mb_how} tokens", mb_knob),
+        *resident, rollouts, *awake, *units,
+        Item("activations (no grad)", layer_forward_bytes(size, mb_tokens, c, resid),
+             f"one layer over {_budget_how(run, T, mb_tokens)} tokens", mb_knob),
         Item("log-prob head chunk", head_chunk_bytes(size, run.chunk_tokens, c, backward=False),
              f"{run.chunk_tokens} tokens x {V} x ({c} + 8) B"),
         *cast,
@@ -286,10 +400,8 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
     buckets = [Item("DDP gradient buckets", m * Pt, f"{Pt:,} x {m} B", "trainer=fsdp")] if run.ddp else []
     update = Phase("update", [*resident, rollouts, grads, *awake, *buckets])
     if run.sharded:
-        units = size.root_params + 2 * size.layer_params
         update.items += [
-            Item("gathered units", units * c, f"root {size.root_params:,} + 2 layers x {size.layer_params:,} "
-                 f"(one computing, one prefetched) x {c} B"),
+            *units,
             Item("unsharded gradients", (size.root_params + size.layer_params) * c
                  + max(size.root_params, size.layer_params) * 4,
                  f"root + 1 layer x {c} B, the larger as fp32 for the reduce-scatter"),
@@ -301,7 +413,6 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
                                  "" if run.gradient_checkpointing else "model.gradient_checkpointing=true"))
     # the residual stream (what checkpointing keeps per layer) is fp32 under autocast over fp32
     # weights; FSDP's bf16 gathered weights make it bf16
-    resid = 4 if run.autocast and not run.sharded else c
     if run.gradient_checkpointing:
         checkpoints = size.num_layers * mb_tokens * H * resid
         acts = checkpoints + 2 * layer_saved_bytes(size, mb_tokens, c)
@@ -316,6 +427,7 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
         Item("activations", acts, how, knob),
         Item("log-prob head chunk", head_chunk_bytes(size, run.chunk_tokens, c, backward=True),
              f"{run.chunk_tokens} tokens x {V} x (2 x {c} + 8) B (recomputed in backward)"),
+        *head_weight_grad_items(size, run),
     ]
 
     temporaries = Item("AdamW temporaries", m * Pt // shards,
@@ -323,11 +435,16 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
     step = Phase("optimizer step", [*resident, rollouts, grads, *awake, *buckets, temporaries])
 
     phases = [generation, scoring, update, step]
-    if engine is not None:  # the weights copied into the engine (its KV cache asleep when it sleeps)
+    if engine is not None:
+        # at train start the engine was just built: awake whole (weights and KV cache reservation)
+        phases.insert(0, Phase("first weight sync", [*resident, engine, *sync_items(size, run)]))
+        # after each update the weights go into the engine (its KV cache asleep when it sleeps)
         held = engine if not run.vllm_sleep else Item(
             "vLLM weights (woken)", size.params * run.vllm_weight_bytes,
             f"{P:,} x {run.vllm_weight_bytes} B; the KV cache stays asleep until generation")
-        phases.append(Phase("weight sync", [*resident, rollouts, held, *gathered]))
+        phases.append(Phase("weight sync", [*resident, rollouts, held, *sync_items(size, run)]))
+    if run.validation:
+        phases += validation_phases(size, run, [*resident, rollouts], engines, awake, units, cast, resid)
     plan = MemoryPlan(run, size, phases)
     if size.trainable_params is not None:
         plan.notes.append(f"LoRA: {Pt:,} adapter parameters train (gradients and AdamW states for those "
@@ -338,7 +455,41 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
         fill = math.ceil(run.sequences_per_rank / run.generate_rows)
         plan.notes.append(f"HF generate: {run.sequences_per_rank} responses per rank in {fill} calls of "
                           f"{run.generate_rows} rows")
+    if run.validation:
+        rows = f", HF {run.val_generate_rows} rows a call" if run.backend == "hf" else ""
+        plan.notes.append(f"validation: responses of <= {run.prompt_tokens} + {run.val_response_tokens} tokens{rows}, "
+                          f"features {'on' if run.val_features else 'off'}, beside the last step's rollout "
+                          "tensors; callbacks.pass_at_k.every_n_steps=0 turns it off")
     return plan
+
+
+def validation_phases(size: ModelSize, run: RunShape, held: list[Item], engines: list[Item], awake: list[Item],
+                      units: list[Item], cast: list[Item], resid: int) -> list[Phase]:
+    """``callbacks/pass_at_k.py``: every chunk sampled first (vLLM awake with its reservation; HF
+    as in generation, with validation's rows and length), the engine released, then with features
+    on one no-grad feature forward through the policy module, cut like scoring, ``logits_to_keep=1``
+    (no head chunk). ``held``: what stays allocated (resident, the last step's rollout tensors)."""
+    sampling = Phase("validation sampling", [*held, *engines])
+    if run.backend == "hf":
+        sampling.items += hf_generation_items(
+            size, run, run.val_generate_rows, run.val_response_tokens,
+            "callbacks.pass_at_k.batch_size, rollout.max_batch_size (rows per generate call)")
+    if not run.val_features:
+        return [sampling]
+    tokens, row = run.val_micro_batch_tokens, run.prompt_tokens + run.val_response_tokens
+    knob = "algorithm.micro_batch_size" if run.max_tokens is None else "algorithm.max_tokens_per_microbatch"
+    features = Phase("validation features", [
+        *held, *awake, *units,
+        Item("activations (no grad)", layer_forward_bytes(size, tokens, run.compute_bytes, resid),
+             f"one layer over {_budget_how(run, row, tokens)} tokens (logits_to_keep=1: no head chunk)",
+             f"{knob}, callbacks.pass_at_k.features=null"),
+        *cast,
+    ])
+    return [sampling, features]
+
+
+def _budget_how(run: RunShape, row_tokens: int, tokens: int) -> str:
+    return f"{run.micro_batch} x {row_tokens}" if tokens == run.micro_batch * row_tokens else f"a budget of {tokens}"
 
 
 def _engine_item(size: ModelSize, run: RunShape) -> Item | None:

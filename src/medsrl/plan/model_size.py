@@ -31,11 +31,23 @@ class ModelSize:
     q_width: int  # num_attention_heads * head_dim
     kv_width: int  # num_key_value_heads * head_dim
     trainable_params: int | None = None  # those with gradients and AdamW states; None: all (LoRA: the adapters')
+    lora_largest_matrix: int = 0  # LoRA: elements of the largest adapted weight (merged one at a time); else 0
 
     @property
     def trained(self) -> int:
         """The parameters that have gradients and AdamW states."""
         return self.params if self.trainable_params is None else self.trainable_params
+
+    @property
+    def lora(self) -> bool:
+        """Whether only LoRA adapters train (the base weights, the LM head included, are frozen)."""
+        return self.trainable_params is not None
+
+    @property
+    def adapters_per_layer(self) -> int:
+        """LoRA adapter parameters of one decoder layer (the targets are the layers' projections;
+        "all-linear" leaves out the LM head): what the weight sync gathers with each layer."""
+        return 0 if self.trainable_params is None else self.trainable_params // self.num_layers
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -51,7 +63,25 @@ def model_size(model_cfg: Mapping[str, Any]) -> ModelSize:
     model = meta_model(model_cfg)
     lora = lora_settings(model_cfg)
     size = size_of(model)
-    return replace(size, trainable_params=trainable_params(model, lora)) if lora.enabled else size
+    if not lora.enabled:
+        return size
+    return replace(size, trainable_params=trainable_params(model, lora),
+                   lora_largest_matrix=largest_targeted_matrix(model, lora.target_modules))
+
+
+def largest_targeted_matrix(model: torch.nn.Module, targets: Any) -> int:
+    """Elements of the largest linear weight LoRA adapts in ``model`` (``models/lora.py``
+    ``trainable_params``' rule: the ``targets`` names, or every linear layer but the LM head for
+    "all-linear"): the weight sync merges one such weight at a time, its delta beside the sum."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+
+    def targeted(name: str, module: torch.nn.Module) -> bool:
+        if isinstance(targets, str):
+            return module is not head
+        return name.rsplit(".", 1)[-1] in targets
+
+    return max((m.weight.numel() for name, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear) and targeted(name, m)), default=0)
 
 
 def meta_model(model_cfg: Mapping[str, Any]) -> torch.nn.Module:

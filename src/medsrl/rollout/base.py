@@ -17,6 +17,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from medsrl.models.loading import stop_token_ids
+from medsrl.utils.distributed import any_rank
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
@@ -137,6 +138,18 @@ class RolloutEngine(Protocol):
         """Whether ``release`` dropped the weights: ``sync_weights`` must precede ``generate``."""
 
 
+def sync_engine(engine: RolloutEngine, policy: torch.nn.Module, *, stale_only: bool = False) -> None:
+    """Copy ``policy``'s weights into an engine that holds its own (vLLM; HF generates with the
+    module itself). ``stale_only``: only when some rank's ``release`` dropped its engine's weights
+    since the last sync, decided by all ranks together: under FSDP the sync is a collective, so
+    one rank's stale engine makes every rank sync. Every rank calls it together."""
+    if engine.uses_policy_weights:
+        return
+    if stale_only and not any_rank(engine.weights_released):
+        return
+    engine.sync_weights(policy)
+
+
 def tokenize_prompts(tokenizer, prompts: list[str], n: int, engine: str) -> tuple[list[list[int]], list[int]]:
     """Each prompt's ids (default special-token handling, as vLLM's; a bare string or an empty
     prompt refused) and the response order ``[0]*n + [1]*n + ...``: every engine's first step."""
@@ -192,6 +205,12 @@ class PackedRollouts:
         longest response. The columns after it are right padding for all of them."""
         lengths = self.response_lengths[rows]
         return self.prompt_length + (int(lengths.max()) if lengths.numel() else 0)
+
+    def columns_start(self, rows: slice | torch.Tensor) -> int:
+        """The first column any of ``rows`` attends to: the columns before it are left padding for
+        all of them (with explicit position ids, a forward without them is exact)."""
+        mask = self.attention_mask[rows, : self.prompt_length]
+        return int((mask.cumsum(dim=1) == 0).sum(dim=1).min()) if mask.numel() else 0
 
     def to(self, device: torch.device | str) -> PackedRollouts:
         tensors = (self.input_ids, self.attention_mask, self.position_ids, self.response_mask)

@@ -3,9 +3,12 @@
 The engine starts from the policy's config and tokenizer only (``load_format="dummy"``); the
 weights arrive by reference through :meth:`VLLMRolloutEngine.sync_weights`, so nothing as large
 as them goes to disk and the engine must be in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``;
-``tensor_parallel_size > 1`` would pickle them: untested). The worker's in-place
-``reload_weights`` is used where offered (``load_weights`` fails on the CPU build, which repacks
-its linear layers); the prefix cache is reset after every sync.
+``tensor_parallel_size > 1`` would pickle them: untested). They are streamed one tensor at a time
+into the worker's in-place, layerwise ``reload_weights`` (``load_weights`` where that is missing;
+it fails on the CPU build, which repacks its linear layers): under FSDP one unit is gathered at a
+time (``models/sharding.py`` ``streamed_weights``). A sync that leaves a parameter of the engine
+unloaded fails (vLLM only warns, and after a level-2 sleep that parameter holds garbage). The
+prefix cache is reset after every sync.
 
 Sampling mirrors :class:`~medsrl.rollout.hf.HFRolloutEngine` (our tokenizer, the model's
 ``generation_config`` ignored); every response is its own request (vLLM refuses ``n > 1`` when
@@ -14,9 +17,11 @@ greedy; the prefix cache runs a shared prompt once). ``per_request_seeds=True`` 
 ``seed + s`` samples what one process would (slower than one seeded draw per call).
 
 vLLM samples from NaN logits without complaint, so every request asks for the sampled token's
-log-prob and a NaN or +inf raises :class:`~medsrl.utils.guard.RunawayError`. vLLM keeps its
-parallel state in process globals: creating an engine closes the previous one. Sleep mode and
-``external_launcher`` under DDP / FSDP: docs/GPU.md.
+log-prob and a NaN or +inf raises :class:`~medsrl.utils.guard.RunawayError`. Generation and the
+sync run outside the trainer's autocast. vLLM keeps its parallel state in process globals:
+creating an engine closes the previous one, which is refused while a process group is up (vLLM's
+shutdown destroys the default one, Lightning's). Sleep mode and ``external_launcher`` under DDP /
+FSDP: docs/GPU.md.
 """
 
 from __future__ import annotations
@@ -25,12 +30,13 @@ import logging
 import os
 import tempfile
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from medsrl.models.lora import merged_state_dict
+from medsrl.models.sharding import streamed_weights
 from medsrl.rollout.base import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -56,14 +62,32 @@ def _drop_rotary_warning(record: logging.LogRecord) -> bool:
     return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
 
 
-def _load_into_worker(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> str:
-    """Runs inside the vLLM worker: copy ``weights`` into its model in place; returns the API used."""
-    reload = getattr(worker, "reload_weights", None)
-    if reload is not None:
-        reload(weights_iterator=iter(weights))
-        return "reload_weights"
-    worker.model_runner.model.load_weights(iter(weights))
-    return "load_weights"
+def _load_into_worker(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> tuple[str, list[str]]:
+    """Runs inside the vLLM worker: copy ``weights`` into its model in place, as they come.
+    Returns the API used and the model's parameters that no weight reached (the names the model's
+    ``load_weights`` reports loaded, against its parameters: vLLM's own check, which only warns)."""
+    model = worker.model_runner.get_model()
+    expected = {name for name, _ in model.named_parameters()}
+    loaded: set[str] | None = set()
+    load = model.load_weights
+
+    def recording(ws):
+        nonlocal loaded
+        names = load(ws)
+        loaded = None if names is None or loaded is None else loaded | set(names)
+        return names
+
+    model.load_weights = recording  # what reload_weights calls, for the names it returns
+    try:
+        reload = getattr(worker, "reload_weights", None)
+        if reload is not None:
+            reload(weights_iterator=weights)
+        else:
+            recording(weights)
+    finally:
+        del model.load_weights  # the class's own again
+    api = "reload_weights" if reload is not None else "load_weights"
+    return api, [] if loaded is None else sorted(expected - loaded)
 
 
 def _seed_worker(worker: Any, seed: int) -> None:
@@ -104,11 +128,27 @@ def _engine_dtype(dtype: str, model: torch.nn.Module) -> str:
     return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
+def _torch_dtype(name: str) -> torch.dtype | None:
+    """The torch dtype of a vLLM dtype name (``bfloat16``, ``half``, ...); None if it names none."""
+    dtype = getattr(torch, name, None)
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
 def _close_previous() -> None:
     previous = _live() if _live is not None else None
     if previous is not None and not previous.closed:
         log.info("closing the previous vLLM engine: one per process")
         previous.close()
+
+
+def _process_group_up() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _device_type() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class VLLMRolloutEngine:
@@ -147,39 +187,63 @@ class VLLMRolloutEngine:
 
         global _live
         _close_previous()
-        self.llm = None
-        self.tokenizer = tokenizer
-        self.stop_token_ids = resolve_stop_ids(tokenizer, None, "VLLMRolloutEngine")
-        self.sleep_mode = bool(enable_sleep_mode) and current_platform.is_sleep_mode_available()
-        if enable_sleep_mode and not self.sleep_mode:
+        sleep_mode = bool(enable_sleep_mode) and current_platform.is_sleep_mode_available()
+        if enable_sleep_mode and not sleep_mode:
             log.info("rollout.vllm.enable_sleep_mode ignored: not supported on %s", current_platform)
-        self._asleep: set[str] = set()
-        self.per_request_seeds = bool(per_request_seeds)
-        self.max_model_len = max_model_len
-        self._dir = tempfile.TemporaryDirectory(prefix="medsrl-vllm-")
-        model.config.save_pretrained(self._dir.name)  # config + tokenizer only: no weights on disk
-        tokenizer.save_pretrained(self._dir.name)
+        config_dir = tempfile.TemporaryDirectory(prefix="medsrl-vllm-")
+        model.config.save_pretrained(config_dir.name)  # config + tokenizer only: no weights on disk
+        tokenizer.save_pretrained(config_dir.name)
         if current_platform.is_cpu():
             # vLLM 0.32 CPU: a prefill split over two scheduler steps rewinds the seeded request's
             # generator offset, which CPU generators do not support: whole prefills only
             options["enable_chunked_prefill"] = False
-        self.llm = vllm.LLM(
-            model=self._dir.name,
+        engine_dtype = _engine_dtype(dtype, model)
+        trainer_group = _process_group_up()  # the trainer's, which vLLM joins (external_launcher)
+        llm = vllm.LLM(
+            model=config_dir.name,
             load_format="dummy",  # the real weights arrive through sync_weights below
             generation_config="vllm",
             logprobs_mode="processed_logprobs",  # after temperature and top-p, as sampled
-            dtype=_engine_dtype(dtype, model),
+            dtype=engine_dtype,
             seed=seed,
             gpu_memory_utilization=gpu_memory_utilization,
             tensor_parallel_size=tensor_parallel_size,
             enforce_eager=enforce_eager,
-            enable_sleep_mode=self.sleep_mode,
+            enable_sleep_mode=sleep_mode,
             **{k: v for k, v in options.items() if v is not None},
         )
+        self._attach(llm, tokenizer, sleep_mode=sleep_mode, per_request_seeds=per_request_seeds,
+                     max_model_len=max_model_len, weight_dtype=_torch_dtype(engine_dtype), config_dir=config_dir,
+                     trainer_group=trainer_group)
         _live = weakref.ref(self)
         logging.getLogger(ROTARY_LOGGER).addFilter(_drop_rotary_warning)  # added once
-        self.load_api = ""  # which worker API the last sync used
         self.sync_weights(model)
+
+    @classmethod
+    def around(cls, llm: Any, tokenizer: PreTrainedTokenizerBase, *, sleep_mode: bool = False,
+               per_request_seeds: bool = False, max_model_len: int | None = None,
+               weight_dtype: torch.dtype | None = None, trainer_group: bool = False) -> VLLMRolloutEngine:
+        """An engine over an ``llm`` already built (an object with ``vllm.LLM``'s API: the tests'
+        recording fakes of it, where vLLM cannot run)."""
+        engine = cls.__new__(cls)
+        engine._attach(llm, tokenizer, sleep_mode=sleep_mode, per_request_seeds=per_request_seeds,
+                       max_model_len=max_model_len, weight_dtype=weight_dtype, config_dir=None,
+                       trainer_group=trainer_group)
+        return engine
+
+    def _attach(self, llm: Any, tokenizer: PreTrainedTokenizerBase, *, sleep_mode: bool, per_request_seeds: bool,
+                max_model_len: int | None, weight_dtype: torch.dtype | None, config_dir, trainer_group: bool) -> None:
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.stop_token_ids = resolve_stop_ids(tokenizer, None, "VLLMRolloutEngine")
+        self.sleep_mode = sleep_mode
+        self._asleep: set[str] = set()
+        self.per_request_seeds = bool(per_request_seeds)
+        self.max_model_len = max_model_len
+        self.weight_dtype = weight_dtype  # what the engine computes in: each streamed tensor is cast to it
+        self._dir = config_dir
+        self.trainer_group = trainer_group  # a process group was up before the engine: close() would end it
+        self.load_api = ""  # which worker API the last sync used
 
     uses_policy_weights = False  # generation reads the engine's own copy of the weights
 
@@ -193,20 +257,40 @@ class VLLMRolloutEngine:
         return "weights" in self._asleep
 
     def close(self) -> None:
-        """Shut the engine down now (idempotent); it cannot generate afterwards."""
-        if self.llm is not None:
-            self.llm.llm_engine.engine_core.shutdown()
-            self.llm = None
+        """Shut the engine down now (idempotent); it cannot generate afterwards. Refused while the
+        trainer's process group is up (one that existed before the engine, which vLLM joined):
+        vLLM's shutdown destroys the default group. A single process's own group is vLLM's."""
+        if self.llm is None:
+            return
+        if self.trainer_group and _process_group_up():
+            raise RuntimeError(
+                "closing a vLLM engine would destroy the default process group (vLLM's shutdown "
+                "does), which the trainer's ranks still use: one engine per process in a "
+                "multi-process run, closed when the process ends")
+        self.llm.llm_engine.engine_core.shutdown()
+        self.llm = None
+        if self._dir is not None:
             self._dir.cleanup()
 
     def sync_weights(self, model: torch.nn.Module) -> None:
-        """Copy ``model``'s weights into the engine in place (a LoRA policy's merged, under the base
-        model's names) and drop the prefix cache; the KV cache stays asleep until ``generate``."""
+        """Stream ``model``'s weights into the engine in place (a LoRA policy's merged, under the
+        base model's names; under FSDP a unit at a time, every rank together) and drop the prefix
+        cache; the KV cache stays asleep until ``generate``. Raises when a parameter of the engine
+        got no weight."""
         self._check_open()
         self._wake(["weights"])
-        weights = [(name, t.detach()) for name, t in merged_state_dict(model).items()]
-        with torch.no_grad():
-            self.load_api = self.llm.collective_rpc(_load_into_worker, args=(weights,))[0]
+        weights = streamed_weights(model, self.weight_dtype)
+        try:
+            with torch.no_grad(), torch.autocast(_device_type(), enabled=False):
+                self.load_api, missing = self.llm.collective_rpc(_load_into_worker, args=(weights,))[0]
+        finally:
+            weights.close()  # a failed load leaves no unit gathered
+        if missing:
+            raise RuntimeError(
+                f"the vLLM engine got no weight for {len(missing)} of its parameters "
+                f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}): the policy's weight "
+                f"names do not match what {type(model).__name__} maps to vLLM's model, and those "
+                "parameters would generate from garbage")
         if "kv_cache" not in self._asleep and not self.llm.reset_prefix_cache():
             log.warning("vLLM prefix cache not reset after the weight sync")
 
@@ -225,7 +309,8 @@ class VLLMRolloutEngine:
         self._wake(list(SLEEP_TAGS))
         if params.seed is not None and not self.per_request_seeds:
             self.llm.collective_rpc(_seed_worker, args=(int(params.seed),))
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        with torch.autocast(_device_type(), enabled=False):  # the engine's own precision, not the trainer's
+            outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         responses = [list(out.outputs[0].token_ids) for out in outputs]
         logprobs = [_sampled_logprobs(out.outputs[0]) for out in outputs]
         if any(lp != lp or lp == float("inf") for row in logprobs for lp in row):
@@ -266,7 +351,9 @@ class VLLMRolloutEngine:
         return FINISH_STOP if ids and ids[-1] in self.stop_token_ids else FINISH_LENGTH
 
     def _check_lengths(self, prompt_ids: list[list[int]], params: SamplingParams) -> None:
-        """A prompt too long for ``max_model_len`` is refused here, naming it and the setting."""
+        """A prompt too long for ``max_model_len`` is refused here, naming it and the limits.
+        Training data is filtered to this limit at load (``rollout/factory.py``
+        ``prompt_token_limit``), so such a prompt was made during the run (a plug-in's)."""
         if self.max_model_len is None:
             return
         room = self.max_model_len - params.max_new_tokens
@@ -274,14 +361,18 @@ class VLLMRolloutEngine:
             if len(ids) > room:
                 raise ValueError(
                     f"prompt {i} has {len(ids)} tokens; the engine's max_model_len "
-                    f"{self.max_model_len} leaves {room} beside {params.max_new_tokens} new tokens: "
-                    "raise rollout.max_prompt_tokens (or rollout.vllm.max_model_len)")
+                    f"{self.max_model_len} (rollout.max_prompt_tokens + max_new_tokens, at most the "
+                    f"model's positions; or rollout.vllm.max_model_len) leaves {room} beside "
+                    f"{params.max_new_tokens} new tokens. Data prompts over it are dropped at load: "
+                    "shorten the prompts made during the run, or lower max_new_tokens")
 
     def release(self) -> None:
-        """Free the engine's GPU memory until next needed: sleep level 2 (weights and KV cache
-        dropped; :meth:`sync_weights` brings the weights back). A no-op without sleep mode."""
+        """Free the engine's GPU memory until next needed: sleep level 2, whatever is awake (after
+        a sync the weights alone; vLLM's allocator skips what already sleeps), so every rank's
+        engine ends asleep whether or not it generated; :meth:`sync_weights` brings the weights
+        back. A no-op without sleep mode."""
         self._check_open()
-        if self.sleep_mode and not self._asleep:
+        if self.sleep_mode and "weights" not in self._asleep:
             self.llm.sleep(level=2)
             self._asleep.update(SLEEP_TAGS)
 

@@ -1,7 +1,12 @@
 """The distributed bookkeeping of a policy update. Each rank holds a contiguous run of the step's
-groups; to make the updates one process would, ranks agree on the mini-batches (ranges of global
-group indices), the global token and sequence counts, and under FSDP (every backward a collective)
-the number of passes and a loss weight of the world size. The collectives are injected (tests).
+groups; the ranks agree on the number of mini-batch updates ``U`` (the step's groups over
+``algorithm.mini_batch_prompts``), and rank ``r``'s part of update ``k`` is its local groups
+``k, k + U, k + 2U, ...``, so every update has rows on every rank that holds at least ``U`` groups
+(verl gives each rank its share of each mini-batch; ranges of global groups would leave all but
+one rank idle in most updates). One process takes its groups in the same strided order, so N
+ranks whose group counts are multiples of ``U`` make one process's updates. The ranks also agree
+on the global token and sequence counts, and under FSDP (every backward a collective) on the
+number of passes and a loss weight of the world size. The collectives are injected (tests).
 """
 
 from __future__ import annotations
@@ -39,12 +44,10 @@ class UpdateSchedule:
         self.sharded = sharded
         self.micro_batch_size, self.max_tokens = micro_batch_size, max_tokens
         self._reduce_sum, self._gather = reduce_sum, gather
-        offset, mine, total = sum(group_counts[:rank]), group_counts[rank], sum(group_counts)
-        step = per_update or max(total, 1)
-        self.mini_batches: list[torch.Tensor] = []  # this rank's group indices, per update
-        for lo in range(0, total, step):
-            first, last = max(lo, offset), min(lo + step, offset + mine)
-            self.mini_batches.append(torch.arange(first, max(first, last)) - offset)
+        total = sum(group_counts)
+        updates = -(-total // per_update) if per_update else min(total, 1)
+        local = torch.arange(group_counts[rank])
+        self.mini_batches: list[torch.Tensor] = [local[k::updates] for k in range(updates)]  # this rank's groups, per update
 
     @classmethod
     def for_this_rank(

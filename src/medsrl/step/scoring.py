@@ -12,6 +12,7 @@ from unittest import mock
 import torch
 
 from medsrl.algo.logprobs import HeadLogprobs, TokenReducer, head_logprobs, token_entropy
+from medsrl.models.sharding import agreed_passes, idle_forward, is_sharded
 from medsrl.rollout.base import PackedRollouts
 from medsrl.step.micro_batches import padding_fraction, plan_micro_batches
 
@@ -86,7 +87,7 @@ def _response_forward(
     resp_len, dropped = end - P, packed.response_length - (end - P)
     ids, mask, pos = packed.input_ids[rows, :end], packed.attention_mask[rows, :end], packed.position_ids[rows, :end]
     labels = ids[:, P:]
-    lead = int((mask.cumsum(dim=1) == 0).sum(dim=1).min()) if mask.numel() else 0
+    lead = packed.columns_start(rows)
     first, group = _prompt_groups(ids[:, :P], mask[:, :P])
     head = output_head(model)
     if len(first) == len(ids) or resp_len == 0 or not _can_share_prompts(model):
@@ -126,8 +127,6 @@ def output_head(model) -> torch.nn.Module:
     """The LM head module of a causal LM, through an FSDP wrapper (``.module``). Models that
     transform the logits after the head (soft-capping, scaling) are refused: the fused head
     returns log-probs, not logits, so that transform would be applied to the wrong numbers."""
-    from medsrl.models.sharding import is_sharded
-
     inner = model.module if is_sharded(model) else model
     config = getattr(inner, "config", None)
     for key in ("final_logit_softcapping", "logit_scale"):
@@ -157,8 +156,6 @@ def _prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple
 def _can_share_prompts(model) -> bool:
     """Not under FSDP's wrapper (one forward per unit before backward) nor in a training-mode
     forward with activation checkpointing (HF drops the cache; the scoring pass runs in eval)."""
-    from medsrl.models.sharding import is_sharded
-
     checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.2x
     if checkpointing is None:
         checkpointing = getattr(model, "is_gradient_checkpointing", False)
@@ -175,10 +172,13 @@ def scoring_pass(
     microbatch_context: Callable[[torch.Tensor], AbstractContextManager] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """No-grad log-probs ``[B, R]`` of the response tokens, plus each reducer's ``[B, R]`` (mask
-    them with the response mask); ``microbatch_context(rows)`` wraps the forward of ``rows``."""
+    them with the response mask); ``microbatch_context(rows)`` wraps the forward of ``rows``.
+    ``model`` is the module the update trains (under FSDP its wrapper: the same bf16 gathered
+    weights, so the first update starts at ratio 1), every rank running as many passes."""
     reducers = reducers or {}
     B = packed.input_ids.shape[0]
     batches = scoring_micro_batches(packed, micro_batch_size, max_tokens)
+    passes = agreed_passes(len(batches), is_sharded(model))
     logp: torch.Tensor | None = None
     stats: dict[str, torch.Tensor] = {}
     covered = torch.zeros(B, dtype=torch.long, device=packed.input_ids.device)
@@ -196,6 +196,8 @@ def scoring_pass(
                 for name in reducers:
                     stats[name][rows] = out.stats[name]
                 covered[rows] += 1
+            for _ in range(passes - len(batches)):
+                idle_forward(model)
     finally:
         model.train(was_training)
     if logp is None or not bool((covered == 1).all()):

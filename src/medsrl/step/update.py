@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from medsrl.algo import aggregate_loss, compute_policy_loss, kl_estimate, masked_mean
-from medsrl.algo.engine_correction import truncated_is_stats, truncated_is_weights
+from medsrl.algo.engine_correction import engine_is_stats
+from medsrl.algo.engine_correction import engine_is_weights as weights_of_mode
 from medsrl.algo.policy_loss import POLICY_LOSS_STATS
 from medsrl.models.sharding import grad_norm, is_sharded
 from medsrl.step.micro_batches import padding_fraction
@@ -59,9 +60,9 @@ def micro_loss(policy, cfg: UpdateConfig, rollouts: StepRollouts, advantages, ro
     loss_mat = pl.loss_mat if rollouts.loss_weights is None else pl.loss_mat * rollouts.loss_weights[rows]
     is_stats = {}
     if algo.engine_is_cap is not None:  # the engine sampled from a slightly different policy
-        weights = engine_is_weights(rollouts, rows, old_logp, algo.engine_is_cap)
+        weights = engine_is_weights(rollouts, rows, old_logp, algo.engine_is_cap, algo.engine_is_mode)
         loss_mat = loss_mat * weights
-        is_stats = truncated_is_stats(weights, mask, algo.engine_is_cap)
+        is_stats = engine_is_stats(weights, mask, algo.engine_is_cap, algo.engine_is_mode)
     agg = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm_length=cfg.max_new_tokens)
     loss = aggregate_loss(loss_mat, mask, algo.loss_agg_mode, **agg)
     metrics = {
@@ -84,12 +85,15 @@ def micro_loss(policy, cfg: UpdateConfig, rollouts: StepRollouts, advantages, ro
     return loss, metrics
 
 
-def engine_is_weights(rollouts: StepRollouts, rows: torch.Tensor, old_logp: torch.Tensor, cap: float) -> torch.Tensor:
-    """Truncated IS weights ``[b, R]`` of the sampled rows against the engine's log-probs; 1 on
-    rows a plug-in added (R3's replayed rows carry their own importance weights)."""
+def engine_is_weights(rollouts: StepRollouts, rows: torch.Tensor, old_logp: torch.Tensor, cap: float,
+                      mode: str = "token_truncate") -> torch.Tensor:
+    """IS weights ``[b, R]`` of ``mode`` (algorithm.engine_is_mode: per token, or one per response
+    over its response mask) of the sampled rows against the engine's log-probs; 1 on rows a
+    plug-in added (R3's replayed rows carry their own importance weights)."""
     if rollouts.engine_logp is None:
         raise ValueError("algorithm.engine_is_cap needs the engine's log-probs: set rollout.logprobs=true")
-    weights = truncated_is_weights(old_logp, rollouts.engine_logp[rows], cap)
+    mask = rollouts.packed.response_mask[rows]
+    weights = weights_of_mode(old_logp, rollouts.engine_logp[rows], mask, cap, mode)
     sampled = torch.tensor([rollouts.source[i] == SAMPLED for i in rows.tolist()], device=weights.device)
     return torch.where(sampled[:, None], weights, torch.ones_like(weights))
 

@@ -46,6 +46,11 @@ def all_reduce_sum(value: float) -> float:
     return float(t.item())
 
 
+def any_rank(flag: bool) -> bool:
+    """True when ``flag`` is set on some rank: a decision every rank must take the same way."""
+    return all_reduce_sum(float(flag)) > 0 if is_distributed() else bool(flag)
+
+
 def all_reduce_grads(params: list[torch.nn.Parameter]) -> None:
     """Sum the gradients of ``params`` over ranks, in one flat buffer; a parameter without a
     gradient on this rank takes part with zeros, so every rank makes the same single call."""

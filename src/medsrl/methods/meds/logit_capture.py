@@ -4,8 +4,10 @@ PAPER.md step 2: at the answer position, for each selected layer ``n`` (1-based,
 ``output_hidden_states``) apply the LM head to that layer's hidden state and keep the fp32 logit
 of the token at ``position + 1``. As in the reference, layer ``N`` is normed (unless the config
 sets ``tie_last_hidden_states=False``) and layers ``1..N-1`` are not, unless ``final_norm=True``.
-Hooks exist only inside :meth:`LayerLogitCapture.capture` and keep only the targeted vectors; the
-LM head (FSDP-sharded weights must be gathered) is applied to them with just the needed rows.
+Hooks exist only inside :meth:`LayerLogitCapture.capture` and keep only the targeted logits: each
+hook applies the final norm and just the needed rows of the LM head to its layer's vectors at
+once, inside the forward, where an FSDP-wrapped policy has its root unit (embeddings, final norm,
+LM head) gathered; after the forward those weights are shards again.
 """
 
 from __future__ import annotations
@@ -70,12 +72,16 @@ def select_layers(num_layers: int, spec: Any = DEFAULT_LAST_N) -> list[int]:
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    """Strip DDP (``.module``), torch.compile (``._orig_mod``) and PEFT wrappers: the hooks go
-    on the base model's blocks, which the adapter forward runs through."""
+    """Strip FSDP and DDP (``.module``), torch.compile (``._orig_mod``) and PEFT wrappers: the
+    hooks go on the base model's blocks, which the adapter forward runs through (under FSDP the
+    blocks are the layer units, and the root's weights are gathered while they run)."""
     from medsrl.models.lora import unwrap_peft
+    from medsrl.models.sharding import is_sharded
 
     for _ in range(8):
-        if unwrap_peft(model) is not model:
+        if is_sharded(model):  # its attributes reach through to the wrapped module's: not a plain model
+            model = model.module
+        elif unwrap_peft(model) is not model:
             model = unwrap_peft(model)
         elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
             model = model._orig_mod
@@ -214,7 +220,7 @@ class LayerLogitCapture:
         handles = []
         if len(targets):
             for n in self.layers:
-                hook = self._make_hook(n, rows, positions, store, targets.seq_len)
+                hook = self._make_hook(n, rows, positions, targets.next_token_ids, store, targets.seq_len)
                 handles.append(self._blocks[n - 1].register_forward_hook(hook))
         self.armed = True
         try:
@@ -233,11 +239,10 @@ class LayerLogitCapture:
                 f"LayerLogitCapture: layers {missing} did not run inside the capture context; "
                 f"run the model forward inside `with cap.capture(...)`"
             )
-        hidden = torch.stack([store[n] for n in self.layers], dim=1)  # [m, L, H]
-        self._entries.append(self.logits_of(hidden, targets.next_token_ids))
+        self._entries.append(torch.stack([store[n] for n in self.layers], dim=1))  # [m, L]
 
-    def _make_hook(self, n: int, rows: torch.Tensor, positions: torch.Tensor, store: dict,
-                   seq_len: int | None = None):
+    def _make_hook(self, n: int, rows: torch.Tensor, positions: torch.Tensor, next_token_ids: torch.Tensor,
+                   store: dict, seq_len: int | None = None):
         normed = self.last_layer_normed if n == self.num_layers else self.final_norm
 
         def hook(module: nn.Module, args: Any, output: Any) -> None:
@@ -257,7 +262,7 @@ class LayerLogitCapture:
                 vec = hidden.detach()[rows.to(hidden.device), pos.to(hidden.device)]  # [m, H] copy
                 if normed:
                     vec = self._norm(vec)
-            store[n] = vec
+                store[n] = self.logits_of(vec[:, None], next_token_ids)[:, 0]  # [m] fp32
 
         return hook
 

@@ -40,6 +40,7 @@ from medsrl.methods.meds.penalty import (
     apply_penalty,
     meds_penalty,
 )
+from medsrl.models.sharding import idle_passes, is_sharded
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.step.rollouts import SAMPLED, StepRollouts
 from medsrl.step.scoring import scoring_pass
@@ -146,6 +147,8 @@ class Meds(Plugin):
         self._dropped = ([], np.zeros((0, 0), np.float32))
         if self.remember_dropped and ctx.dropped:
             self._dropped = self.dropped_features(ctx.dropped, rollouts.packed.input_ids.device, ctx)
+        elif self.remember_dropped and is_sharded(ctx.scoring_policy):
+            idle_passes(ctx.scoring_policy)  # other ranks' DAPO filter may have dropped groups
 
     def dropped_features(self, groups: list, device, ctx: StepContext) -> tuple[list[tuple[str, bool]], np.ndarray]:
         """``(key, correct)`` and features of the responses of ``groups`` that DAPO's filter
