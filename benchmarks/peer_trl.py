@@ -2,7 +2,7 @@
 
     make bench-trl [ARGS="--rounds 3 --steps 6"]          # builds .venv-trl first
     .venv-trl/bin/python benchmarks/peer_trl.py [--rounds 3] [--steps 6] [--warmup 1] [--threads N]
-        [--medsrl-python PY] [--medsrl-overrides "hydra overrides for the medsrl side"]
+        [--medsrl-python PY] [--medsrl-overrides "hydra overrides for the medsrl side"] [--dry-run]
 
     # medsrl on its vLLM backend (in .venv-vllm) against TRL on HF generate (in .venv-trl):
     VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 \\
@@ -23,9 +23,10 @@ validation, plus ``--medsrl-overrides``):
 - the same prompts in the same order (``prompts_for_step(0..steps-1)``, 16 a step, medsrl's
   template), 8 responses each, at most 64 new tokens, temperature 1, top-p 1, no top-k, the
   same stop tokens (medsrl's ``<|im_end|>`` and ``<|endoftext|>``), one generate call of 128;
-- grading by medsrl's ``MathGrader`` (same timeout and workers) as TRL's reward function, plus
-  DAPO's soft overlong penalty (medsrl's ``overlong_penalty``, the tiny preset's buffer of 16)
-  as a second reward function, so TRL's summed reward is medsrl's ``train/reward``;
+- grading by medsrl's ``MathGrader`` (the run's ``GraderConfig``: timeout, workers, reasoning
+  tag) as TRL's reward function, plus DAPO's soft overlong penalty (medsrl's ``overlong_penalty``,
+  the tiny preset's buffer of 16) as a second reward function, so TRL's summed reward is
+  medsrl's ``train/reward``;
 - DAPO loss (token mean over the step's tokens, clip 0.2 / 0.28, no KL), micro-batches of 64
   (TRL: ``per_device_train_batch_size=64``, ``gradient_accumulation_steps=2``,
   ``steps_per_generation=2``: one generation of 16 x 8 per optimizer step), one optimizer step
@@ -48,6 +49,11 @@ included). The first ``--warmup`` steps of each run are dropped. Each round runs
 in a fresh subprocess of ``--steps`` steps, alternating which goes first, so the machine's drift
 hits both alike; the ratio medsrl / TRL is taken per round and given as median (min-max). The
 last line printed is one JSON object.
+
+``--dry-run`` builds both sides from the composed config (the policy, the tokenizer check, the
+grader and reward functions, TRL's arguments, medsrl's run) and trains nothing; it needs no trl
+(``GRPOConfig`` is built only where trl is installed): the test suite runs it at toy size
+(tests/test_benchmark_scripts.py).
 """
 
 from __future__ import annotations
@@ -57,12 +63,15 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("MEDSRL_ROOT", str(ROOT))
@@ -111,23 +120,48 @@ def policy_dir(cfg) -> Path:
     return Path(warm_started(model, cfg.paths.cache_dir)["name_or_path"])
 
 
+def sections(cfg):
+    """The algorithm, optim, rollout and grader sections as medsrl's run reads them: parsed by
+    their schemas (a composed config leaves some to them: ``grader.num_workers`` null is one per
+    core, ``GraderConfig.workers``)."""
+    from medsrl.config import (
+        AlgorithmSection,
+        GraderConfig,
+        OptimConfig,
+        RolloutConfig,
+        parse_section,
+    )
+
+    return tuple(parse_section(schema, cfg[key], key) for schema, key in [
+        (AlgorithmSection, "algorithm"), (OptimConfig, "optim"), (RolloutConfig, "rollout"), (GraderConfig, "grader")])
+
+
+def overlong_plugin(cfg):
+    """DAPO's overlong plug-in as the run builds it (its class's defaults for keys not set), or
+    None (a node without ``_target_`` is no plug-in to the run either: train.build_plugins)."""
+    from hydra.utils import instantiate
+
+    node = (cfg.algorithm.get("plugins") or {}).get("overlong")
+    return None if node is None or "_target_" not in node else instantiate(node)
+
+
 def settings(cfg) -> dict:
     """The work both sides do, from the medsrl config; refuses what TRL cannot mirror."""
-    algo, optim, rollout = cfg.algorithm, cfg.optim, cfg.rollout
-    plugins = sorted(name for name, node in (algo.get("plugins") or {}).items() if node is not None)
+    algo, optim, rollout, grader = sections(cfg)
+    plugins = sorted(name for name, node in (algo.plugins or {}).items() if node is not None)
     problems = []
     if set(plugins) - MIRRORED_PLUGINS:
         problems.append(f"plug-ins {sorted(set(plugins) - MIRRORED_PLUGINS)} have no TRL counterpart here")
     for key, want in [("kl_coef", 0.0), ("entropy_coef", 0.0), ("ppo_epochs", 1), ("mini_batch_prompts", None),
                       ("loss_agg_mode", "token-mean"), ("advantage", "grpo"), ("policy_loss", "vanilla")]:
-        if algo.get(key) != want:
-            problems.append(f"algorithm.{key}={algo.get(key)!r} (TRL side mirrors {want!r})")
+        if getattr(algo, key) != want:
+            problems.append(f"algorithm.{key}={getattr(algo, key)!r} (TRL side mirrors {want!r})")
     rows = cfg.data.prompts_per_step * rollout.n
     if rows % algo.micro_batch_size:
         problems.append(f"{rows} responses a step do not split into micro-batches of {algo.micro_batch_size}")
     if problems:
         raise SystemExit("peer_trl: the TRL side cannot mirror this setting: " + "; ".join(problems))
-    overlong = algo.plugins.get("overlong") if algo.get("plugins") else None
+    overlong = overlong_plugin(cfg)
     return {
         "prompts_per_step": int(cfg.data.prompts_per_step),
         "n": int(rollout.n),
@@ -149,6 +183,8 @@ def settings(cfg) -> dict:
         "grad_clip": float(optim.grad_clip),
         "overlong": None if overlong is None else {"buffer_length": int(overlong.buffer_length),
                                                    "penalty_factor": float(overlong.penalty_factor)},
+        "grader": {"timeout_s": grader.timeout_s, "num_workers": grader.workers(),
+                   "reasoning_end": grader.reasoning_end},
         "dtype": str(cfg.model.dtype),
         "seed": int(cfg.seed),
     }
@@ -228,55 +264,44 @@ def check_tokenizer(auto_tok, medsrl_tok, texts: list[str]) -> None:
                              f"medsrl {getattr(medsrl_tok, name)}")
 
 
-def worker_trl(args) -> dict:
+@dataclass
+class TrlSide:
+    """What the TRL side hands ``GRPOTrainer``, built without trl (``--dry-run`` builds it too)."""
+
+    settings: dict
+    policy_dir: Path
+    prompts: list
+    tokenizer: Any
+    model: Any
+    grader: Any
+    reward_funcs: list
+    config: dict  # GRPOConfig's arguments
+    optimizers: tuple
+
+
+def reward_functions(s: dict, grader) -> list:
+    """TRL's reward functions: medsrl's grader, plus DAPO's overlong penalty when it is on."""
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    import trl
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-
     from medsrl.methods.overlong import overlong_penalty
-    from medsrl.models.loading import load_tokenizer, resolve_dtype, stop_token_ids
-    from medsrl.reward.grader import MathGrader
-
-    out = Path(args.out)
-    cfg = compose(out / "medsrl-config", args.steps, shlex.split(args.medsrl_overrides))
-    s = settings(cfg)
-    path = policy_dir(cfg)
-
-    from hydra.utils import instantiate
-
-    datamodule = instantiate(cfg.data, _convert_="object")
-    prompts = [p for step in range(args.steps) for p in datamodule.prompts_for_step(step)]
-    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-    medsrl_tok = load_tokenizer(str(path))
-    if tokenizer.pad_token is None:  # medsrl's choice, so both pad alike
-        tokenizer.pad_token = medsrl_tok.pad_token
-    check_tokenizer(tokenizer, medsrl_tok, [p.text for p in prompts])
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(s["dtype"]))
-    # medsrl's engines stop on every one of these; TRL stops on the model's eos ids
-    model.generation_config.eos_token_id = stop_token_ids(medsrl_tok)
-
-    grader = MathGrader(timeout_s=cfg.grader.timeout_s, num_workers=cfg.grader.num_workers).start()
 
     def correct(prompts, completions, answer, **kwargs) -> list[float]:
         return [g.score for g in grader.grade_batch(completions, answer)]
 
-    reward_funcs = [correct]
-    if s["overlong"] is not None:
-        def overlong(prompts, completions, completion_ids, **kwargs) -> list[float]:
-            lengths = torch.tensor([len(ids) for ids in completion_ids])
-            return overlong_penalty(lengths, s["max_new_tokens"], s["overlong"]["buffer_length"],
-                                    s["overlong"]["penalty_factor"]).tolist()
+    def overlong(prompts, completions, completion_ids, **kwargs) -> list[float]:
+        lengths = torch.tensor([len(ids) for ids in completion_ids])
+        return overlong_penalty(lengths, s["max_new_tokens"], s["overlong"]["buffer_length"],
+                                s["overlong"]["penalty_factor"]).tolist()
 
-        reward_funcs.append(overlong)
+    return [correct] if s["overlong"] is None else [correct, overlong]
 
+
+def grpo_arguments(s: dict, steps: int, out: Path) -> dict:
+    """``trl.GRPOConfig``'s arguments: the same work as the medsrl side (module docstring)."""
     accum = s["micro_batches"]
-    config = trl.GRPOConfig(
+    return dict(
         output_dir=str(out / "trl"),
-        max_steps=args.steps,
+        max_steps=steps,
         per_device_train_batch_size=s["micro_batch_size"],
         gradient_accumulation_steps=accum,
         steps_per_generation=accum,  # one generation of prompts_per_step x n per optimizer step
@@ -305,13 +330,60 @@ def worker_trl(args) -> dict:
         logging_steps=1,  # per-step reward and length (medsrl logs every step too)
         seed=s["seed"],
     )
-    # medsrl's optimiser and schedule (RLModule.configure_optimizers): AdamW, linear warm-up to
-    # lr over warmup_steps RL steps, then constant
+
+
+def medsrl_optimizers(model, s: dict) -> tuple:
+    """medsrl's optimiser and schedule (RLModule.configure_optimizers): AdamW, linear warm-up to
+    lr over warmup_steps RL steps, then constant."""
+    import torch
+
     optimizer = torch.optim.AdamW(model.parameters(), lr=s["lr"], betas=tuple(s["betas"]), eps=s["eps"],
                                   weight_decay=s["weight_decay"])
     warmup = max(0, s["warmup_steps"])
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+    return optimizer, scheduler
+
+
+def trl_side(cfg, steps: int, out: Path) -> TrlSide:
+    """The TRL side's policy, prompts, tokenizer, grader (started) and arguments, from medsrl's config."""
+    from hydra.utils import instantiate
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from medsrl.models.loading import load_tokenizer, resolve_dtype, stop_token_ids
+    from medsrl.reward.grader import MathGrader
+
+    s = settings(cfg)
+    path = policy_dir(cfg)
+    datamodule = instantiate(cfg.data, _convert_="object")
+    prompts = [p for step in range(steps) for p in datamodule.prompts_for_step(step)]
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    medsrl_tok = load_tokenizer(str(path))
+    if tokenizer.pad_token is None:  # medsrl's choice, so both pad alike
+        tokenizer.pad_token = medsrl_tok.pad_token
+    check_tokenizer(tokenizer, medsrl_tok, [p.text for p in prompts])
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(s["dtype"]))
+    # medsrl's engines stop on every one of these; TRL stops on the model's eos ids
+    model.generation_config.eos_token_id = stop_token_ids(medsrl_tok)
+    # the grader medsrl's run builds (RLModule): workers resolved by the schema, not the raw null
+    grader = MathGrader(**s["grader"]).start()
+    return TrlSide(settings=s, policy_dir=path, prompts=prompts, tokenizer=tokenizer, model=model, grader=grader,
+                   reward_funcs=reward_functions(s, grader), config=grpo_arguments(s, steps, out),
+                   optimizers=medsrl_optimizers(model, s))
+
+
+def worker_trl(args) -> dict:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    import trl
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    out = Path(args.out)
+    cfg = compose(out / "medsrl-config", args.steps, shlex.split(args.medsrl_overrides))
+    side = trl_side(cfg, args.steps, out)
 
     class Clock(TrainerCallback):
         def __init__(self) -> None:
@@ -332,13 +404,14 @@ def worker_trl(args) -> dict:
                 self.logs.append(dict(logs))
 
     clock = Clock()
-    dataset = Dataset.from_list([{"prompt": p.text, "answer": p.answer} for p in prompts])
-    trainer = trl.GRPOTrainer(model=model, reward_funcs=reward_funcs, args=config, train_dataset=dataset,
-                              processing_class=tokenizer, callbacks=[clock], optimizers=(optimizer, scheduler))
+    dataset = Dataset.from_list([{"prompt": p.text, "answer": p.answer} for p in side.prompts])
+    trainer = trl.GRPOTrainer(model=side.model, reward_funcs=side.reward_funcs, args=trl.GRPOConfig(**side.config),
+                              train_dataset=dataset, processing_class=side.tokenizer, callbacks=[clock],
+                              optimizers=side.optimizers)
     try:
         trainer.train()
     finally:
-        grader.close()
+        side.grader.close()
     if len(clock.steps) != args.steps or len(clock.logs) != args.steps:
         raise SystemExit(f"peer_trl: TRL ran {len(clock.steps)} steps and logged {len(clock.logs)}, "
                          f"expected {args.steps}")
@@ -352,9 +425,53 @@ def worker_trl(args) -> dict:
         "trl_step_time": [m.get("step_time") for m in clock.logs],
         "threads": torch.get_num_threads(),
         "versions": _versions(),
-        "policy_dir": str(path),
-        "settings": s,
+        "policy_dir": str(side.policy_dir),
+        "settings": side.settings,
     }
+
+
+# --------------------------------------------------------------------------- dry run
+
+
+def trl_installed() -> bool:
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def try_rewards(side: TrlSide) -> dict[str, list[float]]:
+    """Each reward function on the first prompt's gold answer, boxed, and on an empty response."""
+    p = side.prompts[0]
+    completions = [f"\\boxed{{{p.answer}}}", ""]
+    ids = [side.tokenizer(c, add_special_tokens=False)["input_ids"] for c in completions]
+    return {f.__name__: f(prompts=[p.text] * 2, completions=completions, completion_ids=ids, answer=[p.answer] * 2)
+            for f in side.reward_funcs}
+
+
+def dry_run(args) -> dict:
+    """Both sides built from the composed config, nothing trained (module docstring)."""
+    tmp = Path(tempfile.mkdtemp(prefix="medsrl-peer-trl-dry-"))
+    try:
+        cfg = compose(tmp / "config", args.steps, shlex.split(args.medsrl_overrides))
+        side = trl_side(cfg, args.steps, tmp)
+        try:
+            rewards = try_rewards(side)
+        finally:
+            side.grader.close()
+        if trl_installed():
+            import trl
+
+            trl.GRPOConfig(**side.config)
+        from medsrl.train import build_run
+
+        run = build_run(cfg)
+        return {"benchmark": "peer_trl", "dry_run": True, "settings": side.settings, "policy_dir": str(side.policy_dir),
+                "prompts": len(side.prompts), "rewards": rewards, "grpo_config_built": trl_installed(),
+                "medsrl_module": type(run.module).__name__, "versions": _versions()}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- orchestration
@@ -397,6 +514,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads on both sides (0: torch's default)")
     ap.add_argument("--medsrl-python", default=sys.executable, help="interpreter of the medsrl side")
     ap.add_argument("--medsrl-overrides", default="", help="extra Hydra overrides of the medsrl side, one string")
+    ap.add_argument("--dry-run", action="store_true", help="build both sides, train nothing, print one JSON line")
     ap.add_argument("--worker", choices=["medsrl", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
@@ -408,10 +526,11 @@ def main() -> None:
         return
     if args.steps <= args.warmup:
         raise SystemExit("--steps must be larger than --warmup")
-    try:
-        import trl  # noqa: F401
-    except ImportError:
-        raise SystemExit("peer_trl: trl is not installed here; run it in .venv-trl (make bench-trl)") from None
+    if args.dry_run:
+        print(json.dumps(dry_run(args)))
+        return
+    if not trl_installed():
+        raise SystemExit("peer_trl: trl is not installed here; run it in .venv-trl (make bench-trl)")
 
     tmp = Path(tempfile.mkdtemp(prefix="medsrl-peer-trl-"))
     cfg = compose(tmp / "config", args.steps, shlex.split(args.medsrl_overrides))

@@ -11,6 +11,10 @@ arithmetic prompts x ``--n`` responses (64 sequences by default), temperature 1,
 response runs to ``--max-new-tokens`` and both engines do the same work; ``--no-full-length``
 leaves the random model as it is (responses then end early and unevenly, as in RL). One warm-up
 call per engine is not timed. The last line printed is one JSON object.
+
+``--dry-run``: everything but the vLLM engine (the model, the prompts, the HF engine's timing;
+``medsrl.rollout.vllm`` imported, not started): what the test suite runs in ``.venv``, which has
+no vLLM (tests/test_benchmark_scripts.py).
 """
 
 from __future__ import annotations
@@ -80,9 +84,10 @@ def main() -> None:
     ap.add_argument("--intermediate-size", type=int, default=512)
     ap.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--kv-cache-gib", type=float, default=0.5)
+    ap.add_argument("--dry-run", action="store_true", help="all but the vLLM engine (no vLLM needed)")
     args = ap.parse_args()
 
-    from medsrl.rollout.vllm import VLLMRolloutEngine  # needs .venv-vllm
+    from medsrl.rollout.vllm import VLLMRolloutEngine  # its engine needs .venv-vllm
 
     tok = build_char_tokenizer()
     sizes = dict(hidden_size=args.hidden_size, num_hidden_layers=args.layers)
@@ -96,7 +101,7 @@ def main() -> None:
     params = SamplingParams(n=args.n, max_new_tokens=args.max_new_tokens, seed=0)
 
     start = time.perf_counter()
-    vllm_engine = VLLMRolloutEngine(
+    vllm_engine = None if args.dry_run else VLLMRolloutEngine(
         model,
         tok,
         enforce_eager=args.enforce_eager,
@@ -104,7 +109,7 @@ def main() -> None:
     )
     startup = time.perf_counter() - start
     hf_engine = HFRolloutEngine(model, tok, max_batch_size=args.prompts * args.n)
-    vllm = _time(vllm_engine, prompts, params, args.repeats)
+    vllm = None if args.dry_run else _time(vllm_engine, prompts, params, args.repeats)
     hf = _time(hf_engine, prompts, params, args.repeats)
     result = {
         "benchmark": "rollout_throughput",
@@ -116,10 +121,11 @@ def main() -> None:
         "max_new_tokens": args.max_new_tokens,
         "full_length": args.full_length,
         "repeats": args.repeats,
-        "vllm_startup_s": round(startup, 2),
+        "dry_run": args.dry_run,
+        "vllm_startup_s": None if args.dry_run else round(startup, 2),
         "vllm": vllm,
         "hf": hf,
-        "ratio_vllm_over_hf": round(vllm["tokens_per_s"] / hf["tokens_per_s"], 2),
+        "ratio_vllm_over_hf": None if args.dry_run else round(vllm["tokens_per_s"] / hf["tokens_per_s"], 2),
     }
     print(json.dumps(result))
 

@@ -1,6 +1,6 @@
 """The shared-prompt forward and prefill against running every row whole (tiny preset, CPU).
 
-    .venv/bin/python benchmarks/shared_prompt.py [--rounds 5] [--prompts 16] [--n 8]
+    .venv/bin/python benchmarks/shared_prompt.py [--rounds 5] [--prompts 16] [--n 8] [hydra overrides ...]
 
 A step's rows are ``n`` responses to each prompt. ``step.scoring.response_logits`` runs a prompt
 once for its rows (its KV cache expanded, the responses on top) and the HF engine prefills each
@@ -79,10 +79,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. debug=fast (the test suite's micro model)")
     args = ap.parse_args()
 
+    base = ["logger=csv", f"paths.output_dir={ROOT / 'logs' / 'bench'}"]
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=["logger=csv", f"paths.output_dir={ROOT / 'logs' / 'bench'}"])
+        cfg = compose("train", overrides=base + args.overrides)
     run = build_run(cfg)
     model, tok = run.module.policy, run.module.tokenizer
     prompts = [p.text for p in run.datamodule.prompts_for_step(0)[: args.prompts]]

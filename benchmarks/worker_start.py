@@ -1,7 +1,7 @@
 """Start-up of the grader's and the MEDS re-fit's workers from a training process, with and without
 ``utils/lifetime.without_main_import``.
 
-    .venv/bin/python benchmarks/worker_start.py [--rounds 3]
+    .venv/bin/python benchmarks/worker_start.py [--rounds 3] [--toy]
 
 This script is the ``__main__`` and imports ``medsrl.train`` (Lightning, transformers) as
 ``medsrl-train`` does. Each round, interleaved, times with fresh workers:
@@ -9,7 +9,8 @@ This script is the ``__main__`` and imports ``medsrl.train`` (Lightning, transfo
 ``refit_s`` from a ``BackgroundRefitter(num_workers=1)`` to the first fit collected; ``as_shipped``
 starts the workers under ``without_main_import``, ``main_reimported`` the way they started before
 (the child re-runs this ``__main__`` first). The last stdout line is one JSON object: every round's
-seconds and the median ratio.
+seconds and the median ratio. ``--toy`` (the test suite's run): one round, as shipped only (a
+re-imported start costs a ``medsrl.train`` import, ~10 s, per worker); no ratio.
 """
 
 from __future__ import annotations
@@ -55,14 +56,16 @@ def one_round(reimport: bool) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--toy", action="store_true", help="one round, as shipped only")
     args = ap.parse_args()
-    rounds = {"as_shipped": [], "main_reimported": []}
-    for r in range(args.rounds):
+    rounds = {"as_shipped": []} if args.toy else {"as_shipped": [], "main_reimported": []}
+    for r in range(1 if args.toy else args.rounds):
         for name in rounds:  # interleaved: the machine's noise falls on both
             rounds[name].append(one_round(reimport=name == "main_reimported"))
             print(f"round {r} {name}: {rounds[name][-1]}", file=sys.stderr, flush=True)
-    ratio = {k: statistics.median(b[k] / a[k] for a, b in zip(rounds["as_shipped"], rounds["main_reimported"], strict=True))
-             for k in ("grader_s", "refit_s")}
+    ratio = None if args.toy else {
+        k: statistics.median(b[k] / a[k] for a, b in zip(rounds["as_shipped"], rounds["main_reimported"], strict=True))
+        for k in ("grader_s", "refit_s")}
     print(json.dumps({"rounds": rounds, "median_ratio_reimported_over_shipped": ratio,
                       "machine": platform.processor() or platform.machine()}))
 

@@ -11,8 +11,6 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-import medsrl.config  # noqa: F401  (registers the schema defaults the presets extend)
-
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("MEDSRL_ROOT", str(ROOT))
 
@@ -173,6 +171,20 @@ def assert_matches_one_process(one: Path, two: Path, two_metrics: dict[int, dict
         # whose gradient is near zero amplifies a rounding difference (8e-6 on one of 2,048 seen,
         # at lr 1e-3); a missed gradient or a wrong row would be off by about the lr
         torch.testing.assert_close(wb[name], wa[name], rtol=1e-4, atol=2e-5, msg=name)
+
+
+class KilledOnCall:
+    """``real`` that raises ``KeyboardInterrupt`` at its ``n``-th call, as a kill mid-run would stop
+    it (resume tests); ``calls`` counts the calls (set it to keep counting after the kill)."""
+
+    def __init__(self, real, n: int) -> None:
+        self.real, self.n, self.calls = real, n, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.n:
+            raise KeyboardInterrupt("killed")
+        return self.real(*args, **kwargs)
 
 
 def wandb_run_dirs(out_dir: Path) -> list[Path]:

@@ -14,7 +14,7 @@ from medsrl.train import build_plugins, train
 from run_helpers import MICRO_WARM_START, ROOT, compose_train, read_metrics
 
 SHORT = ["trainer.max_steps=2", "callbacks.pass_at_k.every_n_steps=0", "callbacks.pass_at_k.at_start=false"]
-PRESETS = sorted(p.stem for p in (ROOT / "configs" / "algorithm").glob("*.yaml"))
+PRESETS = sorted(p.stem for p in (ROOT / "configs" / "algorithm").glob("[!_]*.yaml"))  # _defaults: the schema
 EXPECTED_PLUGINS = {
     "grpo": [], "drgrpo": [], "grpo_entropy": ["entropy_bonus"],
     "dapo": ["dynamic_sampling", "overlong"], "gdpo": ["dynamic_sampling", "overlong"],

@@ -33,3 +33,59 @@ def test_every_fsdp_experiment_checkpoints_in_shards():
             fsdp.append(name)
             assert cfg.trainer.strategy.state_dict_type == "sharded", name
     assert sorted(fsdp) == ["qwen2.5-math-7b_dapo", "qwen2.5-math-7b_meds", "qwen3-8b_dapo", "qwen3-8b_meds"]
+
+
+def test_the_defaults_files_are_the_schemas_defaults():
+    """``configs/<group>/_defaults.yaml`` are generated from the schemas: a default changed in
+    config.py and not regenerated would leave the presets on the old value."""
+    from omegaconf import OmegaConf
+
+    from medsrl.config import DEFAULTS_SCHEMAS, WRITE_DEFAULTS, defaults_path, defaults_yaml
+
+    for group, schema in DEFAULTS_SCHEMAS.items():
+        path = defaults_path(group)
+        assert path.is_file() and path.read_text() == defaults_yaml(group), (
+            f"{path} is out of date with {schema.__name__}: regenerate it with `{WRITE_DEFAULTS}`")
+        assert OmegaConf.to_container(OmegaConf.load(path)) == schema().model_dump(mode="json"), path
+
+
+# Composes in a process that has imported hydra and tests/run_helpers only (no medsrl).
+_COMPOSE_ALONE = """
+import json, sys
+from pathlib import Path
+from omegaconf import OmegaConf
+from run_helpers import compose_train
+runs = [OmegaConf.to_container(compose_train(Path(o), x, debug=d), resolve=True) for o, x, d in json.load(sys.stdin)]
+assert not [m for m in sys.modules if m.split(".")[0] == "medsrl"], "medsrl was imported"
+print(json.dumps(runs))
+"""
+
+
+def test_compose_without_importing_medsrl_gives_the_clis_settings(tmp_path):
+    """A notebook's ``hydra.compose(config_name="train")`` needs no ``import medsrl`` first (the
+    presets extend files, not nodes registered on import) and gives what ``medsrl-train``
+    composes, whose process has imported everything (``medsrl.train``)."""
+    import json
+    import subprocess
+    import sys
+
+    from omegaconf import OmegaConf
+
+    import medsrl.train  # noqa: F401  (every import side effect the CLI's process has)
+    from run_helpers import ROOT, compose_train
+
+    cases = [
+        (str(tmp_path / "a"), [], None),
+        (str(tmp_path / "b"), ["algorithm=grpo", "optim.lr=3e-4", "rollout=vllm", "rollout.n=4"], None),
+        (str(tmp_path / "c"), ["experiment=qwen2.5-math-1.5b_meds", "optim.warmup_steps=0"], None),
+        (str(tmp_path / "d"), ["algorithm=meds_r3", "algorithm.clip_high=0.3"], "fast"),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+    proc = subprocess.run([sys.executable, "-c", _COMPOSE_ALONE], input=json.dumps(cases), env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    alone = json.loads(proc.stdout)
+    for (out, overrides, debug), composed in zip(cases, alone, strict=True):
+        cli = OmegaConf.to_container(compose_train(Path(out), overrides, debug=debug), resolve=True)
+        assert composed == cli, overrides
+        assert cli["optim"]["eps"] == 1e-8 and "clip_low" in cli["algorithm"]  # the schema's defaults are in

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 import medsrl.evaluation.responses as runner_mod
 from medsrl.eval import evaluate
 from medsrl.train import train
-from run_helpers import MICRO_WARM_START, ROOT, compose_train
+from run_helpers import MICRO_WARM_START, ROOT, KilledOnCall, compose_train
 
 pytestmark = pytest.mark.slow
 
@@ -74,26 +74,18 @@ def test_interrupted_evaluation_resumes_to_the_same_table(tmp_path, trained_run,
     evaluate(_eval_cfg(whole, f"model_path={policy}", "benchmark.arithmetic.num=12"))
 
     # Crash on the 4th chunk (of 6): 3 chunks (6 problems) are on disk, plus a torn line.
-    calls = {"n": 0}
-    real = runner_mod.SamplingParams
-
-    def crash_on_fourth(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt("killed")
-        return real(*args, **kwargs)
-
+    killer = KilledOnCall(runner_mod.SamplingParams, 4)
+    monkeypatch.setattr(runner_mod, "SamplingParams", killer)
     cut = tmp_path / "cut"
-    monkeypatch.setattr(runner_mod, "SamplingParams", crash_on_fourth)
     with pytest.raises(KeyboardInterrupt):
         evaluate(_eval_cfg(cut, f"model_path={policy}", "benchmark.arithmetic.num=12"))
     assert len((cut / "generations.jsonl").read_text().splitlines()) == 6
     with open(cut / "generations.jsonl", "a") as f:
         f.write('{"run": "run", "benchmark": "arith')
 
-    calls["n"] = -100  # no more crashes; count the chunks sampled on resume
+    killer.calls = -100  # no more crashes; count the chunks sampled on resume
     evaluate(_eval_cfg(cut, f"model_path={policy}", "benchmark.arithmetic.num=12"))
-    assert calls["n"] == -100 + 3  # only the 3 missing chunks were sampled again
+    assert killer.calls == -100 + 3  # only the 3 missing chunks were sampled again
     assert _table(cut) == _table(whole)
     assert len((cut / "generations.jsonl").read_text().splitlines()) == 12
 
@@ -212,3 +204,77 @@ def test_a_file_benchmark_is_named_after_its_file_or_its_name_key(tmp_path, trai
         assert [r["benchmark"] for r in _table(out)] == ["arithmetic", label]
         assert f"| {label} |" in (out / "results.md").read_text()
         assert _table(out)[1]["problems"] == 2
+
+
+# ---------------------------------------------------------------- the engine (rollout=hf|vllm)
+
+
+@pytest.mark.parametrize("chosen,device,installed,want", [
+    (None, "cuda", True, "vllm"), (None, "cuda:1", True, "vllm"), (None, "cuda", False, "hf"),
+    (None, "cpu", True, "hf"), ("hf", "cuda", True, "hf"), ("vllm", "cpu", False, "vllm"),
+])
+def test_the_engine_is_vllm_on_a_cuda_gpu_with_vllm_installed_unless_chosen(monkeypatch, chosen, device, installed, want):
+    import importlib.util
+
+    from medsrl.eval import choose_backend
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if installed else None)
+    rollout = OmegaConf.create({"vllm": {}} if chosen is None else {"backend": chosen, "vllm": {}})
+    backend, why = choose_backend(rollout, device)
+    assert backend == want
+    assert why.startswith(f"rollout={chosen}" if chosen else "no rollout chosen")
+
+
+def test_eval_config_takes_the_rollout_presets_and_refuses_their_sampling_keys(tmp_path, no_model_load):
+    for preset, backend in [(None, None), ("hf", "hf"), ("vllm", "vllm")]:
+        cfg = _eval_cfg(tmp_path, *([f"rollout={preset}"] if preset else []))
+        assert cfg.rollout.get("backend") == backend
+        assert cfg.rollout.vllm.gpu_memory_utilization == 0.5 and cfg.rollout.vllm.enable_sleep_mode is False
+    cfg = _eval_cfg(tmp_path, "rollout=vllm", "rollout.max_new_tokens=8192", "rollout.n=8", "model_path=/some/model")
+    with pytest.raises(ValueError) as err:
+        evaluate(cfg)
+    assert "rollout.max_new_tokens must be null: eval samples with its own max_new_tokens, got 8192" in str(err.value)
+    assert "rollout.n must be null: eval samples with its own n, got 8" in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(tmp_path_factory):
+    """An untrained tiny policy (1,024 positions) exported with its char tokenizer."""
+    from medsrl.models.char_tokenizer import build_char_tokenizer
+    from medsrl.models.tiny import build_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny") / "policy"
+    build_tiny_model(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                     intermediate_size=64).save_pretrained(path)
+    build_char_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("engine", [
+    ["rollout=hf", "max_new_tokens=1000"],
+    ["rollout=vllm", "rollout.vllm.max_model_len=60"],  # refused before vLLM is imported
+], ids=["hf-positions", "vllm-max_model_len"])
+def test_a_prompt_the_engine_cannot_take_is_refused_before_sampling_naming_it(tmp_path, tiny_policy, monkeypatch, engine):
+    """Every problem is evaluated: a prompt that leaves no room for max_new_tokens (the model's
+    1,024 positions; or rollout.vllm.max_model_len) stops the run at start, naming the benchmark,
+    the problem, the setting and the largest max_new_tokens that fits every prompt."""
+    import re
+
+    import medsrl.eval
+
+    def no_sampling(*args, **kwargs):
+        raise AssertionError("sampled before the prompts were checked")
+
+    monkeypatch.setattr(medsrl.eval, "build_engine", no_sampling)
+    monkeypatch.setattr(runner_mod, "sample_chunk", no_sampling)
+    with pytest.raises(ValueError) as err:
+        evaluate(_eval_cfg(tmp_path, f"model_path={tiny_policy}", *engine))
+    message = str(err.value)
+    limit = 1024 if engine[0] == "rollout=hf" else 60
+    what = "the model's positions (max_position_embeddings)" if limit == 1024 else "rollout.vllm.max_model_len"
+    assert f"exceed {what}, {limit} tokens" in message
+    assert re.search(r"benchmark 'arithmetic' problem \d+: \d+ prompt tokens", message)
+    longest = int(re.search(r"The longest: benchmark 'arithmetic' problem \d+: (\d+) prompt tokens", message).group(1))
+    room = int(re.search(r"set max_new_tokens <= (\d+)", message).group(1))
+    assert room == limit - longest and 1 <= room < (1000 if limit == 1024 else 48)
+    assert not (tmp_path / "generations.jsonl").read_text()

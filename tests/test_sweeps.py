@@ -67,17 +67,18 @@ def test_optuna_search_maximises_final_pass_at_8_over_meds_knobs():
         assert select_layers(cfg.model.tiny.num_hidden_layers, layers)
 
 
-def test_slurm_launcher_builds_the_sbatch_script(tmp_path, monkeypatch):
-    """The launcher as Hydra instantiates it, launching one job: submitit gets our resources and
-    writes them into the sbatch script (a stub ``srun`` stands in for the cluster; nothing runs)."""
+def sbatch_script(tmp_path: Path, monkeypatch, overrides: list[str]) -> str:
+    """The sbatch script of one job, from the launcher as Hydra instantiates it: submitit gets our
+    resources and writes them into the script (a stub ``srun`` stands in for the cluster; nothing runs)."""
     require("hydra_plugins.hydra_submitit_launcher")
     import submitit
     from hydra.utils import instantiate
 
-    cfg = compose_with_hydra(["hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path}", "hydra.job.name=train"])
+    cfg = compose_with_hydra(["hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path}", "hydra.job.name=train",
+                              *overrides])
     assert cfg.hydra.launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
     stub = tmp_path / "bin"
-    stub.mkdir()
+    stub.mkdir(exist_ok=True)
     (stub / "srun").write_text("#!/bin/sh\nexit 0\n")
     (stub / "srun").chmod(0o755)
     monkeypatch.setenv("PATH", f"{stub}{os.pathsep}{os.environ['PATH']}")
@@ -93,9 +94,61 @@ def test_slurm_launcher_builds_the_sbatch_script(tmp_path, monkeypatch):
     launcher.config = cfg
     launcher.launch([["optim.lr=1e-5"]], initial_job_idx=0)
     (script,) = scripts
+    return script
+
+
+def test_slurm_launcher_builds_the_sbatch_script(tmp_path, monkeypatch):
+    """The default (tiny, trainer=cpu): one task on one node, no GPU requested."""
+    script = sbatch_script(tmp_path, monkeypatch, [])
     for line in ("--time=240", "--cpus-per-task=4", "--mem=32GB", "--nodes=1", "--ntasks-per-node=1",
                  "--job-name=train", f"--output={tmp_path}/.submitit/%j/"):
         assert f"#SBATCH {line}" in script, line
+    assert "--gpus-per-node" not in script
+
+
+@pytest.mark.filterwarnings("ignore:The `srun` command is available")  # the stub srun on PATH
+@pytest.mark.parametrize(("overrides", "nodes", "tasks"), [
+    (["experiment=qwen2.5-math-7b_meds"], 1, 8),                      # trainer=fsdp trainer.devices=8
+    (["experiment=qwen2.5-math-7b_meds", "trainer.num_nodes=2"], 2, 8),
+    (["experiment=qwen2.5-math-1.5b_meds"], 1, 1),                    # trainer=gpu, one GPU
+    (["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true"], 1, 2),
+])
+def test_slurm_jobs_have_one_task_per_device_as_lightning_requires(tmp_path, monkeypatch, overrides, nodes, tasks):
+    """Lightning's SLURM environment refuses a job whose --ntasks-per-node is not trainer.devices
+    (or whose --nodes is not trainer.num_nodes): the launcher reads both from the run's config, and
+    a GPU run asks for a GPU per task with hydra.launcher.gpus_per_node=${trainer.devices}."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    gpu = "trainer.accelerator=cpu" not in overrides
+    extra = ["hydra.launcher.gpus_per_node=${trainer.devices}"] if gpu else []
+    script = sbatch_script(tmp_path, monkeypatch, [*overrides, *extra])
+    assert f"#SBATCH --nodes={nodes}" in script and f"#SBATCH --ntasks-per-node={tasks}" in script
+    assert (f"#SBATCH --gpus-per-node={tasks}" in script) is gpu
+    if not gpu:
+        assert "--gpus-per-node" not in script
+
+    cfg = compose_with_hydra(overrides)
+    devices, num_nodes = cfg.trainer.devices, OmegaConf.select(cfg, "trainer.num_nodes", default=1)
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")  # a batch job, not an interactive shell
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", str(tasks))
+    monkeypatch.setenv("SLURM_NNODES", str(nodes))
+    SLURMEnvironment().validate_settings(num_devices=devices, num_nodes=num_nodes)  # what Lightning checks
+    if devices != 1:  # the launcher's old fixed tasks_per_node: 1 is what Lightning refused
+        monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "1")
+        with pytest.raises(ValueError, match="ntasks-per-node=1"):
+            SLURMEnvironment().validate_settings(num_devices=devices, num_nodes=num_nodes)
+
+
+def test_slurm_with_devices_auto_fails_at_launch_naming_the_value():
+    """trainer=ddp / fsdp default to devices: auto, which is no task count: the launcher's config
+    says so (the comment in configs/hydra/launcher/slurm.yaml tells the user to set trainer.devices)."""
+    require("hydra_plugins.hydra_submitit_launcher")
+    from omegaconf.errors import InterpolationValidationError
+
+    cfg = compose_with_hydra(["hydra/launcher=slurm", "trainer=ddp"])
+    assert cfg.trainer.devices == "auto"
+    with pytest.raises(InterpolationValidationError, match="'auto'"):
+        cfg.hydra.launcher.tasks_per_node  # noqa: B018
 
 
 @pytest.fixture

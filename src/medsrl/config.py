@@ -15,9 +15,9 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import (
@@ -303,9 +303,13 @@ class Template(TypedDict, total=False):
 
 
 class Source(TypedDict, total=False):
-    """A file or generator source (load_math_file, generate_arithmetic, ...)."""
+    """A file, hub data set or generator source (load_math_file, load_math_hub,
+    generate_arithmetic, ...)."""
 
-    path: Text
+    path: nullable(Text)
+    hub: nullable(Text)  # a hub data set (or "parquet" / "json" with data_files) instead of a path
+    subset: nullable(Text)
+    revision: nullable(Text)
     name: nullable(Text)
     num: PositiveInt
     limit: nullable(PositiveInt)
@@ -431,6 +435,27 @@ class Features(TypedDict, total=False):
     dtype: FeatureDtype
 
 
+def _eval_own(key: str) -> Any:
+    """A training rollout key eval samples without: null only, the message naming eval's own."""
+    return Annotated[None, must(f"null: eval samples with its own {key}")]
+
+
+class EvalRollout(TypedDict, total=False):
+    """Eval's ``rollout``: the engine (``rollout=hf|vllm``; no ``backend``: vLLM on a CUDA GPU
+    when installed, else HF) and its options. Training's sampling keys stay null there."""
+
+    backend: one_of(("hf", "vllm"))
+    vllm: VLLMConfig
+    n: _eval_own("n")
+    temperature: _eval_own("temperature")
+    top_p: _eval_own("top_p")
+    max_new_tokens: _eval_own("max_new_tokens")
+    max_batch_size: _eval_own("batch_size")
+    max_prompt_tokens: Annotated[None, must("null: eval sizes the engine from its longest prompt "
+                                            "(rollout.vllm.max_model_len to set it)")]
+    logprobs: Annotated[None, must("null: eval reads no engine log-probs")]
+
+
 class EvalConfig(TypedDict, total=False):
     """The evaluation config (configs/eval.yaml), benchmarks aside (source_problems)."""
 
@@ -449,6 +474,7 @@ class EvalConfig(TypedDict, total=False):
     limit: nullable(PositiveInt)
     features: Features | None
     grader: GraderConfig
+    rollout: EvalRollout
 
 
 # --------------------------------------------------------------------------- messages
@@ -685,7 +711,48 @@ def check_eval_config(cfg: DictConfig) -> None:
     _check(cfg, "evaluation", partial(problems, EvalConfig), _benchmark_problems)
 
 
-# The schemas' defaults as Hydra nodes ``<group>/_defaults``, which the presets extend: a preset
-# lists only what it changes, and every setting stays overridable (``optim.lr=...``).
-for _group, _schema in {"algorithm": AlgorithmSection, "optim": OptimConfig, "rollout": RolloutConfig}.items():
-    ConfigStore.instance().store(group=_group, name="_defaults", node=_schema().model_dump(mode="json"))
+# --------------------------------------------------------------------------- generated presets
+
+# The schemas' defaults as the files ``configs/<group>/_defaults.yaml``, which the presets extend:
+# a preset lists only what it changes, and every setting stays overridable (``optim.lr=...``).
+# Files, not ConfigStore nodes registered on import: Hydra's compose API (a notebook, a benchmark)
+# then composes what the CLI does without importing medsrl first. tests/test_config.py fails when
+# one is out of date with its schema.
+DEFAULTS_SCHEMAS = {"algorithm": AlgorithmSection, "optim": OptimConfig, "rollout": RolloutConfig}
+WRITE_DEFAULTS = "python -m medsrl.config --write-defaults"
+CONFIG_ROOT = Path(__file__).resolve().parents[2] / "configs"
+
+
+def defaults_path(group: str, config_dir: Path = CONFIG_ROOT) -> Path:
+    return Path(config_dir) / group / "_defaults.yaml"
+
+
+def defaults_yaml(group: str) -> str:
+    """The text of ``configs/<group>/_defaults.yaml``: what it is, then the schema's defaults."""
+    schema = DEFAULTS_SCHEMAS[group]
+    header = (f"# GENERATED from the defaults of {schema.__name__} (src/medsrl/config.py, where each setting is\n"
+              f"# described): do not edit. Change the schema, then regenerate: {WRITE_DEFAULTS}\n"
+              f"# Not a preset: the base the {group} presets extend (`- _defaults` in their defaults list).\n")
+    return header + OmegaConf.to_yaml(schema().model_dump(mode="json"))
+
+
+def write_defaults(config_dir: Path = CONFIG_ROOT) -> list[Path]:
+    """Write every ``<group>/_defaults.yaml`` under ``config_dir``; returns those whose text changed."""
+    changed = []
+    for group in DEFAULTS_SCHEMAS:
+        path, text = defaults_path(group, config_dir), defaults_yaml(group)
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
+            changed.append(path)
+    return changed
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="The settings' schemas (src/medsrl/config.py).")
+    ap.add_argument("--write-defaults", action="store_true", help="regenerate configs/<group>/_defaults.yaml")
+    if not ap.parse_args().write_defaults:
+        ap.error("nothing to do: pass --write-defaults")
+    for path in write_defaults():
+        print(f"wrote {path}")

@@ -1,7 +1,8 @@
 """Evaluation entry point (``medsrl-eval``): pass@k, mean@n, maj@n and diversity on benchmarks.
 
 Models: ``model_path`` and/or ``runs_dir`` (:func:`models_to_evaluate`); benchmarks: the
-``benchmark`` config group; MEDS features: :func:`feature_spec_for`. Writes into the output
+``benchmark`` config group; MEDS features: :func:`feature_spec_for`; the engine, one per model:
+``rollout`` (:func:`choose_backend`, :func:`engine_config`). Writes into the output
 directory ``generations.jsonl`` (every graded response, appended as produced: rerunning into the
 same directory resumes), ``results.md`` / ``.csv`` / ``.json`` (one row per model and benchmark)
 and ``pass_at_k.png``.
@@ -10,6 +11,9 @@ and ``pass_at_k.png``.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import gc
+import importlib.util
 import logging
 import os
 from pathlib import Path
@@ -19,8 +23,9 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from medsrl.config import GraderConfig, check_eval_config
+from medsrl.config import GraderConfig, RolloutConfig, VLLMConfig, check_eval_config
 from medsrl.data.loaders import default_name
+from medsrl.data.sources import set_data_dir_default
 from medsrl.evaluation.responses import (
     EvalSettings,
     problems_from,
@@ -32,11 +37,12 @@ from medsrl.evaluation.tables import plot_pass_at_k, write_csv, write_json, writ
 from medsrl.methods.meds.features import FeatureSpec
 from medsrl.models.loading import load_policy, load_tokenizer
 from medsrl.reward.grader import MathGrader
-from medsrl.rollout.hf import HFRolloutEngine
+from medsrl.rollout.factory import build_engine, engine_max_model_len, model_positions
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("MEDSRL_ROOT", str(ROOT))  # configs/paths: root_dir
+set_data_dir_default(Path(os.environ["MEDSRL_ROOT"]))  # configs/paths: data_dir on a clone without ../shared
 CONFIG_DIR = str(ROOT / "configs")
 
 
@@ -210,6 +216,140 @@ def build_benchmarks(cfg: DictConfig) -> dict[str, list]:
     return benchmarks
 
 
+def choose_backend(rollout: DictConfig, device: str) -> tuple[str, str]:
+    """The engine and why: ``rollout=hf|vllm`` as chosen; with none chosen, vLLM on a CUDA device
+    when vllm is installed (the paper's table takes hours there, days with HF generate), else HF
+    ``generate`` (the CPU path)."""
+    if rollout.get("backend") is not None:
+        return str(rollout.backend), f"rollout={rollout.backend}"
+    if not str(device).startswith("cuda"):
+        return "hf", f"no rollout chosen, device {device}"
+    if importlib.util.find_spec("vllm") is None:
+        return "hf", "no rollout chosen, vllm not installed"
+    return "vllm", f"no rollout chosen, device {device} and vllm installed"
+
+
+def engine_config(cfg: DictConfig, backend: str, prompt_tokens: int) -> RolloutConfig:
+    """The engine's settings for ``build_engine``: eval's ``max_new_tokens`` and ``batch_size``,
+    ``rollout.vllm``'s options, and the longest benchmark prompt as ``max_prompt_tokens``, so an
+    unset ``rollout.vllm.max_model_len`` sizes vLLM for exactly what it will see (longest prompt +
+    max_new_tokens, at most the model's positions: ``factory.engine_max_model_len``)."""
+    vllm = cfg.rollout.get("vllm")
+    options = OmegaConf.to_container(vllm, resolve=True) if vllm is not None else {}
+    return RolloutConfig(backend=backend, max_new_tokens=cfg.max_new_tokens, max_batch_size=cfg.batch_size,
+                         max_prompt_tokens=prompt_tokens, vllm=VLLMConfig.model_validate(options))
+
+
+def prompt_tokens(problems: dict[str, list], tokenizer) -> dict[str, list[int]]:
+    """Each benchmark problem's prompt length in tokens, counted as the engines tokenize."""
+    return {bench: [len(ids) for ids in tokenizer([p.text for p in ps])["input_ids"]] if ps else []
+            for bench, ps in problems.items()}
+
+
+def check_prompts_fit(lengths: dict[str, list[int]], engine_cfg: RolloutConfig, policy,
+                      max_new_tokens: int) -> None:
+    """Refuse, before anything is sampled, a prompt that cannot take ``max_new_tokens`` more
+    within the engine's length (``rollout.vllm.max_model_len`` when set for vLLM, else the model's
+    positions): evaluation keeps every problem (the table counts them all), vLLM would refuse it
+    mid-run and HF would generate past the positions. Names each, and the largest budget that fits."""
+    if engine_cfg.backend == "vllm" and engine_cfg.vllm.max_model_len is not None:
+        limit, what = engine_cfg.vllm.max_model_len, "rollout.vllm.max_model_len"
+    else:
+        limit, what = model_positions(policy), "the model's positions (max_position_embeddings)"
+    if limit is None:
+        return
+    over = [(bench, i, n) for bench, ns in lengths.items() for i, n in enumerate(ns) if n + max_new_tokens > limit]
+    if not over:
+        return
+
+    def named(b: str, i: int, n: int) -> str:
+        return f"benchmark {b!r} problem {i}: {n} prompt tokens"
+
+    longest = max(over, key=lambda o: o[2])
+    listed = "; ".join(named(*o) for o in over[:5]) + (f"; ... ({len(over) - 5} more)" if len(over) > 5 else "")
+    room = limit - longest[2]
+    fix = (f"set max_new_tokens <= {room}, which every prompt leaves room for" if room >= 1
+           else "leave that benchmark out: its prompt alone fills the length")
+    raise ValueError(
+        f"{len(over)} benchmark prompt(s) + max_new_tokens={max_new_tokens} exceed {what}, {limit} "
+        f"tokens ({engine_cfg.backend} engine): {listed}. The longest: {named(*longest)}. Every "
+        f"problem is evaluated, so {fix}"
+    )
+
+
+def engine_fingerprint(engine_cfg: RolloutConfig, policy) -> dict:
+    """What of the engine decides the samples, for the resume fingerprint, so a resume never mixes
+    two engines' generations: nothing for HF ``generate`` (the fingerprint evaluations had before
+    the vLLM path, so they still resume); the backend, dtype and seeding for vLLM."""
+    if engine_cfg.backend == "hf":
+        return {}
+    dtype = engine_cfg.vllm.dtype
+    if dtype == "auto":  # the engine runs in the policy's dtype (rollout/vllm.py)
+        dtype = str(next(policy.parameters()).dtype).removeprefix("torch.")
+    return {"engine": {"backend": engine_cfg.backend, "dtype": dtype,
+                       "per_request_seeds": engine_cfg.vllm.per_request_seeds}}
+
+
+class EngineOnDemand:
+    """A model's engine, built at the first chunk that needs sampling: a resumed evaluation whose
+    generations are all stored starts none (a vLLM start takes a minute or more on a GPU)."""
+
+    def __init__(self, build) -> None:
+        self.build, self.engine = build, None
+
+    def generate(self, prompts, params):
+        if self.engine is None:
+            self.engine = self.build()
+        return self.engine.generate(prompts, params)
+
+    def close(self) -> None:
+        """Shut vLLM down (HF holds nothing) so the next model's engine gets the memory."""
+        if self.engine is not None and hasattr(self.engine, "close"):
+            self.engine.close()
+        self.engine = None
+
+
+def _free_device_memory() -> None:
+    """Return a finished model's (and its engine's) memory before the next model loads."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def evaluate_model(cfg: DictConfig, run: str, path: str, benchmarks: dict[str, list], settings: EvalSettings,
+                   backend: str, device: str, store: GenerationStore, grader) -> list[dict]:
+    """One model's rows: its prompts checked against the engine's length first, then every
+    benchmark sampled through one engine, closed at the end (vLLM keeps process-global state)."""
+    policy, tok = load_for_eval(path, cfg.tokenizer, cfg.dtype)
+    problems = {bench: problems_from(ex, settings.extra["template"], tok) for bench, ex in benchmarks.items()}
+    lengths = prompt_tokens(problems, tok)
+    engine_cfg = engine_config(cfg, backend, max(max(ns, default=1) for ns in lengths.values()))
+    check_prompts_fit(lengths, engine_cfg, policy, cfg.max_new_tokens)
+    # Per model: its run's MEDS feature when it has one (part of the fingerprint).
+    features = feature_spec_for(path, settings.features)
+    # The HF copy goes to the device for HF generate or the features' forward; vLLM alone reads
+    # its weights from host memory, as it reads a checkpoint.
+    policy.to(device if backend == "hf" or features is not None else "cpu").eval()
+    model_settings = dataclasses.replace(settings, features=features,
+                                         extra={**settings.extra, **engine_fingerprint(engine_cfg, policy)})
+    if backend == "vllm":
+        log.info("vLLM for %s: max_model_len %s (longest prompt %d + max_new_tokens %d, at most the "
+                 "model's positions, or rollout.vllm.max_model_len)", run, engine_max_model_len(engine_cfg, policy),
+                 engine_cfg.max_prompt_tokens, cfg.max_new_tokens)
+    engine = EngineOnDemand(functools.partial(build_engine, engine_cfg, policy, tok, seed=cfg.seed))
+    rows = []
+    try:
+        for bench, ps in problems.items():
+            records = sample_problems(policy, tok, engine, grader, ps, model_settings, run=run, benchmark=bench,
+                                      store=store, fingerprint=model_settings.fingerprint(path, bench))
+            row = summarize_records(run, bench, records)
+            rows.append(row)
+            log.info("%s / %s: pass@1 %.4f, pass@%d %.4f", run, bench, row["pass@1"], cfg.n, row[f"pass@{cfg.n}"])
+    finally:
+        engine.close()
+    return rows
+
+
 def evaluate(cfg: DictConfig) -> list[dict]:
     """Evaluate every model on every benchmark; write the generations, tables and plot.
 
@@ -223,6 +363,8 @@ def evaluate(cfg: DictConfig) -> list[dict]:
     grader_cfg = GraderConfig.model_validate(OmegaConf.to_container(cfg.grader, resolve=True))
     out_dir.mkdir(parents=True, exist_ok=True)
     device = cfg.device if cfg.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    backend, why = choose_backend(cfg.rollout, device)
+    log.info("engine: %s (%s)", backend, why)
     rows = []
     with (
         GenerationStore(out_dir / "generations.jsonl") as store,
@@ -230,22 +372,8 @@ def evaluate(cfg: DictConfig) -> list[dict]:
                    reasoning_end=grader_cfg.reasoning_end).start() as grader,
     ):
         for run, path in models:
-            policy, tok = load_for_eval(path, cfg.tokenizer, cfg.dtype)
-            policy.to(device).eval()
-            engine = HFRolloutEngine(policy, tok, max_batch_size=cfg.batch_size)
-            # Per model: its run's MEDS feature when it has one (part of the fingerprint).
-            features = feature_spec_for(path, settings.features)
-            model_settings = dataclasses.replace(settings, features=features)
-            for bench, examples in benchmarks.items():
-                problems = problems_from(examples, settings.extra["template"], tok)
-                records = sample_problems(policy, tok, engine, grader, problems, model_settings,
-                                          run=run, benchmark=bench, store=store,
-                                          fingerprint=model_settings.fingerprint(path, bench))
-                row = summarize_records(run, bench, records)
-                rows.append(row)
-                log.info("%s / %s: pass@1 %.4f, pass@%d %.4f", run, bench, row["pass@1"], cfg.n,
-                         row[f"pass@{cfg.n}"])
-            del policy, engine
+            rows += evaluate_model(cfg, run, path, benchmarks, settings, backend, device, store, grader)
+            _free_device_memory()
     write_markdown(rows, out_dir / "results.md")
     write_csv(rows, out_dir / "results.csv")
     write_json(rows, out_dir / "results.json")

@@ -29,6 +29,7 @@ from medsrl.callbacks.hparams import WandbRunConfig, log_final_hparams, run_conf
 from medsrl.callbacks.pass_at_k import _NOT_LOGGED, PassAtKValidation
 from medsrl.callbacks.progress import StepProgressBar
 from medsrl.config import LoraSettings, RolloutConfig, check_train_config, parse_section
+from medsrl.data.sources import set_data_dir_default
 from medsrl.models.lora import lora_settings, target_problems
 from medsrl.models.policy import build_policy
 from medsrl.module import RLModule
@@ -45,6 +46,7 @@ from medsrl.warmstart import warm_started
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("MEDSRL_ROOT", str(ROOT))  # configs/paths: root_dir
+set_data_dir_default(Path(os.environ["MEDSRL_ROOT"]))  # configs/paths: data_dir on a clone without ../shared
 CONFIG_DIR = str(ROOT / "configs")
 
 # The step's updates are explicit (manual optimisation); checkpoints hold post-update state by design.

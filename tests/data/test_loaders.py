@@ -1,4 +1,5 @@
-"""load_math_file: every shared data file, plus malformed-input behaviour on temp files."""
+"""load_math_file: every shared data file, plus malformed-input behaviour on temp files; the hub
+loader (load_math_hub) on local parquet and json files, through the same datasets call."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from medsrl.data.example import MathExample, prompt_key
-from medsrl.data.loaders import DataError, load_math_file, strip_instructions
+from medsrl.data.loaders import DataError, load_math_file, load_math_hub, strip_instructions
 from medsrl.reward.extract import extract_last_boxed
 from shared_paths import require_shared
 
@@ -444,3 +445,122 @@ def test_require_shared_skips_locally_and_fails_on_ci(tmp_path, monkeypatch):
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="absent.jsonl"):
         shared_paths.require_shared("data", "absent.jsonl")
+
+
+# ---------------------------------------------------------------------------------------------
+# hub data sets: the same datasets.load_dataset call on local files ("parquet" / "json" builders)
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """``datasets`` offline, its cache in ``tmp_path``."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
+    return datasets
+
+
+HUB_ROWS = [  # ROWS as a table: one type per column
+    {"problem": "p0", "answer": "a0", "solution": None},
+    {"problem": "", "answer": "a1", "solution": None},  # empty problem
+    {"problem": "p2", "answer": "a2", "solution": "work \\boxed{a2}"},
+    {"problem": "p3", "answer": None, "solution": None},  # no answer
+    {"problem": "p4", "answer": "   ", "solution": None},  # blank answer
+    {"problem": None, "answer": "a5", "solution": None},  # no problem
+    {"problem": "p6", "answer": "7", "solution": None},
+]
+
+
+def write_parquet(path: Path, rows: list[dict]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_hub_loader_reads_a_local_parquet_as_the_file_loader(hub, tmp_path, caplog):
+    path = write_parquet(tmp_path / "mixed.parquet", HUB_ROWS)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        examples = load_math_hub("parquet", data_files=str(path))
+    assert examples == load_math_file(path)
+    assert [(ex.row, ex.problem, ex.answer, ex.source) for ex in examples] == [
+        (0, "p0", "a0", "mixed"), (2, "p2", "a2", "mixed"), (6, "p6", "7", "mixed")]
+    assert examples[1].solution == "work \\boxed{a2}" and examples[0].solution is None
+    (warning, *_) = [r for r in caplog.records if r.name == LOGGER]
+    assert "hub data set 'parquet'" in warning.getMessage() and str(path) in warning.getMessage()
+    assert "skipped 4 of 7" in warning.getMessage() and "rows 1, 3, 4, 5" in warning.getMessage()
+    floats = write_parquet(tmp_path / "amc.parquet", [{"question": "q0", "gt_answer": 27.0},
+                                                      {"question": "q1", "gt_answer": 2.5}])
+    assert [ex.answer for ex in load_math_hub("parquet", data_files=str(floats))] == ["27", "2.5"]
+
+
+def test_hub_loader_reads_local_json_and_jsonl_with_nested_fields(hub, tmp_path):
+    rows = [
+        {"prompt": [{"role": "user", "content": "What is 2+3? Let's think step by step and output "
+                     "the final answer within \\boxed{}."}], "reward_model": {"ground_truth": "5"}},
+        {"prompt": [{"role": "user", "content": "What is 1+1?"}], "reward_model": {"ground_truth": ""}},
+        {"prompt": [{"role": "user", "content": "What is 2+2?"}], "reward_model": {"ground_truth": "4"}},
+    ]
+    listed = tmp_path / "verl.json"
+    listed.write_text(json.dumps(rows))
+    lines = write_jsonl(tmp_path / "verl.jsonl", rows)
+    fields = {"problem_field": "prompt.0.content", "answer_field": "reward_model.ground_truth"}
+    for path in (listed, lines):
+        examples = load_math_hub("json", data_files=[str(path)], name="verl", **fields)
+        assert examples == load_math_file(path, name="verl", **fields)
+        assert [(ex.row, ex.problem, ex.answer) for ex in examples] == [
+            (0, "What is 2+3?", "5"), (2, "What is 2+2?", "4")]
+    assert [ex.row for ex in load_math_hub("json", data_files=str(lines), limit=1)] == [0]  # auto fields
+
+
+def test_hub_bad_rows_raise_naming_the_data_set_and_row(hub, tmp_path):
+    path = write_parquet(tmp_path / "mixed.parquet", HUB_ROWS)
+    with pytest.raises(DataError) as err:
+        load_math_hub("parquet", data_files=str(path), on_bad_row="raise")
+    assert str(err.value) == (f"hub data set 'parquet' (data_files '{path}', split 'train'): row 1: "
+                              "empty problem (field 'problem')")
+    empty = write_parquet(tmp_path / "none.parquet", [{"problem": "", "answer": None}])
+    with pytest.raises(DataError, match=r"none\.parquet.*none of its 1 rows is usable"):
+        load_math_hub("parquet", data_files=str(empty))
+    with pytest.raises(ValueError, match="on_bad_row"):
+        load_math_hub("parquet", data_files=str(path), on_bad_row="ignore")
+
+
+def test_hub_load_failures_name_the_data_set(hub, tmp_path):
+    with pytest.raises(DataError, match=r"hub data set 'parquet' \(data_files '.*absent\.parquet'.*cannot load"):
+        load_math_hub("parquet", data_files=str(tmp_path / "absent.parquet"))
+    with pytest.raises(DataError, match=r"hub data set 'nobody/no-such-set' \(split 'test'\): cannot load"):
+        load_math_hub("nobody/no-such-set", split="test")
+    with pytest.raises(DataError, match=r"'json' builder needs data_files"):  # not every file under the cwd
+        load_math_hub("json")
+
+
+def test_file_loader_takes_a_hub_data_set_in_place_of_a_path(hub, tmp_path):
+    path = write_parquet(tmp_path / "train.parquet", HUB_ROWS[:1])
+    with pytest.raises(DataError, match=r"hub data set 'nobody/no-such-set' \(split 'test'\)"):
+        load_math_file(hub="nobody/no-such-set", split="test")  # offline: found in no cache
+    for args in ({}, {"path": path, "hub": "parquet"}):
+        with pytest.raises(ValueError, match="give a file path or a hub data set"):
+            load_math_file(**args)
+    examples = load_math_hub("parquet", data_files={"train": [str(path)]}, name="t")
+    assert [(ex.problem, ex.source) for ex in examples] == [("p0", "t")]
+
+
+@pytest.mark.shared
+def test_hub_loader_on_a_shared_parquet_matches_the_file_loader(hub):
+    path = require_shared("data", "dapo_math_17k", "dapo_math_17k.parquet")
+    assert load_math_hub("parquet", data_files=str(path), limit=50) == load_math_file(path, limit=50)
+
+
+def test_a_hub_source_passes_the_config_check_and_a_bad_one_is_named():
+    from medsrl.config import source_problems
+
+    source = {"_target_": "medsrl.data.loaders.load_math_file", "path": None,
+              "hub": "HuggingFaceH4/MATH-500", "split": "test"}
+    assert source_problems([("benchmark.m", source, "benchmark 'm'")]) == []
+    hub = {"_target_": "medsrl.data.loaders.load_math_hub", "hub": 3, "subset": None, "revision": "main"}
+    assert source_problems([("benchmark.m", hub, "benchmark 'm'")]) == [
+        "benchmark.m.hub must be a string or null, got 3 (benchmark 'm', medsrl.data.loaders.load_math_hub)"]

@@ -445,3 +445,121 @@ def test_two_processes_with_vllm_engines_match_one(tmp_path, one_vllm_process, s
     out = train_in_subprocess(two, one_vllm_process / "cache", overrides)
     assert "external_launcher" in out
     assert_matches_one_process(one, two, read_metrics(two))
+
+
+
+# -- medsrl-eval rollout=vllm: the evaluator samples through the training engine -----------------
+
+def _compose_eval(out, *overrides):
+    """eval.yaml on 6 arithmetic problems, greedy, 2 samples, chunks of 2 problems (3 chunks), the
+    CPU engine options (ENGINE's; max_model_len left to eval's sizing)."""
+    from hydra import compose, initialize_config_dir
+
+    from run_helpers import ROOT
+
+    base = [f"paths.output_dir={out}", "benchmark.arithmetic.num=6", "n=2", "max_new_tokens=12", "batch_size=4",
+            "temperature=0", "template.system_prompt=null", "grader.num_workers=0",
+            "rollout.vllm.enforce_eager=true", f"rollout.vllm.kv_cache_memory_bytes={64 * 2**20}"]
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("eval", overrides=base + list(overrides))
+
+
+def _eval_prompts(tok, out) -> list[str]:
+    """The 6 prompts of ``_compose_eval``, as eval renders them."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from medsrl.evaluation.responses import problems_from
+
+    cfg = _compose_eval(out)
+    examples = list(instantiate(cfg.benchmark.arithmetic))[: cfg.limit]
+    return [p.text for p in problems_from(examples, OmegaConf.to_container(cfg.template, resolve=True), tok)]
+
+
+@pytest.fixture(scope="module")
+def eval_models(tmp_path_factory, tok) -> dict[str, str]:
+    """Two exported tiny policies; the first taught to box an answer to the first problem, so some
+    responses carry an answer, a grade and a MEDS feature."""
+    root = tmp_path_factory.mktemp("eval_models")
+    models = {}
+    for name, seed in [("a", 8), ("b", 9)]:
+        model = _sharp(seed)
+        if name == "a":
+            _train_towards(model, tok, _eval_prompts(tok, root)[0], "\\boxed{7}")
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+        models[name] = str(root / name)
+    return models
+
+
+def _records(out) -> dict[tuple, dict]:
+    import json
+
+    lines = (out / "generations.jsonl").read_text().splitlines()
+    return {(r["run"], r["index"]): r for r in map(json.loads, lines)}
+
+
+def test_eval_with_vllm_samples_what_hf_samples_and_a_rerun_samples_nothing(tmp_path, tok, eval_models, monkeypatch):
+    """`medsrl-eval rollout=vllm` on two models (one engine each, the first shut down before the
+    second starts, sized to the longest prompt + max_new_tokens): greedy records equal the HF
+    path's response by response (text, answer, grade, finish reason, MEDS feature) under another
+    settings fingerprint; rerun into its directory it starts no engine and gives the same table;
+    rerun into the HF run's directory, it is refused."""
+    import medsrl.eval
+    from medsrl.eval import evaluate
+
+    models = f"model_path={{a: {eval_models['a']}, b: {eval_models['b']}}}"
+    hf_out, vllm_out = tmp_path / "hf", tmp_path / "vllm"
+    evaluate(_compose_eval(hf_out, "rollout=hf", models))
+    built = []
+    real_build = medsrl.eval.build_engine
+    monkeypatch.setattr(medsrl.eval, "build_engine", lambda *a, **k: built.append(real_build(*a, **k)) or built[-1])
+    evaluate(_compose_eval(vllm_out, "rollout=vllm", models))
+    assert [type(e).__name__ for e in built] == ["VLLMRolloutEngine"] * 2
+    assert all(e.closed for e in built)
+    longest = max(len(tok(p)["input_ids"]) for p in _eval_prompts(tok, tmp_path))
+    assert built[0].max_model_len == longest + 12
+
+    hf, vllm = _records(hf_out), _records(vllm_out)
+    assert hf.keys() == vllm.keys() and len(hf) == 12
+    for key in hf:
+        assert vllm[key]["responses"] == hf[key]["responses"], key
+        assert vllm[key]["settings"] != hf[key]["settings"], key  # the engine is in the fingerprint
+    responses = [r for rec in hf.values() for r in rec["responses"]]
+    assert any(r["feature"] is not None and r["extracted"] == "7" for r in responses)
+    table = (vllm_out / "results.json").read_text()
+    assert table == (hf_out / "results.json").read_text()
+
+    built.clear()
+    evaluate(_compose_eval(vllm_out, "rollout=vllm", models))
+    assert (vllm_out / "results.json").read_text() == table
+    assert built == []  # all stored: no engine started, nothing sampled
+    assert len((vllm_out / "generations.jsonl").read_text().splitlines()) == 12
+    with pytest.raises(ValueError, match="other settings"):
+        evaluate(_compose_eval(hf_out, "rollout=vllm", models))
+    assert built == []
+
+
+def test_an_interrupted_sampled_vllm_evaluation_resumes_to_the_same_records(tmp_path, eval_models, monkeypatch):
+    """Sampled (temperature 1, 4 samples, 3 chunks of 2 problems), killed in its second chunk: the
+    resumed run's fresh engine draws the missing chunks, each seeded by its first problem, as the
+    engine of the uninterrupted run drew them after the earlier chunks."""
+    import medsrl.evaluation.responses as runner_mod
+    from medsrl.eval import evaluate
+
+    sampled = ["rollout=vllm", f"model_path={eval_models['a']}", "temperature=1.0", "n=4", "batch_size=8"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    evaluate(_compose_eval(whole, *sampled))
+    from run_helpers import KilledOnCall
+
+    killer = KilledOnCall(runner_mod.SamplingParams, 2)
+    monkeypatch.setattr(runner_mod, "SamplingParams", killer)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(_compose_eval(cut, *sampled))
+    assert len(_records(cut)) == 2
+    killer.calls = -100  # no more crashes; count the chunks sampled on resume
+    evaluate(_compose_eval(cut, *sampled))
+    assert killer.calls == -100 + 2
+    got, want = _records(cut), _records(whole)
+    assert got == want
+    assert len({r["text"] for rec in want.values() for r in rec["responses"]}) > 6  # really sampled

@@ -12,6 +12,10 @@ found per row, the first key the row has:
 
 A key that is present decides the field even when its value is empty: such a row is a bad row
 (skipped and counted, or raised), it never silently falls back to another field.
+
+A data set of the Hugging Face hub reads the same way (:func:`load_math_hub`, or ``hub=`` in
+place of ``path`` in :func:`load_math_file`), through ``datasets.load_dataset``: the same call
+reads a local file with its ``parquet`` / ``json`` builder (``hub="parquet", data_files=...``).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 from medsrl.data.example import MathExample
 from medsrl.reward.extract import extract_last_boxed
 
-__all__ = ["DataError", "default_name", "load_math_file", "strip_instructions"]
+__all__ = ["DataError", "default_name", "load_math_file", "load_math_hub", "strip_instructions"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,7 @@ INSTRUCTION_PREFIXES = (
 _THOUSANDS = re.compile(r"[-+]?\d{1,3}(,\d{3})+(\.\d+)?")
 _GENERIC_STEMS = {"test", "train", "val", "valid", "validation", "dev", "data"}
 _MAX_ROWS_SHOWN = 5
+_FILE_BUILDERS = ("parquet", "json", "csv", "arrow", "text")  # datasets' builders of local files
 
 
 class DataError(ValueError):
@@ -267,37 +272,23 @@ def default_name(path: str | Path) -> str:
     return path.stem
 
 
-def load_math_file(
-    path: str | Path, *, name: str | None = None, problem_field: str | None = None,
-    answer_field: str | None = None, limit: int | None = None, on_bad_row: str = "skip",
-) -> list[MathExample]:
-    """Read a .jsonl / .json (list of objects) / .parquet file of math problems.
-
-    ``name``: ``MathExample.source``, default ``default_name(path)``. ``problem_field`` /
-    ``answer_field``: dotted paths (``answer_field="boxed:<path>"``: the last ``\\boxed{}`` of a
-    field), default auto-detected. ``limit``: the first examples only (rows after are not read).
-    Bad rows are ``on_bad_row="skip"``ped (one warning) or ``"raise"`` a :class:`DataError`, as
-    does a file that is missing, unparsable, of an unknown extension or without a usable row.
-    """
+def _check_options(on_bad_row: str, limit: int | None) -> None:
     if on_bad_row not in ("skip", "raise"):
         raise ValueError(f"on_bad_row must be 'skip' or 'raise', got {on_bad_row!r}")
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 or None, got {limit}")
-    path = Path(path)
-    reader = _READERS.get(path.suffix.lower())
-    if reader is None:
-        raise DataError(
-            f"{path}: unknown file extension {path.suffix!r} (expected one of {sorted(_READERS)})"
-        )
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
-    source = name if name is not None else default_name(path)
 
+
+def _examples(
+    rows: Rows, where: str, source: str, problem_field: str | None, answer_field: str | None,
+    limit: int | None, on_bad_row: str, kind: str = "file",
+) -> list[MathExample]:
+    """The usable rows as examples; bad ones skipped (one warning) or raised, named by ``where``
+    (the file, or the hub data set: ``kind``) and row."""
     examples: list[MathExample] = []
     bad: list[tuple[int, str]] = []  # (row, why it is unusable)
     total = 0
-    cols = _columns_needed(problem_field, answer_field)
-    for row, lineno, obj in _read_parquet(path, cols) if reader is _read_parquet else reader(path):
+    for row, lineno, obj in rows:
         if limit is not None and len(examples) >= limit:
             break
         total += 1
@@ -305,7 +296,7 @@ def load_math_file(
         if isinstance(fields, str):
             if on_bad_row == "raise":
                 line = f" (line {lineno})" if lineno is not None else ""
-                raise DataError(f"{path}: row {row}{line}: {fields}")
+                raise DataError(f"{where}: row {row}{line}: {fields}")
             bad.append((row, fields))
             continue
         problem, answer, solution = fields
@@ -316,13 +307,119 @@ def load_math_file(
         more = ", ..." if len(bad) > _MAX_ROWS_SHOWN else ""
         log.warning(
             "%s: skipped %d of %d rows with a missing or empty problem/answer (rows %s%s; first: %s)",
-            path, len(bad), total, shown, more, bad[0][1],
+            where, len(bad), total, shown, more, bad[0][1],
         )
     if not examples and limit != 0:  # what is built on such a file would fail later, far from it
         if total == 0:
-            raise DataError(f"{path}: the file holds no rows (empty)")
+            raise DataError(f"{where}: the {kind} holds no rows (empty)")
         raise DataError(
-            f"{path}: none of its {total} rows is usable (missing or empty problem/answer; "
+            f"{where}: none of its {total} rows is usable (missing or empty problem/answer; "
             f"first: row {bad[0][0]}: {bad[0][1]})"
         )
     return examples
+
+
+def load_math_file(
+    path: str | Path | None = None, *, name: str | None = None, problem_field: str | None = None,
+    answer_field: str | None = None, limit: int | None = None, on_bad_row: str = "skip",
+    hub: str | None = None, split: str = "train",
+) -> list[MathExample]:
+    """Read a .jsonl / .json (list of objects) / .parquet file of math problems.
+
+    ``name``: ``MathExample.source``, default ``default_name(path)``. ``problem_field`` /
+    ``answer_field``: dotted paths (``answer_field="boxed:<path>"``: the last ``\\boxed{}`` of a
+    field), default auto-detected. ``limit``: the first examples only (rows after are not read).
+    Bad rows are ``on_bad_row="skip"``ped (one warning) or ``"raise"`` a :class:`DataError`, as
+    does a file that is missing, unparsable, of an unknown extension or without a usable row.
+    ``hub`` (with ``split``) instead of ``path``: a hub data set, read by :func:`load_math_hub`.
+    """
+    if (path is None) == (hub is None):
+        raise ValueError(f"give a file path or a hub data set, not both or neither "
+                         f"(path={path!r}, hub={hub!r})")
+    if hub is not None:
+        return load_math_hub(hub, split=split, name=name, problem_field=problem_field,
+                             answer_field=answer_field, limit=limit, on_bad_row=on_bad_row)
+    _check_options(on_bad_row, limit)
+    path = Path(path)
+    reader = _READERS.get(path.suffix.lower())
+    if reader is None:
+        raise DataError(
+            f"{path}: unknown file extension {path.suffix!r} (expected one of {sorted(_READERS)})"
+        )
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    source = name if name is not None else default_name(path)
+    cols = _columns_needed(problem_field, answer_field)
+    rows = _read_parquet(path, cols) if reader is _read_parquet else reader(path)
+    return _examples(rows, str(path), source, problem_field, answer_field, limit, on_bad_row)
+
+
+def _hub_where(hub: str, subset: str | None, split: str, data_files: Any) -> str:
+    """How errors name a hub data set: ``hub data set 'org/name' (subset 'x', split 'test')``."""
+    parts = [f"subset {subset!r}"] if subset else []
+    if data_files is not None:
+        parts.append(f"data_files {data_files!r}")
+    parts.append(f"split {split!r}")
+    return f"hub data set {hub!r} ({', '.join(parts)})"
+
+
+def _plain_files(data_files: Any) -> Any:
+    """``data_files`` as ``datasets`` takes it: strings, lists and dicts (not OmegaConf nodes)."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(data_files):
+        data_files = OmegaConf.to_container(data_files, resolve=True)
+    if isinstance(data_files, Path):
+        return str(data_files)
+    if isinstance(data_files, (list, tuple)):
+        return [str(f) for f in data_files]
+    return data_files
+
+
+def _hub_name(hub: str, data_files: Any) -> str:
+    """The default ``MathExample.source``: the file's (one local file) or the data set's name."""
+    if isinstance(data_files, (str, Path)):
+        return default_name(data_files)
+    return hub.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _read_hub(
+    hub: str, subset: str | None, split: str, data_files: Any, revision: str | None,
+    columns: set[str], where: str,
+) -> Rows:
+    """The rows of ``datasets.load_dataset(hub, subset, split=..., data_files=...)``, only the
+    columns the field mapping can touch."""
+    try:
+        import datasets
+
+        table = datasets.load_dataset(hub, subset, split=split, data_files=data_files,
+                                      revision=revision)
+    except Exception as e:  # missing data set, offline, bad split, unreadable file: many types
+        raise DataError(f"{where}: cannot load: {type(e).__name__}: {e}") from e
+    if not isinstance(table, datasets.Dataset):
+        raise DataError(f"{where}: expected one split, got {type(table).__name__}")
+    table = table.select_columns([c for c in table.column_names if c in columns])
+    yield from ((i, None, obj) for i, obj in enumerate(table))
+
+
+def load_math_hub(
+    hub: str, *, split: str = "train", subset: str | None = None, data_files: Any = None,
+    revision: str | None = None, name: str | None = None, problem_field: str | None = None,
+    answer_field: str | None = None, limit: int | None = None, on_bad_row: str = "skip",
+) -> list[MathExample]:
+    """Read a data set of the Hugging Face hub (``hub="HuggingFaceH4/MATH-500", split="test"``)
+    with ``datasets.load_dataset``; ``hub="parquet"`` / ``"json"`` with ``data_files`` reads local
+    files through the same call. ``subset``: the data set's configuration; ``revision``: a commit
+    or tag. Fields, ``limit`` and bad rows as :func:`load_math_file`; errors name the data set
+    (and the row). ``name`` defaults to the local file's name, else the data set's. Downloads
+    are cached by ``datasets`` (``HF_DATASETS_CACHE``); ``HF_HUB_OFFLINE=1`` reads the cache only.
+    """
+    _check_options(on_bad_row, limit)
+    data_files = _plain_files(data_files)
+    where = _hub_where(hub, subset, split, data_files)
+    if data_files is None and hub in _FILE_BUILDERS:  # it would read every such file under the cwd
+        raise DataError(f"{where}: the {hub!r} builder needs data_files (the local files to read)")
+    columns = _columns_needed(problem_field, answer_field)
+    rows = _read_hub(hub, subset, split, data_files, revision, columns, where)
+    source = name if name is not None else _hub_name(hub, data_files)
+    return _examples(rows, where, source, problem_field, answer_field, limit, on_bad_row, "data set")

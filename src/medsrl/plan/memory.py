@@ -32,7 +32,7 @@ GIB = 2**30
 # plan calls a phase fitting when it needs at most this fraction of the GPU.
 USABLE_FRACTION = 0.90
 RUNTIME_BYTES = 1 * GIB  # CUDA context, cuBLAS workspaces (and NCCL buffers with several ranks): assumed
-DEFAULT_PROMPT_TOKENS = 1024  # the reference run's longest prompt (PAPER.md)
+DEFAULT_PROMPT_TOKENS = 1024  # the reference run's longest prompt (docs/REFERENCE.md)
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2}
 # PassAtKValidation's own defaults (callbacks/pass_at_k.py; tests/plan/test_memory_plan.py checks
 # them), for a config that leaves a setting out: importing the callback would slow every plan

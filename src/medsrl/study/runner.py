@@ -214,7 +214,9 @@ def warm_start_eval_command(out: Path, s: StudySettings, warm_start: Path, split
 def eval_overrides(s: StudySettings, split: str) -> list[str]:
     """The study benchmark: ``eval_problems`` per level of ``split``; of ``train``, the whole
     training pools (the problems the policy, and MEDS's memory, trained on)."""
-    out = ["benchmark=study", f"n={s.eval_n}", "max_new_tokens=80", "batch_size=128"]
+    # HF generate, as the runs trained: the CPU-scale policies need no engine (and a GPU with vLLM
+    # installed would otherwise pick it)
+    out = ["benchmark=study", "rollout=hf", f"n={s.eval_n}", "max_new_tokens=80", "batch_size=128"]
     for level, pool in ((1, s.pool_l1), (2, s.pool_l2)):
         num = pool if split == "train" else s.eval_problems
         out += [f"benchmark.study_l{level}.num={num}", f"benchmark.study_l{level}.split={split}"]

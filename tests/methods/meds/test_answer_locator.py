@@ -1,4 +1,4 @@
-"""Answer position: the token holding the ``{`` of the last ``\\boxed{`` (PAPER.md step 1)."""
+"""Answer position: the token holding the ``{`` of the last ``\\boxed{`` (docs/REFERENCE.md step 1)."""
 
 from __future__ import annotations
 

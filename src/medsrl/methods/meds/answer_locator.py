@@ -1,6 +1,6 @@
 """Where the final answer starts in a response: the token holding the ``{`` of the last ``\\boxed{``.
 
-MEDS reads its feature there (PAPER.md step 1): that token's hidden states predict the first
+MEDS reads its feature there (docs/REFERENCE.md step 1): that token's hidden states predict the first
 answer token. The search runs on the decoded *text* of the tokens (cached per id), because a
 tokenizer splits ``\\boxed{`` in many ways (``['\\', 'boxed', '{']``, ``['Ġ$\\', 'boxed', '{x']``).
 Unlike the reference, which searches the ids backwards, the last box wins whatever its split.

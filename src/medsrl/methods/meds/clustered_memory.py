@@ -1,6 +1,6 @@
 """The MEDS memory with its clusters kept current: ``ErrorMemory`` plus background re-fits.
 
-Order inside a step (PAPER.md steps 4-5): shaping reads the labels stored so far
+Order inside a step (docs/REFERENCE.md steps 4-5): shaping reads the labels stored so far
 (:meth:`labels_for`), then :meth:`insert` appends every rank's features (in rank order: the
 memory is replicated) and submits the touched stores' re-fits, run during the policy update.
 ``refit_growth`` (beyond the reference): a store re-fits only once the rows added since its last

@@ -1,6 +1,6 @@
 """MEDS error clustering: HDBSCAN over a prompt's stored features, k-NN label prediction, sizes.
 
-Reference (PAPER.md, steps 4-5): a new response's cluster is *predicted* by a k=3 cosine
+Reference (docs/REFERENCE.md, steps 4-5): a new response's cluster is *predicted* by a k=3 cosine
 nearest-neighbour vote over the labels stored for its (prompt, correctness) key; its size is the
 number of stored points with that label. HDBSCAN re-fits the store for the key's *next* visit.
 No torch here: it runs in worker processes (``refit.py``).

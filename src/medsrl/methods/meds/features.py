@@ -1,4 +1,4 @@
-"""The MEDS feature of each response, read from a forward the caller runs (PAPER.md steps 1-2).
+"""The MEDS feature of each response, read from a forward the caller runs (docs/REFERENCE.md steps 1-2).
 
 The one capture path of the project, used by the MEDS plug-in in the scoring forward and by
 ``evaluation/response_features.py``, so a feature means the same thing in both. Per response:

@@ -1,6 +1,6 @@
 """Per-layer answer logits (the MEDS feature) read from the one no-grad forward of a micro-batch.
 
-PAPER.md step 2: at the answer position, for each selected layer ``n`` (1-based, as in
+docs/REFERENCE.md step 2: at the answer position, for each selected layer ``n`` (1-based, as in
 ``output_hidden_states``) apply the LM head to that layer's hidden state and keep the fp32 logit
 of the token at ``position + 1``. As in the reference, layer ``N`` is normed (unless the config
 sets ``tie_last_hidden_states=False``) and layers ``1..N-1`` are not, unless ``final_norm=True``.

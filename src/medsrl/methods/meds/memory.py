@@ -1,6 +1,6 @@
 """MEDS error memory: per (prompt, correctness) the features of past responses and their labels.
 
-One store per key ``(prompt_key, correct)`` (PAPER.md step 3) holds the features [N, D] in
+One store per key ``(prompt_key, correct)`` (docs/REFERENCE.md step 3) holds the features [N, D] in
 insertion order, the step each row was added at, and the labels of the last HDBSCAN re-fit over
 the first ``fitted_upto`` rows (later rows: -1). The reference store is unbounded. Restarts:
 ``state_dict`` (Lightning checkpoints) and ``snapshot`` (one ``.npz`` a user can open).

@@ -1,6 +1,6 @@
 """MEDS reward shaping: the penalty for a repeated mistake and how it enters the score.
 
-Reference (PAPER.md step 6): wrong responses get ``score - alpha * min(ln(|C| + 1), 2.0)``. A new
+Reference (docs/REFERENCE.md step 6): wrong responses get ``score - alpha * min(ln(|C| + 1), 2.0)``. A new
 mistake (|C| = 0) costs nothing; the cap keeps a huge cluster from swamping the 0/1 correctness
 reward. Only differences inside a group matter: a constant shift cancels in the advantage.
 """

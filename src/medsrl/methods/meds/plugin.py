@@ -1,5 +1,5 @@
 """MEDS as one plug-in: a wrong response that repeats a frequent past mistake of its prompt loses
-``min(alpha * ln(|C| + 1), beta)`` of its score before group normalisation (PAPER.md).
+``min(alpha * ln(|C| + 1), beta)`` of its score before group normalisation (docs/REFERENCE.md).
 
 Per step: read each response's answer feature in the scoring forward (``features.py``), predict
 its cluster from the labels stored for its ``(prompt key, correctness)`` (k-NN vote; the step's

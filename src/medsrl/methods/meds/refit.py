@@ -1,6 +1,6 @@
 """HDBSCAN re-fits off the critical path of the training step.
 
-The re-fit after inserting a step's features (PAPER.md step 5) is needed only by the *next*
+The re-fit after inserting a step's features (docs/REFERENCE.md step 5) is needed only by the *next*
 visit of its key, typically many steps later: ``submit`` hands it to a worker, and ``wait(key)``
 returns at once unless it still runs. Processes, not threads: hdbscan holds the GIL throughout a
 fit and would starve the main thread's torch dispatch (``benchmarks/cluster_refit.py``). Workers

@@ -1,5 +1,5 @@
 """R3 (arXiv 2601.19620) as one plug-in: replay, reflection and ranking over a per-prompt
-response history (``r3/``; the paper's rules and our defaults for its gaps: PAPER.md).
+response history (``r3/``; the paper's rules and our defaults for its gaps: docs/REFERENCE.md).
 
 Per step:
 - ``add_prompts`` (reflection, ISR): a prompt whose stored mean reward is below ``tau`` gets an

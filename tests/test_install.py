@@ -1,0 +1,106 @@
+"""The install: which torch build ``make install`` asks for on which machine
+(``scripts/torch_source.py``), and the lock file it installs everything else from, against
+pyproject.toml's ranges."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+import tomllib
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from run_helpers import ROOT
+
+SMI = """+-----------------------------------------------------------------------------------------+
+| NVIDIA-SMI 580.95.05              Driver Version: 580.95.05      CUDA Version: {cuda}     |
++-----------------------------------------------------------------------------------------+"""
+
+
+def _torch_source():
+    spec = importlib.util.spec_from_file_location("torch_source", ROOT / "scripts" / "torch_source.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_machine_without_an_nvidia_driver_gets_the_cpu_build():
+    """PyPI's Linux torch is a CUDA build of several GB: a laptop without a GPU downloaded it."""
+    ts = _torch_source()
+    cpu = ["torch==2.13.0+cpu", "--index-url", "https://download.pytorch.org/whl/cpu"]
+    assert ts.torch_source("2.13.0", None, "Linux", "x86_64") == cpu
+    assert ts.torch_source("2.13.0", "", "Linux", "x86_64") == cpu  # nvidia-smi failed: no driver
+    assert ts.torch_source("2.13.0", None, "Darwin", "arm64") == ["torch==2.13.0"]  # PyPI's is the CPU one there
+    assert ts.torch_source("2.13.0", None, "Linux", "aarch64") == ["torch==2.13.0"]
+
+
+def test_a_driver_takes_pypis_cuda_build_only_when_it_supports_its_cuda():
+    """A build newer than the driver installs and then cannot see the GPU: say what to set."""
+    ts = _torch_source()
+    assert ts.torch_source("2.13.0", SMI.format(cuda="13.1"), "Linux", "x86_64") == ["torch==2.13.0"]
+    with pytest.raises(SystemExit, match=r"supports CUDA 12.8.*TORCH_INDEX=https://download.pytorch.org/whl/cu128"):
+        ts.torch_source("2.13.0", SMI.format(cuda="12.8"), "Linux", "x86_64")
+    index = "https://download.pytorch.org/whl/cu126"
+    assert ts.torch_source("2.13.0", SMI.format(cuda="12.8"), "Linux", "x86_64", index) == [
+        "torch==2.13.0", "--index-url", index]
+
+
+def test_the_script_prints_pip_arguments_or_exits_2_with_the_message():
+    ok = subprocess.run([sys.executable, str(ROOT / "scripts" / "torch_source.py"), "2.13.0"],
+                        capture_output=True, text=True, timeout=60,
+                        env={"PATH": "/nonexistent", "TORCH_INDEX": "https://example.org/whl"})
+    assert ok.returncode == 0 and ok.stdout.split() == ["torch==2.13.0", "--index-url", "https://example.org/whl"]
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "torch_source.py")], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
+def _lock() -> dict[str, Version]:
+    pins = {}
+    for line in (ROOT / "requirements" / "lock.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[canonicalize_name(name)] = Version(version)
+    return pins
+
+
+def _requirements() -> list[Requirement]:
+    """pyproject's dependencies and the dev extra's (with the extras it names), as requirements."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    reqs, todo = [Requirement(r) for r in project["dependencies"]], ["dev"]
+    while todo:
+        for r in map(Requirement, extras[todo.pop()]):
+            if canonicalize_name(r.name) == "medsrl":
+                todo += sorted(r.extras)
+            else:
+                reqs.append(r)
+    return reqs
+
+
+def test_the_lock_pins_every_dependency_within_pyprojects_ranges():
+    """make install takes exact versions from the lock: a range changed without `make lock`, or a
+    dependency added to pyproject only, fails here, not on a user's machine."""
+    pins = _lock()
+    assert "torch" not in pins  # each machine installs its own build
+    for req in _requirements():
+        name = canonicalize_name(req.name)
+        if name == "torch":
+            assert req.specifier.contains(Version("2.13.0")), req
+            continue
+        assert name in pins, f"{req.name} is in pyproject.toml but not in requirements/lock.txt: run make lock"
+        assert req.specifier.contains(pins[name], prereleases=True), (
+            f"requirements/lock.txt has {req.name}=={pins[name]}, outside pyproject's {req.specifier}: run make lock")
+
+
+def test_the_lock_keeps_the_versions_the_vllm_extra_takes():
+    """The GPU env installs vllm 0.32 held to the lock: it takes transformers < 5.20 and numpy
+    < 2.4, so the suite runs the versions the GPU path gets (make install-gpu would otherwise have
+    downgraded them silently)."""
+    pins = _lock()
+    assert pins["transformers"] < Version("5.20") and pins["numpy"] < Version("2.4")
