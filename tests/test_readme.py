@@ -35,8 +35,6 @@ NOT_IN_REPO = {
         "docs/PLUGINS.md's tutorial: the file a reader writes (tests/plugins/test_docs_example.py runs it)",
     "configs/algorithm/dapo_answer_repeat.yaml":
         "docs/PLUGINS.md's tutorial: the preset a reader writes (tests/plugins/test_docs_example.py runs it)",
-    "benchmarks/meds_overhead.py":
-        "docs/BENCHMARKS.md's history: the script folded into method_overhead.py (commit d136245)",
 }
 
 # A path under these folders, optionally `::test_name`; `<placeholder>` parts stand for any name.
