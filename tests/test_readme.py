@@ -29,14 +29,6 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [README, *DOCS]
 MAX_README_LINES = 260
 
-# Paths the pages name that are not in the repository, each with the reason.
-NOT_IN_REPO = {
-    "configs/plugins/answer_repeat.yaml":
-        "docs/PLUGINS.md's tutorial: the file a reader writes (tests/plugins/test_docs_example.py runs it)",
-    "configs/algorithm/dapo_answer_repeat.yaml":
-        "docs/PLUGINS.md's tutorial: the preset a reader writes (tests/plugins/test_docs_example.py runs it)",
-}
-
 # A path under these folders, optionally `::test_name`; `<placeholder>` parts stand for any name.
 PATH = re.compile(r"(?<![\w./<>-])((?:src|configs|docs|benchmarks|tests)/[\w./*<>-]*)(?:::(\w+))?")
 ENTRY_POINTS = ("medsrl-train", "medsrl-eval", "medsrl-plan")
@@ -63,22 +55,12 @@ def named_paths(page: Path) -> list[tuple[int, str, str | None]]:
 def test_every_path_a_page_names_exists(page):
     missing = []
     for number, path, test_name in named_paths(page):
-        if path in NOT_IN_REPO:
-            continue
         matches = glob.glob(str(ROOT / re.sub(r"<[^>]*>", "*", path)))
         if not matches:
             missing.append(f"{page.name}:{number}: {path}")
         elif test_name and not any(f"def {test_name}(" in Path(m).read_text() for m in matches if Path(m).is_file()):
             missing.append(f"{page.name}:{number}: {path}::{test_name} (no such test)")
     assert not missing, "named but not in the repository:\n" + "\n".join(missing)
-
-
-def test_the_allowlisted_paths_are_still_named_and_still_absent():
-    """An entry that a page no longer names, or that now exists, is stale: remove it."""
-    named = {path for page in PAGES for _, path, _ in named_paths(page)}
-    for path, reason in NOT_IN_REPO.items():
-        assert path in named, f"{path} ({reason}) is named nowhere any more"
-        assert not (ROOT / path).exists(), f"{path} exists now: drop it from NOT_IN_REPO"
 
 
 def makefile_targets() -> set[str]:
