@@ -9,8 +9,9 @@ root (``logs/study/<name>``)::
                                     error_modes.json: does it repeat the same wrong answers?
     train/<method>/seed<k>/A        stage A: experiment=study_<method> for steps_a steps
     train/<method>/seed<k>/B        stage B: resumed (full) from A's checkpoints/last.ckpt
-    eval/<method>/seed<k>           medsrl-eval of B's policy on the test split, n samples,
-                                    and its error_modes.json
+                                    (none with --steps-b 0: the study is stage A only)
+    eval/<method>/seed<k>           medsrl-eval of the last stage's policy on the test split,
+                                    n samples, and its error_modes.json (none with --no-eval)
     eval/warm_start/seed0           the same for the warm-started policy (the starting point)
 
 Rerunning the same command resumes: a training run with ``summary.json`` is skipped (and one
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import platform
 import shlex
@@ -104,6 +106,8 @@ class StudySettings:
     pool_l1: int = 256  # training problems of level 1 (stages A and B) and level 2 (stage B)
     pool_l2: int = 1024
     eval_train: bool = False  # also evaluate every final policy on its training pools
+    levels: list[int] = field(default_factory=lambda: [1, 2])  # the benchmark's levels (study_l<k>)
+    evaluate: bool = True  # false: training only (a study of the mechanism, read from the curves)
 
     def check(self) -> None:
         unknown = [m for m in self.methods if method_base(m) not in METHODS]
@@ -116,8 +120,10 @@ class StudySettings:
             raise ValueError(f"study methods {self.methods} name the same run twice")
         if not self.seeds:
             raise ValueError("a study needs at least one seed")
-        if min(self.steps_a, self.steps_b) < 1:
-            raise ValueError(f"steps_a and steps_b must be >= 1, got {self.steps_a}, {self.steps_b}")
+        if self.steps_a < 1 or self.steps_b < 0:
+            raise ValueError(f"steps_a must be >= 1 and steps_b >= 0, got {self.steps_a}, {self.steps_b}")
+        if not self.levels or not set(self.levels) <= {1, 2}:
+            raise ValueError(f"levels must be a non-empty subset of [1, 2], got {self.levels}")
         if self.eval_n < 1 or self.eval_problems < 1:
             raise ValueError(f"eval_n and eval_problems must be >= 1, got {self.eval_n}, {self.eval_problems}")
 
@@ -142,6 +148,10 @@ def is_finished_run(path: Path) -> bool:
 
 def is_finished_eval(path: Path) -> bool:
     return (path / "results.json").is_file()
+
+
+def stages(s: StudySettings) -> tuple[str, ...]:
+    return ("A", "B") if s.steps_b else ("A",)
 
 
 def pending_runs(root: Path, s: StudySettings, stage: str) -> list[tuple[str, int]]:
@@ -194,7 +204,7 @@ def eval_command(root: Path, s: StudySettings, jobs: list[tuple[str, int]], wher
     return [
         *_PYTHON_M, "medsrl.eval", "-m",
         "+study_run=" + ",".join(f"{method_dir(m)}/seed{k}" for m, k in jobs),
-        f"model_path={root / 'train'}/${{study_run}}/B/policy",
+        f"model_path={root / 'train'}/${{study_run}}/{stages(s)[-1]}/policy",
         *eval_overrides(s, split="train" if where == "eval_train" else "test"),
         f"hydra.sweep.dir={root / where}",
         "hydra.sweep.subdir=${study_run}",
@@ -218,6 +228,9 @@ def eval_overrides(s: StudySettings, split: str) -> list[str]:
     # installed would otherwise pick it)
     out = ["benchmark=study", "rollout=hf", f"n={s.eval_n}", "max_new_tokens=80", "batch_size=128"]
     for level, pool in ((1, s.pool_l1), (2, s.pool_l2)):
+        if level not in s.levels:
+            out.append(f"~benchmark.study_l{level}")
+            continue
         num = pool if split == "train" else s.eval_problems
         out += [f"benchmark.study_l{level}.num={num}", f"benchmark.study_l{level}.split={split}"]
     return out
@@ -349,18 +362,20 @@ def run_study(root: Path, s: StudySettings, *, doc: Path, img_dir: Path) -> None
         flush=True,
     )
 
-    for stage in ("A", "B"):
+    for stage in stages(s):
         with _timed(root, f"train_{stage}"):
             for cmd in train_command(root, s, stage, pending_runs(root, s, stage)):
                 _run(cmd)
-    for where in ("eval", "eval_train") if s.eval_train else ("eval",):
+    wheres = ("eval", "eval_train") if s.eval_train else ("eval",)
+    for where in wheres if s.evaluate else ():
         with _timed(root, where):
             _evaluate(root, s, warm_start, where)
 
-    from medsrl.study.report import write_report
+    if s.evaluate:  # a training-only study is read by its own report (study/report_v3.py)
+        from medsrl.study.report import write_report
 
-    write_report(root, doc, img_dir)
-    print(f"[medsrl-study] report: {doc}", flush=True)
+        write_report(root, doc, img_dir)
+        print(f"[medsrl-study] report: {doc}", flush=True)
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -392,13 +407,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pool-l1", type=int, default=d.pool_l1, help="training problems of level 1")
     p.add_argument("--pool-l2", type=int, default=d.pool_l2, help="training problems of level 2 (stage B)")
     p.add_argument("--eval-train", action="store_true", help="also evaluate on the training pools")
+    p.add_argument("--levels", nargs="+", type=int, default=d.levels, help="benchmark levels to evaluate")
+    p.add_argument("--no-eval", action="store_true", help="train only (the mechanism, from the curves)")
     p.add_argument("--doc", type=Path, default=None, help="the Markdown to update (default <study root>/STUDY.md)")
     p.add_argument("--img-dir", type=Path, default=None)
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every training run (key=value)")
     args, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
     a = p.parse_args(args)
+    # the warm start trains in this process for ~10 minutes: show its progress lines
+    logging.basicConfig(level=logging.INFO, format="[medsrl-study] %(message)s", force=True)
     s = StudySettings(a.name, a.methods, a.seeds, a.steps_a, a.steps_b, a.eval_n, a.eval_problems,
-                      [*overrides, *a.overrides], a.pool_l1, a.pool_l2, a.eval_train)
+                      [*overrides, *a.overrides], a.pool_l1, a.pool_l2, a.eval_train, a.levels, not a.no_eval)
     root = (a.root / a.name).resolve()
     doc = a.doc or root / "STUDY.md"
     if not doc.exists():

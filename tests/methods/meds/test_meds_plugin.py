@@ -20,8 +20,10 @@ def _prompt(key: str) -> Prompt:
     return Prompt(key=key, text=f"<{key}>", problem=f"problem {key}", answer="1", source="t")
 
 
-def _step(step: int, groups: list[tuple[str, list[tuple[np.ndarray, bool]]]], stage: str = "A") -> StepRollouts:
-    """One step: per group (prompt key, [(feature, correct), ...]); every response has a feature."""
+def _step(step: int, groups: list[tuple[str, list[tuple[np.ndarray, bool]]]], stage: str = "A",
+          answers: list[str] | None = None) -> StepRollouts:
+    """One step: per group (prompt key, [(feature, correct), ...]); every response has a feature
+    and the extracted answer ``answers[i]`` (default "1")."""
     prompts, gids, feats, acc = [], [], [], []
     for g, (key, responses) in enumerate(groups):
         prompts.append(_prompt(key))
@@ -29,11 +31,12 @@ def _step(step: int, groups: list[tuple[str, list[tuple[np.ndarray, bool]]]], st
             gids.append(g)
             feats.append(f)
             acc.append(1.0 if ok else 0.0)
+    answers = answers or ["1"] * len(acc)
     acc_t = torch.tensor(acc)
     r = StepRollouts(
         step=step, stage=stage, prompts=prompts, group_ids=torch.tensor(gids),
         response_ids=[[0]] * len(acc), response_text=["r"] * len(acc), finish_reason=["stop"] * len(acc),
-        grades=[SimpleNamespace(extracted="1")] * len(acc), source=["sampled"] * len(acc), packed=None,
+        grades=[SimpleNamespace(extracted=a) for a in answers], source=["sampled"] * len(acc), packed=None,
         acc=acc_t, reward=acc_t.clone(), scores=acc_t.clone(),
     )
     r.features["test"] = torch.tensor(np.stack(feats), dtype=torch.float32)
@@ -48,15 +51,19 @@ def _plugin(tmp_path, refit="sync", **settings):
     return plugin
 
 
-def _run(plugin: Meds, rollouts: StepRollouts) -> torch.Tensor:
+def _run(plugin: Meds, rollouts: StepRollouts, ctx: StepContext | None = None) -> torch.Tensor:
     """One step through the plug-in's hooks, in the module's order, as one rank."""
-    ctx = StepContext(rollouts.step, rollouts.stage, PhaseTimer(), len(rollouts.prompts),
-                      run_dir=plugin.snapshot_dir)  # as rank 0
+    ctx = ctx or StepContext(rollouts.step, rollouts.stage, PhaseTimer(), len(rollouts.prompts),
+                             run_dir=plugin.snapshot_dir)  # as rank 0
     plugin.enter_stage(rollouts.stage)
     plugin.use_features(rollouts, rollouts.features["test"], torch.arange(len(rollouts)), ctx)
     plugin.shape_rewards(rollouts, ctx)
     plugin.commit([plugin.step_additions(rollouts, ctx)], ctx)
     return rollouts.scores
+
+
+def _ctx(rollouts: StepRollouts) -> StepContext:
+    return StepContext(rollouts.step, rollouts.stage, PhaseTimer(), len(rollouts.prompts))
 
 
 def _blob(center: list[float], n: int, rng, scale: float = 0.01) -> list[np.ndarray]:
@@ -197,3 +204,99 @@ def test_state_key_names_the_plugin():
     plugin = Meds()
     plugin.name = "meds_a"
     assert plugin.state_key == "plugin:meds_a"
+
+
+def test_answer_mode_sizes_a_response_by_the_earlier_count_of_its_answer(tmp_path):
+    """The answer-keyed memory (study v3's D1 bound): the answer given 4 times before costs
+    ln(5), the one given once ln(2), a new one nothing, whatever the features say."""
+    rng = np.random.default_rng(8)
+    mem = _plugin(tmp_path, mode="answer")
+    first = [(f, False) for f in _blob([1, 0], 5, rng)] + [(np.array([0, 1], np.float32), True)]
+    _run(mem, _step(0, [("k", first)], answers=["14", "14", "14", "14", "9", "11"]))
+    assert mem.answer_counts == {"k": {"14": 4, "9": 1}}  # wrong answers only
+    queries = [(f, False) for f in _blob([1, 0], 3, rng)]
+    s = _run(mem, _step(1, [("k", queries)], answers=["9", "14", "23"]))
+    expected = [-0.1 * math.log(2), -0.1 * math.log(5), 0.0]
+    torch.testing.assert_close(s, torch.tensor(expected), atol=1e-6, rtol=0)
+    assert mem.answer_counts["k"] == {"14": 5, "9": 2, "23": 1}
+
+
+def test_answer_counts_survive_a_checkpoint_and_a_stage_reset(tmp_path):
+    mem = _plugin(tmp_path, mode="answer", reset_on_stage_change=True)
+    _run(mem, _step(0, [("k", [(np.array([1.0, 0.0], np.float32), False)] * 2)], answers=["3", "3"]))
+    state = torch.load(_saved(mem.state_dict(), tmp_path), weights_only=True)
+    mem2 = _plugin(tmp_path / "b", mode="answer", reset_on_stage_change=True)
+    mem2.load_state_dict(state)
+    assert mem2.answer_counts == {"k": {"3": 2}} and mem2.digest() == mem.digest()
+    _run(mem2, _step(1, [("k", [(np.array([1.0, 0.0], np.float32), False)])], stage="B", answers=["5"]))
+    assert mem2.answer_counts == {"k": {"5": 1}}
+
+
+def _saved(state, tmp_path):
+    path = tmp_path / "state.pt"
+    torch.save(state, path)
+    return path
+
+
+def test_gate_figures_are_logged_on_a_hand_made_step(tmp_path):
+    """Store: answer "14" x3 in one tight blob, "9" x2 in another. The next visit's wrong
+    responses: "14" twice (size 3), "9" once (size 2), and one right one."""
+    rng = np.random.default_rng(9)
+    mem = _plugin(tmp_path, min_cluster_size=2)
+    e1, e2 = [1, 0, 0], [0, 1, 0]
+    _run(mem, _step(0, [("k", [(f, False) for f in _blob(e1, 3, rng) + _blob(e2, 2, rng)])],
+                    answers=["14", "14", "14", "9", "9"]))
+    step = _step(1, [("k", [(_blob(e1, 1, rng)[0], False), (_blob(e1, 1, rng)[0], False),
+                            (_blob(e2, 1, rng)[0], False), (np.array([0, 0, 1], np.float32), True)])],
+                 answers=["14", "14", "9", "5"])
+    ctx = _ctx(step)
+    _run(mem, step, ctx)
+    m = ctx.metrics
+    assert m["meds/gate/g1_distinct_penalty_groups"] == 1.0
+    on_top = 2 * math.log(4) / (2 * math.log(4) + math.log(3))  # "14": 2 of the 3 wrong responses
+    assert m["meds/gate/g3_top_answer_excess"] == pytest.approx(on_top - 2 / 3)
+    assert m["meds/gate/g4_size_recurrence_corr"] == pytest.approx(1.0)
+    assert -step.scores[2].item() == pytest.approx(0.1 * math.log(3), abs=1e-6)
+    assert m["meds/clusters_per_key"] >= 1.0 and 0.0 <= m["meds/noise_fraction"] <= 1.0
+
+
+def test_advantage_placement_subtracts_the_penalty_after_normalisation(tmp_path):
+    """Under ``placement=advantage`` the scores stay as graded and a wrong response's advantage
+    loses its penalty; gate G2 measures the change against the unshaped advantages."""
+    from medsrl.algo.advantages import group_advantages
+
+    rng = np.random.default_rng(10)
+    mem = _plugin(tmp_path, placement="advantage", alpha=1.0)
+    mem._algo = SimpleNamespace(advantage="grpo", advantage_options={})
+    _run(mem, _step(0, [("k", [(f, False) for f in _blob([1, 0], 3, rng)])]))
+    step = _step(1, [("k", [(_blob([1, 0], 1, rng)[0], False), (_blob([1, 0], 1, rng)[0], False),
+                            (np.array([0, 1], np.float32), True)])])
+    step.packed = SimpleNamespace(response_mask=torch.ones(3, 4))
+    ctx = _ctx(step)
+    _run(mem, step, ctx)
+    assert torch.equal(step.scores, step.reward)  # nothing before normalisation
+    raw = group_advantages(step.scores, step.group_ids)
+    shaped = mem.shape_advantages(step, raw, ctx)
+    pen = math.log(4)  # size 3, alpha 1, cap 2
+    torch.testing.assert_close(shaped, raw - torch.tensor([pen, pen, 0.0]), atol=1e-6, rtol=0)
+    assert ctx.metrics["meds/gate/g2_advantage_rewritten"] > 0.5
+    with pytest.raises(ValueError, match="placement=advantage"):
+        Meds(placement="advantage", target="right")
+
+
+def test_store_figures_are_the_same_with_background_and_sync_refits(tmp_path):
+    """``clusters_per_key`` and ``noise_fraction`` come from the labels shaping read (which wait
+    for a running re-fit), so two runs of a seed log the same values."""
+    steps = _random_steps(11, 6)
+    logged = {}
+    for mode in ["sync", "background"]:
+        mem = _plugin(tmp_path / mode, refit=mode)
+        logged[mode] = []
+        for i, g in enumerate(steps):
+            step = _step(i, g)
+            ctx = _ctx(step)
+            _run(mem, step, ctx)
+            logged[mode].append({k: v for k, v in ctx.metrics.items() if "clusters" in k or "noise" in k or "gate" in k})
+        mem.teardown(None, None, "fit")
+    assert logged["sync"] == logged["background"]
+    assert any("meds/clusters_per_key" in m for m in logged["sync"])

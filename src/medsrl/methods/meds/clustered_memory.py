@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from medsrl.methods.meds.clustering import NOISE, top1_eigen_ratio
+from medsrl.methods.meds.clustering import top1_eigen_ratio
 from medsrl.methods.meds.memory import ErrorMemory, MemoryEntry
 from medsrl.methods.meds.refit import BackgroundRefitter
 
@@ -93,7 +93,7 @@ class ClusteredMemory:
         return list(by_store)
 
     def metrics(self, touched: list[Store]) -> dict[str, float]:
-        """Size, re-fit waits, and the clusters of the wrong stores touched this step."""
+        """Size, re-fit waits, and the feature spread of the wrong stores touched this step."""
         stats = self.refitter.stats if self.refitter is not None else {"blocked_waits": 0, "blocked_seconds": 0.0}
         out = {
             "memory_entries": float(self.memory.num_entries()),
@@ -102,18 +102,11 @@ class ClusteredMemory:
             "refit_blocked_seconds_total": float(stats["blocked_seconds"]),
         }
         self._waits_seen = stats["blocked_waits"]
-        clusters, noise, ratios = [], [], []
+        ratios = []  # clusters and noise are read with the labels shaping used (plugin.py)
         for key in [key for key, ok in touched if not ok]:
             entry = self.memory.get(key, False)
-            lab = entry.fitted_labels
-            if len(lab):
-                clusters.append(len(set(lab.tolist()) - {NOISE}))
-                noise.append(float(np.mean(lab == NOISE)))
             if len(entry) >= 2:
                 ratios.append(top1_eigen_ratio(entry.features))
-        if clusters:
-            out["clusters_per_key"] = float(np.mean(clusters))
-            out["noise_fraction"] = float(np.mean(noise))
-        if ratios:
+        if not all(np.isnan(ratios)):  # all rows alike in every store: no spread to report
             out["top1_eigen_ratio"] = float(np.nanmean(ratios))
         return out

@@ -1,8 +1,12 @@
 """MEDS reward shaping: the penalty for a repeated mistake and how it enters the score.
 
-Reference (docs/REFERENCE.md step 6): wrong responses get ``score - alpha * min(ln(|C| + 1), 2.0)``. A new
-mistake (|C| = 0) costs nothing; the cap keeps a huge cluster from swamping the 0/1 correctness
-reward. Only differences inside a group matter: a constant shift cancels in the advantage.
+Reference (docs/REFERENCE.md step 6): wrong responses get ``score - alpha * min(ln(|C| + 1), 2.0)``;
+the cap keeps a huge cluster from swamping the 0/1 correctness reward. Size 0 (no penalty) comes
+only on a prompt's first visit: after it the k-NN vote always returns a cluster or the noise
+count, so no mistake is "new". Responses without a boxed answer have no feature and get no
+penalty (so they are favoured over boxed wrong ones). Under group mean/std normalisation even
+the *mean* penalty of a group's wrong responses cancels, not only a constant shift; only their
+spread moves the advantages (``gate.py`` has the closed form).
 """
 
 from __future__ import annotations

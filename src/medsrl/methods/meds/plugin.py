@@ -5,10 +5,18 @@ Per step: read each response's answer feature in the scoring forward (``features
 its cluster from the labels stored for its ``(prompt key, correctness)`` (k-NN vote; the step's
 own responses do not count) and shape the score; then insert every rank's features into the
 replicated memory (``clustered_memory.py``). Settings: ``configs/plugins/meds.yaml``.
+
+What the penalty can do (``gate.py``): with 0/1 rewards and group mean/std advantages the mean
+penalty of a group's wrong responses cancels, so only their spread moves the gradient; the gate
+figures G1-G4 are logged every step. Beyond the reference: ``mode=answer`` sizes a response by
+how often its extracted answer was given before for the prompt (an answer-keyed memory, the
+audit's upper bound), and ``placement=advantage`` subtracts the penalty from the normalised
+advantages instead of the score, so the mean penalty survives.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from pathlib import Path
@@ -16,7 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from medsrl.algo import keep_mask_by_group_spread
+from medsrl.algo import (
+    AdvantageInputs,
+    advantage_change_fraction,
+    compute_advantages,
+    keep_mask_by_group_spread,
+)
 from medsrl.config import (
     Count,
     FeatureDtype,
@@ -31,9 +44,20 @@ from medsrl.config import (
 )
 from medsrl.methods.dynamic_sampling import DynamicSampling
 from medsrl.methods.meds.clustered_memory import ClusteredMemory
-from medsrl.methods.meds.clustering import cluster_sizes, predict_labels, single_cluster_sizes
+from medsrl.methods.meds.clustering import (
+    NOISE,
+    cluster_sizes,
+    predict_labels,
+    single_cluster_sizes,
+)
 from medsrl.methods.meds.diagnostics import cluster_answer_purity, penalty_on_top_answer
 from medsrl.methods.meds.features import AnswerFeatureReader, FeatureSpec
+from medsrl.methods.meds.gate import (
+    distinct_penalty_share,
+    earlier_answer_counts,
+    size_recurrence_correlation,
+    top_answer_excess,
+)
 from medsrl.methods.meds.penalty import (
     TARGETS,
     advantage_order_changed,
@@ -44,6 +68,7 @@ from medsrl.models.sharding import idle_passes, is_sharded
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.step.rollouts import SAMPLED, StepRollouts
 from medsrl.step.scoring import scoring_pass
+from medsrl.utils.distributed import all_reduce_sum, is_distributed
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +93,8 @@ class Meds(Plugin):
         min_cluster_size: at_least(2) = 2,
         min_samples: PositiveInt = 1,
         cap_per_key: nullable(PositiveInt) = None,
-        mode: one_of(("cluster", "single")) = "cluster",
+        mode: one_of(("cluster", "single", "answer")) = "cluster",
+        placement: one_of(("score", "advantage")) = "score",
         refit: one_of(("background", "sync")) = "background",
         refit_workers: PositiveInt = 1,
         refit_growth: NonNegative = 0.0,
@@ -80,7 +106,9 @@ class Meds(Plugin):
         panel_prompts: Count = 3,
         snapshot_dir: nullable(Text) = None,
     ) -> None:
-        self.alpha, self.beta, self.target = alpha, beta, target
+        if placement == "advantage" and target != "wrong":
+            raise ValueError(f"meds.placement=advantage penalises wrong responses only; got target={target!r}")
+        self.alpha, self.beta, self.target, self.placement = alpha, beta, target, placement
         self.noise_is_cluster, self.k, self.mode = noise_is_cluster, k, mode
         self.spec = FeatureSpec(layers=layers, diff=diff, final_norm=final_norm, dtype=feature_dtype)
         self.store = ClusteredMemory(cap_per_key, refit, refit_workers, min_cluster_size, min_samples, refit_growth)
@@ -94,8 +122,12 @@ class Meds(Plugin):
         self._stage: str | None = None
         self._feats = torch.zeros(0, 0)
         self._rows = torch.zeros(0, dtype=torch.long)
-        self._dropped: tuple[list[tuple[str, bool]], np.ndarray] = ([], np.zeros((0, 0), np.float32))
+        self._dropped: tuple[list[tuple[str, bool]], np.ndarray, list[str | None]] = ([], np.zeros((0, 0), np.float32), [])
         self._read_sizes: list[int] = []  # sizes of the stores read this step (mechanism figures)
+        self._read_labels: list[np.ndarray] = []  # fitted labels of the wrong stores read this step
+        self._pen = torch.zeros(0)  # this step's penalty per response (placement=advantage)
+        # per prompt key, how often each extracted answer was given by a remembered wrong response
+        self.answer_counts: dict[str, dict[str, int]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -103,7 +135,7 @@ class Meds(Plugin):
         if self.reader is None:
             self.reader = AnswerFeatureReader(pl_module.policy, pl_module.tokenizer, self.spec,
                                               pl_module.grader_cfg.reasoning_end)
-        algo = pl_module.algorithm  # the micro-batch budget of the dropped groups' forward
+        algo = self._algo = pl_module.algorithm  # the micro-batch budget of the dropped groups' forward
         self._budget = dict(micro_batch_size=algo.micro_batch_size, max_tokens=algo.max_tokens_per_microbatch)
         self.store.open()
         filtered = any(isinstance(p, DynamicSampling) for p in getattr(pl_module, "plugins", []))
@@ -124,14 +156,17 @@ class Meds(Plugin):
     def state_dict(self) -> dict:
         """The whole memory with every pending re-fit applied (tensors: loads with weights_only)."""
         self.store.drain()
-        return {"memory": self.store.memory.state_dict(as_tensors=True), "stage": self._stage}
+        return {"memory": self.store.memory.state_dict(as_tensors=True), "stage": self._stage,
+                "answer_counts": {k: dict(v) for k, v in self.answer_counts.items()}}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.store.memory.load_state_dict(state_dict["memory"])
         self._stage = state_dict.get("stage")
+        self.answer_counts = {k: dict(v) for k, v in state_dict.get("answer_counts", {}).items()}
 
     def digest(self) -> str:
-        return self.store.memory.digest()
+        counts = sorted((k, sorted(v.items())) for k, v in self.answer_counts.items())
+        return self.store.memory.digest() + hashlib.sha1(repr(counts).encode()).hexdigest()
 
     # ------------------------------------------------------------------ the step
 
@@ -144,14 +179,15 @@ class Meds(Plugin):
 
     def after_scoring(self, rollouts: StepRollouts, ctx: StepContext) -> None:
         self.use_features(rollouts, *self.reader.finish(), ctx)
-        self._dropped = ([], np.zeros((0, 0), np.float32))
+        self._dropped = ([], np.zeros((0, 0), np.float32), [])
         if self.remember_dropped and ctx.dropped:
             self._dropped = self.dropped_features(ctx.dropped, rollouts.packed.input_ids.device, ctx)
         elif self.remember_dropped and is_sharded(ctx.scoring_policy):
             idle_passes(ctx.scoring_policy)  # other ranks' DAPO filter may have dropped groups
 
-    def dropped_features(self, groups: list, device, ctx: StepContext) -> tuple[list[tuple[str, bool]], np.ndarray]:
-        """``(key, correct)`` and features of the responses of ``groups`` that DAPO's filter
+    def dropped_features(self, groups: list, device, ctx: StepContext
+                         ) -> tuple[list[tuple[str, bool]], np.ndarray, list[str | None]]:
+        """``(key, correct)``, features and extracted answers of the responses of ``groups`` that DAPO's filter
         dropped, from a no-grad forward over them alone (``meds.remember_dropped``, beyond the
         reference: a mistake made in every sample costs at the prompt's next mixed group)."""
         t0 = time.perf_counter()
@@ -162,15 +198,17 @@ class Meds(Plugin):
         feats, rows = self.reader.finish()
         correct = (extra.acc > 0.5).tolist()
         keys = [(extra.keys[i], bool(correct[i])) for i in rows.tolist()]
+        answers = [extra.grades[i].extracted for i in rows.tolist()]
         ctx.log(self, {"dropped_rows_remembered": float(len(keys)),
                        "dropped_pass_s": time.perf_counter() - t0})
-        return keys, feats.numpy()
+        return keys, feats.numpy(), answers
 
     def enter_stage(self, stage: str | None) -> None:
         """At a stage change, reset the memory first (option), before anything reads it."""
         if self.reset_on_stage_change and self._stage is not None and stage != self._stage:
             log.info("MEDS memory reset at stage change %s -> %s", self._stage, stage)
             self.store.reset()
+            self.answer_counts = {}
         self._stage = stage
 
     def use_features(self, rollouts: StepRollouts, feats: torch.Tensor, rows: torch.Tensor, ctx: StepContext) -> None:
@@ -187,18 +225,46 @@ class Meds(Plugin):
         pen = torch.zeros(len(rollouts), dtype=rollouts.scores.dtype)
         pen[self._rows] = torch.as_tensor(meds_penalty(sizes, self.alpha, self.beta), dtype=pen.dtype)
         raw = rollouts.scores
-        rollouts.shape_scores(self.name, apply_penalty(raw, rollouts.acc > 0.5, pen, self.target))
+        if self.placement == "score":
+            rollouts.shape_scores(self.name, apply_penalty(raw, rollouts.acc > 0.5, pen, self.target))
+        self._pen = pen
         ctx.log(self, {
             "penalty_mean": float(pen.mean()),
             "penalty_max": float(pen.max()) if len(pen) else 0.0,
             "penalised_frac": float((pen > 0).float().mean()),
             "order_changed_group_frac": advantage_order_changed(raw, rollouts.scores, rollouts.group_ids),
             "cluster_size_mean": float(sizes.mean()) if len(sizes) else 0.0,
+            **self._store_figures(),
             **self._mechanism(rollouts, labels, pen),
+            **self._gate(rollouts, sizes, pen),
         })
         every = self.panels_every_n_steps
         if every and rollouts.step % every == 0:
             self._panels(rollouts, sizes, labels, ctx)
+
+    def shape_advantages(self, rollouts: StepRollouts, advantages: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """``placement=advantage``: wrong responses lose their penalty after normalisation. Either
+        way, gate G2: the share of the advantage signal MEDS rewrote (against the advantages of
+        the scores without MEDS's term, under the run's estimator)."""
+        pen = self._pen.to(device=advantages.device, dtype=advantages.dtype)
+        if self.placement == "advantage":
+            wrong = (rollouts.acc <= 0.5).to(advantages.device)
+            base = advantages
+            advantages = advantages - torch.where(wrong, pen, torch.zeros_like(pen)).view(-1, *[1] * (advantages.dim() - 1))
+        else:
+            base = self._advantages_without_meds(rollouts)
+        ctx.log(self, {"gate/g2_advantage_rewritten": advantage_change_fraction(
+            advantages, base.to(advantages.device), rollouts.packed.response_mask)})
+        return advantages
+
+    def _advantages_without_meds(self, rollouts: StepRollouts) -> torch.Tensor:
+        """The run's advantages had MEDS not shaped the scores (the same collectives on every rank)."""
+        delta = rollouts.terms.get(self.name)
+        scores = rollouts.scores if delta is None else rollouts.scores - delta
+        terms = {k: v for k, v in rollouts.terms.items() if k != self.name}
+        inputs = AdvantageInputs(scores, rollouts.group_ids, terms, rollouts.packed.response_mask,
+                                 reduce_sum=all_reduce_sum if is_distributed() else None)
+        return compute_advantages(self._algo.advantage, inputs, **self._algo.advantage_options)
 
     def _mechanism(self, rollouts: StepRollouts, labels: np.ndarray, pen: torch.Tensor) -> dict[str, float]:
         """Where the penalty landed (``diagnostics.py``) and ``entries_per_read``: the mean size of
@@ -216,6 +282,30 @@ class Meds(Plugin):
                 out[name] = float(value)
         return out
 
+    def _gate(self, rollouts: StepRollouts, sizes: np.ndarray, pen: torch.Tensor) -> dict[str, float]:
+        """Gate figures G1, G3, G4 (``gate.py``) of this step's groups; G2 in ``shape_advantages``."""
+        groups = rollouts.group_ids.tolist()
+        wrong = (rollouts.acc <= 0.5).tolist()
+        answers = [g.extracted for g in rollouts.grades]
+        out = {"g1_distinct_penalty_groups": distinct_penalty_share(groups, wrong, pen.tolist()),
+               "g3_top_answer_excess": top_answer_excess(groups, wrong, answers, pen.tolist())}
+        featured = [(j, i) for j, i in enumerate(self._rows.tolist()) if wrong[i]]
+        counts = earlier_answer_counts([rollouts.keys[i] for _, i in featured],
+                                       [answers[i] for _, i in featured], self.answer_counts)
+        out["g4_size_recurrence_corr"] = size_recurrence_correlation(
+            [groups[i] for _, i in featured], [sizes[j] for j, _ in featured], counts)
+        return {f"gate/{k}": float(v) for k, v in out.items() if v is not None}
+
+    def _store_figures(self) -> dict[str, float]:
+        """Clusters and noise share of the wrong stores read this step. Read here, from the labels
+        shaping used (``labels_for`` waits for a running re-fit), they are the same in every run of
+        a seed; read after ``insert`` they depended on whether a background re-fit had landed."""
+        labels = [lab for lab in self._read_labels if len(lab)]
+        if not labels:
+            return {}
+        return {"clusters_per_key": float(np.mean([len(set(lab.tolist()) - {NOISE}) for lab in labels])),
+                "noise_fraction": float(np.mean([np.mean(lab == NOISE) for lab in labels]))}
+
     def cluster_sizes_for(self, rollouts: StepRollouts) -> tuple[np.ndarray, np.ndarray]:
         """Predicted cluster size and label per featured response, from the memory so far."""
         feats = self._feats.numpy()
@@ -227,7 +317,8 @@ class Meds(Plugin):
         by_store: dict[tuple[str, bool], list[int]] = {}
         for j, i in enumerate(rows):
             by_store.setdefault((keys[i], bool(correct[i])), []).append(j)
-        self._read_sizes = []
+        self._read_sizes, self._read_labels = [], []
+        answers = [g.extracted for g in rollouts.grades]
         for (key, ok), js in by_store.items():
             if not _targeted(self.target, ok):
                 continue
@@ -235,6 +326,12 @@ class Meds(Plugin):
             self._read_sizes.append(0 if entry is None else len(entry))
             if entry is None:
                 continue  # first visit: size 0, the step only fills memory
+            if not ok:
+                self._read_labels.append(entry.fitted_labels)
+            if self.mode == "answer":  # the answer-keyed memory: earlier count of the same answer
+                history = self.answer_counts if not ok else {}
+                sizes[js] = earlier_answer_counts([key] * len(js), [answers[rows[j]] for j in js], history)
+                continue
             if self.mode == "single":
                 sizes[js] = single_cluster_sizes(len(entry), len(js))
                 continue
@@ -251,14 +348,21 @@ class Meds(Plugin):
         fresh = [j for j, i in enumerate(self._rows.tolist()) if rollouts.source[i] == SAMPLED]
         rows = self._rows[fresh].tolist()
         added, feats = [(keys[i], bool(correct[i])) for i in rows], self._feats[fresh].numpy()
-        dropped_keys, dropped_feats = self._dropped
+        answers = [rollouts.grades[i].extracted for i in rows]
+        dropped_keys, dropped_feats, dropped_answers = self._dropped
         if dropped_keys:
             feats = np.concatenate([feats, dropped_feats]) if added else dropped_feats
-            added = added + dropped_keys
-        return added, feats
+            added, answers = added + dropped_keys, answers + dropped_answers
+        return added, feats, answers
 
     def commit(self, additions, ctx: StepContext) -> None:
-        touched = self.store.insert(additions, ctx.step)
+        """Every rank's rows into the memory, and their wrong answers into ``answer_counts``."""
+        touched = self.store.insert([(added, feats) for added, feats, _ in additions], ctx.step)
+        for added, _, answers in additions:
+            for (key, ok), answer in zip(added, answers, strict=True):
+                if not ok and answer is not None:
+                    counts = self.answer_counts.setdefault(key, {})
+                    counts[answer] = counts.get(answer, 0) + 1
         ctx.log(self, self.store.metrics(touched))
         every = self.snapshot_every_n_steps
         if every and (ctx.step + 1) % every == 0 and ctx.run_dir is not None:  # rank 0 writes
