@@ -129,3 +129,27 @@ def test_a_method_variant_is_its_experiment_with_overrides_in_a_directory_of_its
     for bad in (["nope@alpha=1"], ["meds@alpha"], ["meds@alpha=1", "meds@alpha=1"]):
         with pytest.raises(ValueError):
             StudySettings(methods=bad).check()
+
+
+def test_a_stage_a_only_study_evaluates_stage_a_on_the_levels_asked(tmp_path):
+    s = StudySettings(methods=["dapo"], seeds=[0], steps_b=0, levels=[1],
+                      eval_overrides=["+benchmark.study_l1.trap_fraction=0.75"])
+    s.check()
+    assert runner.stages(s) == ("A",)
+    ev = runner.eval_command(tmp_path, s, [("dapo", 0)])
+    assert f"model_path={tmp_path / 'train'}/${{study_run}}/A/policy" in ev
+    assert "~benchmark.study_l2" in ev and "benchmark.study_l1.split=test" in ev
+    assert "+benchmark.study_l1.trap_fraction=0.75" in ev
+    for bad in ({"steps_b": -1}, {"levels": [3]}, {"levels": []}):
+        with pytest.raises(ValueError):
+            StudySettings(**bad).check()
+
+
+def test_the_command_line_reads_the_stage_a_only_and_eval_options(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(runner, "run_study", lambda root, s, **kw: seen.update(s=s, root=root))
+    runner.main(["--name", "x", "--root", str(tmp_path), "--steps-b", "0", "--levels", "1", "--no-eval",
+                 "--eval-override=+benchmark.study_l1.trap_fraction=0.75", "rollout.n=16"])
+    s = seen["s"]
+    assert (s.steps_b, s.levels, s.evaluate) == (0, [1], False)
+    assert s.eval_overrides == ["+benchmark.study_l1.trap_fraction=0.75"] and s.overrides == ["rollout.n=16"]

@@ -108,6 +108,7 @@ class StudySettings:
     eval_train: bool = False  # also evaluate every final policy on its training pools
     levels: list[int] = field(default_factory=lambda: [1, 2])  # the benchmark's levels (study_l<k>)
     evaluate: bool = True  # false: training only (a study of the mechanism, read from the curves)
+    eval_overrides: list[str] = field(default_factory=list)  # extra overrides of every medsrl-eval
 
     def check(self) -> None:
         unknown = [m for m in self.methods if method_base(m) not in METHODS]
@@ -233,7 +234,7 @@ def eval_overrides(s: StudySettings, split: str) -> list[str]:
             continue
         num = pool if split == "train" else s.eval_problems
         out += [f"benchmark.study_l{level}.num={num}", f"benchmark.study_l{level}.split={split}"]
-    return out
+    return out + s.eval_overrides
 
 
 def _run(cmd: list[str]) -> None:
@@ -409,6 +410,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-train", action="store_true", help="also evaluate on the training pools")
     p.add_argument("--levels", nargs="+", type=int, default=d.levels, help="benchmark levels to evaluate")
     p.add_argument("--no-eval", action="store_true", help="train only (the mechanism, from the curves)")
+    p.add_argument("--eval-override", action="append", default=[], dest="eval_overrides",
+                   help="a Hydra override of every medsrl-eval (the task's options), repeatable")
     p.add_argument("--doc", type=Path, default=None, help="the Markdown to update (default <study root>/STUDY.md)")
     p.add_argument("--img-dir", type=Path, default=None)
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every training run (key=value)")
@@ -417,7 +420,8 @@ def main(argv: list[str] | None = None) -> None:
     # the warm start trains in this process for ~10 minutes: show its progress lines
     logging.basicConfig(level=logging.INFO, format="[medsrl-study] %(message)s", force=True)
     s = StudySettings(a.name, a.methods, a.seeds, a.steps_a, a.steps_b, a.eval_n, a.eval_problems,
-                      [*overrides, *a.overrides], a.pool_l1, a.pool_l2, a.eval_train, a.levels, not a.no_eval)
+                      [*overrides, *a.overrides], a.pool_l1, a.pool_l2, a.eval_train, a.levels, not a.no_eval,
+                      a.eval_overrides)
     root = (a.root / a.name).resolve()
     doc = a.doc or root / "STUDY.md"
     if not doc.exists():

@@ -1,0 +1,126 @@
+"""``make study-v3``: protocol v3 (docs/STUDY.md) in one resumable command.
+
+In the protocol's order: D3 (where the penalty enters: a training-only study on the v2 task), D1
+(the memory audit: one short DAPO run with its checkpoints, then ``medsrl.study.audit``), D2 (a
+task with three planted wrong routes: DAPO, MEDS, MEDS with D1's chosen memory), then the report
+(``report_v3.py``) into ``docs/STUDY_V3.md``. Each part is a plain command a user could type;
+rerunning skips what is finished. The settings below are the protocol's; changing one makes the
+study runner refuse the old roots rather than mix them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from medsrl.study.runner import ROOT
+
+SAMPLES = ["callbacks.sample_logger.every_n_steps=1", "callbacks.sample_logger.num_samples=100000"]
+NO_FILTER = "algorithm.plugins.dynamic_sampling=null"
+D3_METHODS = [
+    "dapo", "meds",
+    "dapo@algorithm.advantage=drgrpo", "meds@algorithm.advantage=drgrpo",
+    "dapo@algorithm.advantage=gdpo", "meds@algorithm.advantage=gdpo",
+    "meds@placement=advantage",
+    f"dapo@{NO_FILTER}", f"meds@{NO_FILTER},mixed_groups_only=false",
+]
+D2_ROUTES = "[shortcut,add,drop]"
+D2_TASK = [f"study.wrong_routes={D2_ROUTES}", "study.trap_fraction=0.75"]
+D2_EVAL = [f"+benchmark.study_l1.wrong_routes={D2_ROUTES}", "+benchmark.study_l1.trap_fraction=0.75"]
+D1_STEPS, D1_EVERY = 20, 5
+# D1's feature-based variants that are settings of the MEDS plug-in, and those settings
+PLUGIN_VARIANTS = {
+    "reference": [], "bf16": ["feature_dtype=bfloat16"], "diff": ["diff=true"],
+    "final_norm": ["final_norm=true"], "min_samples=2": ["min_samples=2"], "min_samples=3": ["min_samples=3"],
+}
+
+
+def _run(cmd: list[str]) -> None:
+    print("[study-v3] $", shlex.join(cmd), flush=True)
+    done = subprocess.run(cmd, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"[study-v3] failed (exit {done.returncode}); run `make study-v3` again to resume")
+
+
+def study_argv(name: str, root: Path, seeds: list[int]) -> list[str]:
+    return ["--name", name, "--root", str(root), "--seeds", *map(str, seeds)]
+
+
+def d3_command(root: Path, seeds: list[int]) -> list[str]:
+    return [sys.executable, "-m", "medsrl.study.runner", *study_argv("v3_d3", root, seeds),
+            "--methods", *D3_METHODS, "--steps-a", "20", "--steps-b", "0", "--no-eval",
+            "--pool-l1", "32", "--pool-l2", "24", "--levels", "1", *SAMPLES]
+
+
+def d1_train_command(root: Path) -> list[str]:
+    out = root / "v3_d1" / "train"
+    return [sys.executable, "-m", "medsrl.train", "experiment=study_dapo", "seed=0",
+            "study.pool_l1=32", "study.pool_l2=24", f"study.steps_a={D1_STEPS}",
+            f"callbacks.model_checkpoint.every_n_train_steps={D1_EVERY}",
+            "callbacks.model_checkpoint.save_top_k=-1", "skip_if_done=true", "logger=tensorboard",
+            f"hydra.run.dir={out}"]
+
+
+def d1_audit_command(root: Path) -> list[str]:
+    return [sys.executable, "-m", "medsrl.study.audit", "--run", str(root / "v3_d1" / "train"),
+            "--out", str(root / "v3_d1" / "audit")]
+
+
+def chosen_memory(audit: dict) -> tuple[str, list[str]]:
+    """The protocol's rule: the feature-based variant with the highest G4 if its G4 >= 0.3 and
+    G3 > 0, else the answer-keyed memory. Returns its name and its MEDS settings."""
+    best = None
+    for row in audit["variants"]:
+        name, g3, g4 = row["name"], row.get("g3"), row.get("g4")
+        if name.endswith("answer") or g3 is None or g4 is None:
+            continue
+        if g4 >= 0.3 and g3 > 0 and (best is None or g4 > best[1]):
+            best = (name, g4)
+    if best is None:
+        return "answer", ["mode=answer"]
+    settings = [s for part in best[0].split("+") for s in PLUGIN_VARIANTS.get(part, [None])]
+    if None in settings:
+        raise SystemExit(f"[study-v3] D1 chose {best[0]!r}, which is not (yet) a MEDS plug-in setting; "
+                         "build it as an option before D2 (docs/STUDY.md, protocol v3)")
+    return best[0], settings
+
+
+def d2_command(root: Path, seeds: list[int], memory: list[str]) -> list[str]:
+    third = "meds@" + ",".join([*memory, "alpha=0.5", "beta=1.0"])
+    return [sys.executable, "-m", "medsrl.study.runner", *study_argv("v3_d2", root, seeds),
+            "--methods", "dapo", "meds", third, "--steps-a", "20", "--steps-b", "0", "--levels", "1",
+            "--pool-l1", "32", "--pool-l2", "24", "--eval-n", "32", "--eval-problems", "64",
+            *[f"--eval-override={o}" for o in D2_EVAL], "rollout.n=16", *D2_TASK, *SAMPLES]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="medsrl-study-v3", description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", type=Path, default=ROOT / "logs" / "study")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--doc", type=Path, default=ROOT / "docs" / "STUDY_V3.md")
+    p.add_argument("--img-dir", type=Path, default=ROOT / "docs" / "img" / "study_v3")
+    a = p.parse_args(argv)
+    root = a.root.resolve()
+    t0 = time.perf_counter()
+    _run(d3_command(root, a.seeds))
+    print("[study-v3] D3 done; D1: the audit run", flush=True)
+    _run(d1_train_command(root))
+    audit_json = root / "v3_d1" / "audit" / "audit.json"
+    if not audit_json.is_file():
+        _run(d1_audit_command(root))
+    name, memory = chosen_memory(json.loads(audit_json.read_text()))
+    print(f"[study-v3] D1 chose the memory {name!r} for D2's third arm: {memory}", flush=True)
+    _run(d2_command(root, a.seeds, memory))
+    from medsrl.study.report_v3 import write_report_v3
+
+    write_report_v3(root, a.doc, a.img_dir)
+    print(f"[study-v3] done in {time.perf_counter() - t0:.0f} s: {a.doc}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Protocol v3's one command: the parts' commands, D1's rule for D2's memory, the report's figures."""
+
+import pytest
+
+from medsrl.study import report_v3, v3
+from medsrl.study.runner import StudySettings, split_overrides
+
+
+def test_d3_arms_are_distinct_runs_of_known_methods(tmp_path):
+    StudySettings(methods=v3.D3_METHODS).check()
+    cmd = v3.d3_command(tmp_path, [0, 1, 2])
+    options, overrides = split_overrides(cmd[3:])
+    assert "--no-eval" in options and ["--steps-b", "0"] == options[options.index("--steps-b"):][:2]
+    assert overrides == v3.SAMPLES  # every trained-on response logged: the route analyses
+
+
+def test_d2_gives_the_third_arm_the_chosen_memory_at_a_stronger_alpha(tmp_path):
+    cmd = v3.d2_command(tmp_path, [0], ["mode=answer"])
+    assert "meds@mode=answer,alpha=0.5,beta=1.0" in cmd and "rollout.n=16" in cmd
+    assert "--eval-override=+benchmark.study_l1.trap_fraction=0.75" in cmd
+    options, overrides = split_overrides(cmd[3:])
+    assert "study.wrong_routes=[shortcut,add,drop]" in overrides
+    assert not any(o.startswith("+benchmark") for o in overrides)  # they stay with their option
+
+
+def _audit(*rows):
+    return {"variants": [dict(zip(("name", "g3", "g4"), r, strict=True)) for r in rows]}
+
+
+def test_d1_rule_takes_the_best_feature_memory_or_else_the_answer_keyed_one():
+    assert v3.chosen_memory(_audit(("reference", 0.01, 0.05), ("answer", 0.3, 0.9))) == ("answer", ["mode=answer"])
+    assert v3.chosen_memory(_audit(("reference", 0.02, 0.35), ("diff", 0.05, 0.5), ("bf16", -0.1, 0.8))) == (
+        "diff", ["diff=true"])
+    with pytest.raises(SystemExit, match="not .*a MEDS plug-in setting"):
+        v3.chosen_memory(_audit(("digits", 0.1, 0.6)))
+
+
+def test_the_gate_needs_every_figure_past_its_threshold():
+    ok = {"g1": [0.3, 0.4], "g2": [0.02], "g3": [0.01], "g4": [0.25]}
+    assert report_v3.gate_met(ok) is True
+    assert report_v3.gate_met({**ok, "g3": [0.0]}) is False
+    assert report_v3.gate_met({**ok, "g4": []}) is None
+
+
+def test_visits_until_a_hard_trap_is_first_answered_right():
+    trap, easy = "Compute 3 + 4 * 2.", "Compute 3 * 4 + 2."
+
+    def rows(key, problem, visits):
+        return [{"key": key, "problem": problem, "step": s, "reward": float(r)}
+                for s, rewards in enumerate(visits) for r in rewards]
+
+    data = (rows("t1", trap, [[0, 0], [0, 0], [1, 0]])  # hard: right at its 2nd later visit
+            + rows("t2", trap, [[0, 0], [0, 0]])  # hard, never right: 1 later visit + 1
+            + rows("t3", trap, [[1, 0], [0, 0]])  # not hard
+            + rows("e", easy, [[0, 0], [1, 1]]))  # not a trap
+    assert report_v3.visits_to_first_right(data) == (2.0, 2)
