@@ -38,6 +38,8 @@ RUNS = {  # the same runs as recorded, in today's config keys
     # now the explicit choice mixed_groups_only=false (the default follows the reference).
     "meds_no_filter": ["algorithm=meds", "algorithm.plugins.meds.mixed_groups_only=false"],
 }
+# timing, and the MEDS store figures, which are now read with the labels shaping used (from the
+# first re-visit on) rather than after the insert
 TIMING = ("/time/", "refit_blocked", "clusters_per_key", "noise_fraction", "top1_eigen_ratio")
 LOGPROB_DIFFERENCES = ("train/kl", "train/ppo_kl")
 
