@@ -24,15 +24,16 @@ def test_d2_gives_the_third_arm_the_chosen_memory_at_a_stronger_alpha(tmp_path):
 
 
 def _audit(*rows):
-    return {"variants": [dict(zip(("name", "g3", "g4"), r, strict=True)) for r in rows]}
+    return {"variants": [dict(zip(("feature", "store", "G3", "G4"), r, strict=True)) for r in rows]}
 
 
 def test_d1_rule_takes_the_best_feature_memory_or_else_the_answer_keyed_one():
-    assert v3.chosen_memory(_audit(("reference", 0.01, 0.05), ("answer", 0.3, 0.9))) == ("answer", ["mode=answer"])
-    assert v3.chosen_memory(_audit(("reference", 0.02, 0.35), ("diff", 0.05, 0.5), ("bf16", -0.1, 0.8))) == (
-        "diff", ["diff=true"])
-    with pytest.raises(SystemExit, match="not .*a MEDS plug-in setting"):
-        v3.chosen_memory(_audit(("digits", 0.1, 0.6)))
+    choose = report_v3.chosen_memory
+    assert choose(_audit(("reference", "reference", 0.01, 0.05), ("-", "answer", 0.3, 1.0))) == ("answer", ["mode=answer"])
+    rows = [("reference", "reference", 0.02, 0.35), ("diff", "dedup", 0.05, 0.5), ("bf16", "reference", -0.1, 0.8)]
+    assert choose(_audit(*rows)) == ("diff feature, dedup store", ["diff=true", "dedup=true"])
+    with pytest.raises(SystemExit, match="not a MEDS plug-in setting"):
+        choose(_audit(("digits", "reference", 0.1, 0.6)))
 
 
 def test_the_gate_needs_every_figure_past_its_threshold():

@@ -31,6 +31,31 @@ GATE: tuple[tuple[str, str, float], ...] = (  # (curve tag, column, scale)
     ("train/meds/gate/g4_size_recurrence_corr", "G4 size vs earlier count, Spearman", 1.0),
 )
 THRESHOLDS = {"g1": 0.25, "g2": 0.01, "g3": 0.0, "g4": 0.2}  # the protocol's gate, fixed before the runs
+# D1's variants that are settings of the MEDS plug-in: (feature, store) -> its settings
+FEATURE_SETTINGS = {"reference": [], "bf16": ["feature_dtype=bfloat16"], "diff": ["diff=true"],
+                    "final_norm": ["final_norm=true"]}
+STORE_SETTINGS = {"reference": [], "dedup": ["dedup=true"], "min_samples=2": ["min_samples=2"],
+                  "min_samples=3": ["min_samples=3"]}
+
+
+def chosen_memory(audit: dict) -> tuple[str, list[str]]:
+    """The protocol's rule for D2's third arm, from D1's ``audit.json``: the feature-based
+    variant with the highest G4 if its G4 >= 0.3 and G3 > 0, else the answer-keyed memory.
+    Returns its name and its MEDS settings."""
+    best = None
+    for row in audit["variants"]:
+        g3, g4 = row.get("G3"), row.get("G4")
+        if row["store"] == "answer" or g3 is None or g4 is None:
+            continue
+        if g4 >= 0.3 and g3 > 0 and (best is None or g4 > best["G4"]):
+            best = row
+    if best is None:
+        return "answer", ["mode=answer"]
+    name = f"{best['feature']} feature, {best['store']} store"
+    if best["feature"] not in FEATURE_SETTINGS or best["store"] not in STORE_SETTINGS:
+        raise SystemExit(f"[study-v3] D1 chose {name!r}, which is not a MEDS plug-in setting; build it "
+                         "as an option before D2 (docs/STUDY.md, protocol v3)")
+    return name, FEATURE_SETTINGS[best["feature"]] + STORE_SETTINGS[best["store"]]
 
 
 def run_means(study: Study, method: str, tag: str) -> list[float]:
@@ -247,8 +272,6 @@ def render(root: Path, doc_dir: Path, img_dir: Path) -> str:
     if audit.is_file():
         out += ["", "### D1: the memory audit (no RL)", "", audit.read_text().strip(), ""]
         meta = json.loads((d1 / "audit" / "audit.json").read_text())
-        from medsrl.study.v3 import chosen_memory
-
         name, settings = chosen_memory(meta)
         out += [f"By the protocol's rule D2's third arm uses the memory **{name}** (`{' '.join(settings)}`).", ""]
     if d2.is_dir():

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from medsrl.study.report_v3 import chosen_memory, write_report_v3
 from medsrl.study.runner import ROOT
 
 # every trained-on response to samples.jsonl (the route analyses); no validation during training
@@ -35,16 +37,12 @@ D2_ROUTES = "[shortcut,add,drop]"
 D2_TASK = [f"study.wrong_routes={D2_ROUTES}", "study.trap_fraction=0.75"]
 D2_EVAL = [f"+benchmark.study_l1.wrong_routes={D2_ROUTES}", "+benchmark.study_l1.trap_fraction=0.75"]
 D1_STEPS, D1_EVERY = 20, 5
-# D1's feature-based variants that are settings of the MEDS plug-in, and those settings
-PLUGIN_VARIANTS = {
-    "reference": [], "bf16": ["feature_dtype=bfloat16"], "diff": ["diff=true"],
-    "final_norm": ["final_norm=true"], "min_samples=2": ["min_samples=2"], "min_samples=3": ["min_samples=3"],
-}
-
-
 def _run(cmd: list[str]) -> None:
     print("[study-v3] $", shlex.join(cmd), flush=True)
-    done = subprocess.run(cmd, cwd=ROOT)
+    # one thread per process: the tiny model's ops are too small to share between cores, and on
+    # a busy 2-core machine torch's spinning threads made a step ~10x slower (measured)
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **os.environ}
+    done = subprocess.run(cmd, cwd=ROOT, env=env)
     if done.returncode != 0:
         raise SystemExit(f"[study-v3] failed (exit {done.returncode}); run `make study-v3` again to resume")
 
@@ -73,25 +71,6 @@ def d1_audit_command(root: Path) -> list[str]:
             "--out", str(root / "v3_d1" / "audit")]
 
 
-def chosen_memory(audit: dict) -> tuple[str, list[str]]:
-    """The protocol's rule: the feature-based variant with the highest G4 if its G4 >= 0.3 and
-    G3 > 0, else the answer-keyed memory. Returns its name and its MEDS settings."""
-    best = None
-    for row in audit["variants"]:
-        name, g3, g4 = row["name"], row.get("g3"), row.get("g4")
-        if name.endswith("answer") or g3 is None or g4 is None:
-            continue
-        if g4 >= 0.3 and g3 > 0 and (best is None or g4 > best[1]):
-            best = (name, g4)
-    if best is None:
-        return "answer", ["mode=answer"]
-    settings = [s for part in best[0].split("+") for s in PLUGIN_VARIANTS.get(part, [None])]
-    if None in settings:
-        raise SystemExit(f"[study-v3] D1 chose {best[0]!r}, which is not (yet) a MEDS plug-in setting; "
-                         "build it as an option before D2 (docs/STUDY.md, protocol v3)")
-    return best[0], settings
-
-
 def d2_command(root: Path, seeds: list[int], memory: list[str]) -> list[str]:
     third = "meds@" + ",".join([*memory, "alpha=0.5", "beta=1.0"])
     return [sys.executable, "-m", "medsrl.study.runner", *study_argv("v3_d2", root, seeds),
@@ -118,8 +97,6 @@ def main(argv: list[str] | None = None) -> None:
     name, memory = chosen_memory(json.loads(audit_json.read_text()))
     print(f"[study-v3] D1 chose the memory {name!r} for D2's third arm: {memory}", flush=True)
     _run(d2_command(root, a.seeds, memory))
-    from medsrl.study.report_v3 import write_report_v3
-
     write_report_v3(root, a.doc, a.img_dir)
     print(f"[study-v3] done in {time.perf_counter() - t0:.0f} s: {a.doc}", flush=True)
 

@@ -166,3 +166,21 @@ def test_top1_eigen_ratio():
     assert top1_eigen_ratio(np.array([[1, 2], [2, 4], [3, 6]])) == pytest.approx(1.0)
     assert math.isnan(top1_eigen_ratio(np.ones((1, 3))))
     assert math.isnan(top1_eigen_ratio(np.ones((4, 3))))
+
+
+def test_dedup_fits_the_distinct_rows_and_labels_every_copy():
+    """One step's identical responses are one point: three copies of a row no longer make a
+    dense cluster of their own, and each copy gets its distinct row's label."""
+    from medsrl.methods.meds.clustering import distinct_rows
+
+    rng = np.random.default_rng(0)
+    a, b, c = np.eye(6)[0], np.eye(6)[1], np.eye(6)[2]
+    near = [v + 0.01 * rng.standard_normal(6) for v in (b, b, b, c, c, c)]
+    x = np.stack([a, a, a, *near])
+    first, owner = distinct_rows(x)
+    assert first.tolist() == [0, 3, 4, 5, 6, 7, 8] and owner.tolist() == [0, 0, 0, 1, 2, 3, 4, 5, 6]
+    plain = fit_cluster_labels(x)
+    deduped = fit_cluster_labels(x, dedup=True)
+    assert plain[0] == plain[1] == plain[2] != -1  # the copies form a cluster of their own
+    assert (deduped[:3] == -1).all()  # one point alone: noise
+    assert len(set(deduped[3:6].tolist())) == 1 and deduped[3] != -1 and deduped[6] != deduped[3]

@@ -300,3 +300,19 @@ def test_store_figures_are_the_same_with_background_and_sync_refits(tmp_path):
         mem.teardown(None, None, "fit")
     assert logged["sync"] == logged["background"]
     assert any("meds/clusters_per_key" in m for m in logged["sync"])
+
+
+def test_dedup_counts_every_copy_but_clusters_the_distinct_rows(tmp_path):
+    """Three identical wrong responses of one step are one point for HDBSCAN (noise alone) and
+    for the vote, and three responses in the count of the noise they fall in."""
+    rng = np.random.default_rng(12)
+    e1, b, c = (np.eye(6, dtype=np.float32)[i] for i in range(3))
+    rows = [(e1, False)] * 3 + [(f, False) for f in _blob(b, 3, rng) + _blob(c, 3, rng)]
+    for dedup, copies_are_noise in ((False, False), (True, True)):
+        mem = _plugin(tmp_path / str(dedup), dedup=dedup)
+        _run(mem, _step(0, [("k", rows)]))
+        labels = mem.store.labels_for("k", False).labels
+        assert (labels[:3] == -1).all() == copies_are_noise and len(set(labels[:3].tolist())) == 1
+        assert len(set(labels[3:6].tolist())) == 1 and labels[3] != -1
+        s = _run(mem, _step(1, [("k", [(_blob(b, 1, rng)[0], False)])]))
+        assert s[0].item() == pytest.approx(-0.1 * math.log(4), abs=1e-6)  # a cluster of 3

@@ -10,9 +10,11 @@ size (``docs/BENCHMARKS.md``); in between, the k-NN vote reads the rows fitted s
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
-from medsrl.methods.meds.clustering import top1_eigen_ratio
+from medsrl.methods.meds.clustering import fit_cluster_labels, top1_eigen_ratio
 from medsrl.methods.meds.memory import ErrorMemory, MemoryEntry
 from medsrl.methods.meds.refit import BackgroundRefitter
 
@@ -30,13 +32,15 @@ class ClusteredMemory:
         min_cluster_size: int = 2,
         min_samples: int = 1,
         refit_growth: float = 0.0,
+        dedup: bool = False,
     ) -> None:
         if not refit_growth >= 0:
             raise ValueError(f"refit_growth must be >= 0, got {refit_growth}")
         self.refit_growth = float(refit_growth)
         self.memory = ErrorMemory(cap_per_key=cap_per_key)
         self._refit_args = dict(
-            num_workers=refit_workers, mode=refit, min_cluster_size=min_cluster_size, min_samples=min_samples
+            num_workers=refit_workers, mode=refit, min_cluster_size=min_cluster_size, min_samples=min_samples,
+            fit_fn=functools.partial(fit_cluster_labels, dedup=True) if dedup else fit_cluster_labels,
         )
         self.refitter: BackgroundRefitter | None = None
         self._waits_seen = 0

@@ -23,12 +23,28 @@ def normalize_rows(x: np.ndarray) -> np.ndarray:
     return x / np.where(norms > 0, norms, 1.0)
 
 
+def distinct_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(index of the first copy of each distinct row, in order of appearance; the distinct row
+    [N] of every row)``: a step's identical texts give bit-identical features."""
+    _, first, inverse = np.unique(np.asarray(x), axis=0, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return first[order], rank[inverse.reshape(-1)]
+
+
 def fit_cluster_labels(
-    features: np.ndarray, *, min_cluster_size: int = 2, min_samples: int = 1
+    features: np.ndarray, *, min_cluster_size: int = 2, min_samples: int = 1, dedup: bool = False
 ) -> np.ndarray:
     """HDBSCAN labels [N] (int64, -1 = noise) of the L2-normalised rows of ``features`` [N, D];
     all noise for too few points, as in the reference. Deterministic (Boruvka KD-tree); no
-    joblib workers of its own (``core_dist_n_jobs=1``)."""
+    joblib workers of its own (``core_dist_n_jobs=1``). ``dedup`` (beyond the reference): fit
+    the distinct rows only and give each copy its row's label, so a clump of one step's
+    identical responses is one point, not a dense cluster of its own (study v3, D1)."""
+    if dedup and len(features):
+        first, owner = distinct_rows(features)
+        return fit_cluster_labels(np.asarray(features)[first], min_cluster_size=min_cluster_size,
+                                  min_samples=min_samples)[owner]
     x = normalize_rows(features)
     n = x.shape[0]
     if n < max(2, min_cluster_size) or n <= min_samples:

@@ -10,7 +10,8 @@ What the penalty can do (``gate.py``): with 0/1 rewards and group mean/std advan
 penalty of a group's wrong responses cancels, so only their spread moves the gradient; the gate
 figures G1-G4 are logged every step. Beyond the reference: ``mode=answer`` sizes a response by
 how often its extracted answer was given before for the prompt (an answer-keyed memory, the
-audit's upper bound), and ``placement=advantage`` subtracts the penalty from the normalised
+audit's upper bound), ``dedup`` clusters a store's distinct rows (a step's identical texts are
+one point, still counted in sizes), and ``placement=advantage`` subtracts the penalty from the normalised
 advantages instead of the score, so the mean penalty survives.
 """
 
@@ -47,6 +48,7 @@ from medsrl.methods.meds.clustered_memory import ClusteredMemory
 from medsrl.methods.meds.clustering import (
     NOISE,
     cluster_sizes,
+    distinct_rows,
     predict_labels,
     single_cluster_sizes,
 )
@@ -92,6 +94,7 @@ class Meds(Plugin):
         k: PositiveInt = 3,
         min_cluster_size: at_least(2) = 2,
         min_samples: PositiveInt = 1,
+        dedup: Flag = False,
         cap_per_key: nullable(PositiveInt) = None,
         mode: one_of(("cluster", "single", "answer")) = "cluster",
         placement: one_of(("score", "advantage")) = "score",
@@ -111,7 +114,9 @@ class Meds(Plugin):
         self.alpha, self.beta, self.target, self.placement = alpha, beta, target, placement
         self.noise_is_cluster, self.k, self.mode = noise_is_cluster, k, mode
         self.spec = FeatureSpec(layers=layers, diff=diff, final_norm=final_norm, dtype=feature_dtype)
-        self.store = ClusteredMemory(cap_per_key, refit, refit_workers, min_cluster_size, min_samples, refit_growth)
+        self.dedup = dedup
+        self.store = ClusteredMemory(cap_per_key, refit, refit_workers, min_cluster_size, min_samples, refit_growth,
+                                     dedup)
         self.mixed_groups_only = mixed_groups_only
         self.remember_dropped = remember_dropped
         self.reset_on_stage_change = reset_on_stage_change
@@ -335,7 +340,11 @@ class Meds(Plugin):
             if self.mode == "single":
                 sizes[js] = single_cluster_sizes(len(entry), len(js))
                 continue
-            pred = predict_labels(entry.fitted_features, entry.fitted_labels, feats[js], k=self.k)
+            stored, stored_labels = entry.fitted_features, entry.fitted_labels
+            if self.dedup:  # the vote among distinct rows; sizes still count every copy
+                first, _ = distinct_rows(stored)
+                stored, stored_labels = stored[first], stored_labels[first]
+            pred = predict_labels(stored, stored_labels, feats[js], k=self.k)
             labels[js] = pred
             sizes[js] = cluster_sizes(entry.fitted_labels, pred, noise_is_cluster=self.noise_is_cluster)
         return sizes, labels
