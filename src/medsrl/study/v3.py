@@ -67,8 +67,8 @@ def d1_train_command(root: Path) -> list[str]:
 
 
 def d1_audit_command(root: Path) -> list[str]:
-    return [sys.executable, "-m", "medsrl.study.audit", "--run", str(root / "v3_d1" / "train"),
-            "--out", str(root / "v3_d1" / "audit")]
+    return [sys.executable, "-m", "medsrl.study.audit", str(root / "v3_d1" / "train"),
+            "--out", str(root / "v3_d1" / "audit"), "--traps", "16", "--others", "16"]  # the whole pool
 
 
 def d2_command(root: Path, seeds: list[int], memory: list[str]) -> list[str]:
