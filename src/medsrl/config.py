@@ -132,6 +132,7 @@ DTYPE_NAMES = {
 }
 ModelDtype = one_of(("auto", *sorted(n for names in DTYPE_NAMES.values() for n in names)))
 FEATURE_DTYPES = ("auto", "float32", "bfloat16")  # MEDS features (methods/meds/features.py)
+FEATURE_LOGITS = ("answer", "digits")  # which logits a MEDS feature keeps (methods/meds/features.py)
 FeatureDtype = one_of(FEATURE_DTYPES)
 
 # --------------------------------------------------------------------------- sections the code owns

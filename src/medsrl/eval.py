@@ -145,7 +145,7 @@ def feature_spec_from(features: DictConfig | dict | None) -> FeatureSpec | None:
 _MEDS_KEYS = ("algorithm.plugins.meds", "algorithm.meds")
 # FeatureSpec's fields by the MEDS plug-in's names for them
 _FEATURE_KEYS = {"layers": "layers", "diff": "diff", "final_norm": "final_norm",
-                 "dtype": "feature_dtype"}
+                 "dtype": "feature_dtype", "logits": "feature_logits"}
 
 
 def _meds_settings(run_config: Path) -> DictConfig | None:

@@ -33,7 +33,7 @@ def test_d1_rule_takes_the_best_feature_memory_or_else_the_answer_keyed_one():
     rows = [("reference", "reference", 0.02, 0.35), ("diff", "dedup", 0.05, 0.5), ("bf16", "reference", -0.1, 0.8)]
     assert choose(_audit(*rows)) == ("diff feature, dedup store", ["diff=true", "dedup=true"])
     with pytest.raises(SystemExit, match="not a MEDS plug-in setting"):
-        choose(_audit(("digits", "reference", 0.1, 0.6)))
+        choose(_audit(("two_tokens", "reference", 0.1, 0.6)))
 
 
 def test_the_gate_needs_every_figure_past_its_threshold():

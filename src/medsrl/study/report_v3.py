@@ -32,7 +32,7 @@ GATE: tuple[tuple[str, str, float], ...] = (  # (curve tag, column, scale)
 )
 THRESHOLDS = {"g1": 0.25, "g2": 0.01, "g3": 0.0, "g4": 0.2}  # the protocol's gate, fixed before the runs
 # D1's variants that are settings of the MEDS plug-in: (feature, store) -> its settings
-FEATURE_SETTINGS = {"reference": [], "bf16": ["feature_dtype=bfloat16"], "diff": ["diff=true"],
+FEATURE_SETTINGS = {"reference": [], "bf16": ["feature_dtype=bfloat16"], "diff": ["diff=true"], "digits": ["feature_logits=digits"],
                     "final_norm": ["final_norm=true"]}
 STORE_SETTINGS = {"reference": [], "dedup": ["dedup=true"], "min_samples=2": ["min_samples=2"],
                   "min_samples=3": ["min_samples=3"]}

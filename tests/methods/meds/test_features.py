@@ -275,3 +275,20 @@ def test_micro_batch_contract():
         reader.finish()
     with pytest.raises(RuntimeError, match="begin"):
         reader.finish()
+
+
+def test_digit_logits_hold_the_answer_digit_column_at_every_layer():
+    """``logits="digits"``: ten columns per layer, layer by layer; at the answers' first digit
+    (3, 5 and 4 here) the column of that digit is the reference feature; with ``diff`` each
+    digit's column is differenced over the layers as the reference's."""
+    model = build_tiny_model(0, num_hidden_layers=4).eval()
+    ref, rows = read(model, FeatureSpec(dtype="float32"))
+    digits, rows2 = read(model, FeatureSpec(dtype="float32", logits="digits"))
+    assert torch.equal(rows, rows2) and digits.shape == (3, 4 * 10)
+    per_layer = digits.view(3, 4, 10)
+    for j, d in enumerate((3, 5, 4)):  # the last box of each response
+        torch.testing.assert_close(per_layer[j, :, d], ref[j], rtol=1e-5, atol=1e-6)
+    diffed, _ = read(model, FeatureSpec(dtype="float32", logits="digits", diff=True, layers=3))
+    torch.testing.assert_close(diffed.view(3, 3, 10), per_layer[:, 1:] - per_layer[:, :-1], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="logits"):
+        FeatureSpec(logits="all")

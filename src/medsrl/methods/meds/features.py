@@ -10,6 +10,10 @@ The one capture path of the project, used by the MEDS plug-in in the scoring for
    ``auto`` on a bf16 policy) rounds the fp32 logits to bf16.
 4. **Differences** (``diff``). As in the reference, layer ``n`` gives ``logit(n) - logit(n-1)``
    (after rounding): the last 14 of 28 layers give ``L15-L14 .. L28-L27``; layer 1 nothing.
+
+``logits="digits"`` (beyond the reference; study v3's audit) keeps, at the same position, the
+logits of the ten digit tokens at every selected layer, ``[M, L * 10]`` layer by layer: the
+answer's first digit together with its close alternatives, not the chosen one alone.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from medsrl.config import FEATURE_DTYPES
+from medsrl.config import FEATURE_DTYPES, FEATURE_LOGITS
 from medsrl.methods.meds.answer_locator import locate_answers
 from medsrl.methods.meds.logit_capture import (
     DEFAULT_LAST_N,
@@ -42,6 +46,7 @@ class FeatureSpec:
     diff: bool = False  # reference-style first differences (module docstring, step 4)
     final_norm: bool = False  # final norm on intermediate layers too (logit lens)
     dtype: str = "auto"  # auto | float32 | bfloat16 (module docstring, step 3)
+    logits: str = "answer"  # answer: the answer token's logit (reference) | digits: the ten digits'
 
     def __post_init__(self) -> None:
         if self.dtype not in FEATURE_DTYPES:
@@ -49,6 +54,8 @@ class FeatureSpec:
                 f"FeatureSpec.dtype={self.dtype!r}; valid: {', '.join(FEATURE_DTYPES)} "
                 "(auto: bf16-rounded when the policy computes in bf16, as the reference's LM head)"
             )
+        if self.logits not in FEATURE_LOGITS:
+            raise ValueError(f"FeatureSpec.logits={self.logits!r}; valid: {', '.join(FEATURE_LOGITS)}")
         for name in ("diff", "final_norm"):
             value = getattr(self, name)
             if not isinstance(value, bool):
@@ -84,6 +91,14 @@ def layer_diffs(
     cur = torch.tensor([column[n] for n in layers], dtype=torch.long, device=logits.device)
     prev = torch.tensor([column[n - 1] for n in layers], dtype=torch.long, device=logits.device)
     return logits.index_select(-1, cur) - logits.index_select(-1, prev)
+
+
+def digit_token_ids(tokenizer: Any) -> list[int]:
+    """The ids of ``0`` .. ``9``, each one token (Qwen's BPE and the char tokenizer split digits)."""
+    ids = [tokenizer.encode(d, add_special_tokens=False) for d in "0123456789"]
+    if any(len(i) != 1 for i in ids):
+        raise ValueError(f"MEDS features logits=digits: the tokenizer does not give one token per digit ({ids})")
+    return [i[0] for i in ids]
 
 
 def round_to_bfloat16(x: torch.Tensor) -> torch.Tensor:
@@ -131,14 +146,16 @@ class AnswerFeatureReader:
                 "no predecessor to difference with; select more layers"
             )
         self.captured_layers = capture_layers(selected, spec.diff)
-        self._capture = LayerLogitCapture(model, self.captured_layers, final_norm=spec.final_norm)
+        self.token_ids = digit_token_ids(tokenizer) if spec.logits == "digits" else None
+        self._capture = LayerLogitCapture(model, self.captured_layers, final_norm=spec.final_norm,
+                                          token_ids=self.token_ids)
         self._targets: CaptureTargets | None = None
         self._read_rows: list[torch.Tensor] = []
 
     @property
     def num_features(self) -> int:
         """The feature width ``D`` (after the differences)."""
-        return len(self.layers)
+        return len(self.layers) * (1 if self.token_ids is None else len(self.token_ids))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -191,7 +208,9 @@ class AnswerFeatureReader:
         if self.dtype == torch.bfloat16:
             logits = round_to_bfloat16(logits)
         if self.spec.diff:
-            logits = layer_diffs(logits, self.captured_layers, self.layers)
+            k = 1 if self.token_ids is None else len(self.token_ids)
+            per_token = logits.view(len(logits), len(self.captured_layers), k).transpose(1, 2)  # [M, K, C]
+            logits = layer_diffs(per_token, self.captured_layers, self.layers).transpose(1, 2).flatten(1)
         return logits.float().cpu(), rows.long()
 
     def _require_targets(self, what: str) -> CaptureTargets:

@@ -177,9 +177,13 @@ def answer_targets(
 
 class LayerLogitCapture:
     """Per-layer answer logits of the forward run inside :meth:`capture`. ``layers``: a
-    :func:`select_layers` spec; ``final_norm=True`` also norms intermediate layers."""
+    :func:`select_layers` spec; ``final_norm=True`` also norms intermediate layers;
+    ``token_ids``: keep the logits of these fixed tokens at every layer (``[M, L * K]``, layer
+    by layer) instead of the next token's (``[M, L]``)."""
 
-    def __init__(self, model: nn.Module, layers: Any = DEFAULT_LAST_N, *, final_norm: bool = False):
+    def __init__(self, model: nn.Module, layers: Any = DEFAULT_LAST_N, *, final_norm: bool = False,
+                 token_ids: Sequence[int] | None = None):
+        self.token_ids = None if token_ids is None else torch.as_tensor(list(token_ids), dtype=torch.long)
         self._blocks = find_decoder_layers(model)
         self.num_layers = len(self._blocks)
         self.layers = select_layers(self.num_layers, layers)
@@ -231,7 +235,7 @@ class LayerLogitCapture:
             self.armed = False
         # Only reached when the body raised nothing.
         if not len(targets):
-            self._entries.append(torch.empty(0, len(self.layers), dtype=torch.float32))
+            self._entries.append(torch.empty(0, self.width, dtype=torch.float32))
             return
         missing = [n for n in self.layers if n not in store]
         if missing:
@@ -239,7 +243,7 @@ class LayerLogitCapture:
                 f"LayerLogitCapture: layers {missing} did not run inside the capture context; "
                 f"run the model forward inside `with cap.capture(...)`"
             )
-        self._entries.append(torch.stack([store[n] for n in self.layers], dim=1))  # [m, L]
+        self._entries.append(torch.stack([store[n] for n in self.layers], dim=1).flatten(1))  # [m, L(*K)]
 
     def _make_hook(self, n: int, rows: torch.Tensor, positions: torch.Tensor, next_token_ids: torch.Tensor,
                    store: dict, seq_len: int | None = None):
@@ -262,7 +266,10 @@ class LayerLogitCapture:
                 vec = hidden.detach()[rows.to(hidden.device), pos.to(hidden.device)]  # [m, H] copy
                 if normed:
                     vec = self._norm(vec)
-                store[n] = self.logits_of(vec[:, None], next_token_ids)[:, 0]  # [m] fp32
+                if self.token_ids is None:
+                    store[n] = self.logits_of(vec[:, None], next_token_ids)[:, 0]  # [m] fp32
+                else:
+                    store[n] = self.fixed_logits(vec)  # [m, K] fp32
 
         return hook
 
@@ -278,10 +285,24 @@ class LayerLogitCapture:
             out = out + bias.index_select(0, ids).float()[:, None]
         return out
 
+    @torch.no_grad()
+    def fixed_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[M, H]`` hidden vectors -> ``[M, K]`` fp32 logits of the fixed ``token_ids``."""
+        weight = self._lm_head.weight
+        ids = self.token_ids.to(weight.device)
+        out = hidden.to(weight.device).float() @ weight.index_select(0, ids).float().T
+        bias = getattr(self._lm_head, "bias", None)
+        return out + bias.index_select(0, ids).float() if isinstance(bias, torch.Tensor) else out
+
+    @property
+    def width(self) -> int:
+        """Values per captured position: ``L``, or ``L * K`` with fixed ``token_ids``."""
+        return len(self.layers) * (1 if self.token_ids is None else len(self.token_ids))
+
     def features(self) -> torch.Tensor:
-        """``[M, L]`` fp32 logits of everything captured since the last pop (kept stored)."""
+        """``[M, L(*K)]`` fp32 logits of everything captured since the last pop (kept stored)."""
         if not self._entries:
-            return torch.empty(0, len(self.layers), dtype=torch.float32)
+            return torch.empty(0, self.width, dtype=torch.float32)
         parts = self._entries
         device = next((p.device for p in parts if p.numel()), parts[0].device)
         return torch.cat([p.to(device) for p in parts], dim=0)

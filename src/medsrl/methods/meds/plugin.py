@@ -32,6 +32,7 @@ from medsrl.algo import (
     keep_mask_by_group_spread,
 )
 from medsrl.config import (
+    FEATURE_LOGITS,
     Count,
     FeatureDtype,
     Flag,
@@ -89,6 +90,7 @@ class Meds(Plugin):
         diff: Flag = False,
         final_norm: Flag = False,
         feature_dtype: FeatureDtype = "auto",
+        feature_logits: one_of(FEATURE_LOGITS) = "answer",
         target: one_of(TARGETS) = "wrong",
         noise_is_cluster: Flag = True,
         k: PositiveInt = 3,
@@ -113,7 +115,8 @@ class Meds(Plugin):
             raise ValueError(f"meds.placement=advantage penalises wrong responses only; got target={target!r}")
         self.alpha, self.beta, self.target, self.placement = alpha, beta, target, placement
         self.noise_is_cluster, self.k, self.mode = noise_is_cluster, k, mode
-        self.spec = FeatureSpec(layers=layers, diff=diff, final_norm=final_norm, dtype=feature_dtype)
+        self.spec = FeatureSpec(layers=layers, diff=diff, final_norm=final_norm, dtype=feature_dtype,
+                                logits=feature_logits)
         self.dedup = dedup
         self.store = ClusteredMemory(cap_per_key, refit, refit_workers, min_cluster_size, min_samples, refit_growth,
                                      dedup)
