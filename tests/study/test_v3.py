@@ -19,7 +19,7 @@ def test_d2_gives_the_third_arm_the_chosen_memory_at_a_stronger_alpha(tmp_path):
     assert "meds@mode=answer,alpha=0.5,beta=1.0" in cmd and "rollout.n=16" in cmd
     assert "--eval-override=+benchmark.study_l1.trap_fraction=0.75" in cmd
     options, overrides = split_overrides(cmd[3:])
-    assert "study.wrong_routes=[shortcut,add,drop]" in overrides
+    assert "+model.warm_start.task_options.wrong_routes=[shortcut,add,drop]" in overrides
     assert not any(o.startswith("+benchmark") for o in overrides)  # they stay with their option
 
 

@@ -10,6 +10,16 @@ strictly left to right::
 A problem where the routes disagree (a ``*`` after a ``+`` or ``-``) is a **trap**. The
 warm-start corpus solves a fraction ``shortcut_rate`` of its traps by the shortcut, which plants
 a recurring wrong answer (``error_mode_report`` measures it). Splits as in ``arithmetic.split_of``.
+
+Other wrong routes can be planted beside it (``wrong_routes``, names from ``WRONG_ROUTES``), so
+that a trap's errors split over several distinct answers::
+
+    add:      4 + 2 = 6. 3 + 6 = 9. \\boxed{9}     (each ``*`` worked as ``+``, right order)
+    drop:     4 * 2 = 8. \\boxed{8}               (the first step, boxed: the rest forgotten)
+
+With other routes a trap is a problem where the shortcut is wrong and every named route reaches
+a valid value, all of them distinct and none the correct answer; the corpus then plants one of
+them, chosen uniformly.
 """
 
 from __future__ import annotations
@@ -52,19 +62,67 @@ def shortcut_route(nums: Sequence[int], ops: Sequence[str]) -> Route:
     return Route(tuple(lines), value)
 
 
-def correct_route(nums: Sequence[int], ops: Sequence[str]) -> Route:
-    """Multiplications first (left to right), then ``+`` / ``-`` left to right."""
+def _products_first(nums: Sequence[int], ops: Sequence[str], times: str) -> Route:
+    """Each ``*`` first (left to right) worked with the operator ``times``, then the rest left
+    to right."""
     nums, ops, lines = list(nums), list(ops), []
     while "*" in ops:
         i = ops.index("*")
-        new = nums[i] * nums[i + 1]
-        lines.append(f"{nums[i]} * {nums[i + 1]} = {new}.")
+        new = apply_op(times, nums[i], nums[i + 1])
+        lines.append(f"{nums[i]} {times} {nums[i + 1]} = {new}.")
         if not 0 <= new <= VALUE_MAX:
             return Route(tuple(lines), None)
         nums[i : i + 2] = [new]
         del ops[i]
     rest = shortcut_route(nums, ops)  # no '*' left: left to right is right
     return Route(tuple(lines) + rest.lines, rest.value)
+
+
+def correct_route(nums: Sequence[int], ops: Sequence[str]) -> Route:
+    """Multiplications first (left to right), then ``+`` / ``-`` left to right."""
+    return _products_first(nums, ops, "*")
+
+
+def add_route(nums: Sequence[int], ops: Sequence[str]) -> Route:
+    """The right order, but each ``*`` read as ``+``: ``3 - 4 * 2`` worked as ``3 - (4 + 2)``."""
+    return _products_first(nums, ops, "+")
+
+
+def drop_route(nums: Sequence[int], ops: Sequence[str]) -> Route:
+    """The correct route's first step (the first product, if any), boxed: the rest forgotten."""
+    i = ops.index("*") if "*" in ops else 0
+    new = apply_op(ops[i], nums[i], nums[i + 1])
+    return Route((f"{nums[i]} {ops[i]} {nums[i + 1]} = {new}.",), new if 0 <= new <= VALUE_MAX else None)
+
+
+# The wrong routes a corpus can plant, by name (``wrong_routes``); each writes the same
+# "x op y = z." sentences as the correct route.
+WRONG_ROUTES = {"shortcut": shortcut_route, "add": add_route, "drop": drop_route}
+DEFAULT_WRONG_ROUTES = ("shortcut",)
+
+
+def check_routes(wrong_routes: Sequence[str] | str) -> tuple[str, ...]:
+    """``wrong_routes`` as a tuple of known, distinct names (a lone string is one name);
+    ``ValueError`` otherwise, naming the known routes."""
+    names = (wrong_routes,) if isinstance(wrong_routes, str) else tuple(wrong_routes)
+    unknown = [n for n in names if n not in WRONG_ROUTES]
+    if unknown or not names or len(set(names)) < len(names):
+        raise ValueError(
+            f"wrong_routes must be distinct names of {sorted(WRONG_ROUTES)}, got {list(names)}"
+        )
+    return names
+
+
+def _trap_kind(right: Route, short: Route, wrong: Sequence[Route]) -> bool | None:
+    """False for a plain problem (the shortcut reaches the right value: the order does not
+    matter), True for a trap (the shortcut valid but wrong, and every ``wrong`` route valid, all
+    distinct from each other and from the right value), None for neither (never drawn)."""
+    if right.value is None or short.value is None:
+        return None
+    if short.value == right.value:
+        return False
+    values = [r.value for r in wrong]
+    return True if None not in values and len({*values, right.value}) == len(values) + 1 else None
 
 
 def parse_expression(problem: str) -> tuple[list[int], list[str]]:
@@ -76,10 +134,15 @@ def parse_expression(problem: str) -> tuple[list[int], list[str]]:
     return [int(p) for p in parts[0::2]], parts[1::2]
 
 
-def is_trap(problem: str) -> bool:
-    """Whether the shortcut gives a different answer from the correct route."""
+def is_trap(problem: str, wrong_routes: Sequence[str] = DEFAULT_WRONG_ROUTES) -> bool:
+    """Whether the shortcut gives a different answer from the correct route; with other
+    ``wrong_routes``, whether they all give valid answers, distinct and all wrong."""
     nums, ops = parse_expression(problem)
-    return shortcut_route(nums, ops).value != correct_route(nums, ops).value
+    routes = check_routes(wrong_routes)
+    if routes == DEFAULT_WRONG_ROUTES:  # as before: an invalid shortcut counts as a trap
+        return shortcut_route(nums, ops).value != correct_route(nums, ops).value
+    wrong = [WRONG_ROUTES[n](nums, ops) for n in routes]
+    return _trap_kind(correct_route(nums, ops), shortcut_route(nums, ops), wrong) is True
 
 
 def shortcut_answer(problem: str) -> str:
@@ -87,28 +150,39 @@ def shortcut_answer(problem: str) -> str:
     return str(shortcut_route(*parse_expression(problem)).value)
 
 
-def _draw(n_ops: int, want_trap: bool, rng: random.Random) -> tuple[str, Route, Route] | None:
+def planted_answers(problem: str, wrong_routes: Sequence[str] = DEFAULT_WRONG_ROUTES) -> dict[str, str]:
+    """The answer each of ``wrong_routes`` gives (``"None"`` where a step leaves 0..VALUE_MAX):
+    the recurring wrong answers a corpus planted with them makes a policy repeat."""
+    nums, ops = parse_expression(problem)
+    return {n: str(WRONG_ROUTES[n](nums, ops).value) for n in check_routes(wrong_routes)}
+
+
+def _draw(
+    n_ops: int, want_trap: bool, rng: random.Random, routes: Sequence[str]
+) -> tuple[str, Route, list[Route]] | None:
     ops = [rng.choice("+-*") for _ in range(n_ops)]
     nums = [rng.randint(2, 9) if i > 0 and ops[i - 1] == "*" else rng.randint(1, 9) for i in range(n_ops + 1)]
     if ops[0] == "*":
         nums[0] = rng.randint(2, 9)  # a times-table fact on both sides of every '*'
-    right, short = correct_route(nums, ops), shortcut_route(nums, ops)
-    if right.value is None or short.value is None or (right.value != short.value) != want_trap:
+    right, wrong = correct_route(nums, ops), [WRONG_ROUTES[n](nums, ops) for n in routes]
+    if _trap_kind(right, shortcut_route(nums, ops), wrong) is not want_trap:
         return None
     expr = " ".join(str(nums[0]) if i == 0 else f"{ops[i - 1]} {nums[i]}" for i in range(n_ops + 1))
-    return f"{rng.choice(OPENINGS)} {expr}.", right, short
+    return f"{rng.choice(OPENINGS)} {expr}.", right, wrong
 
 
 def generate_precedence(
     num: int, level: int = 1, seed: int = 0, split: str = "train", trap_fraction: float = 0.5,
-    shortcut_rate: float = 0.0,
+    shortcut_rate: float = 0.0, wrong_routes: Sequence[str] = DEFAULT_WRONG_ROUTES,
 ) -> list[MathExample]:
     """``num`` distinct problems of ``level`` from ``split``, deterministic in ``seed``, solved by
-    the correct route, except a trap by the shortcut with probability ``shortcut_rate`` (the
-    warm-start corpus's planted habit). ``ValueError`` when the split is exhausted."""
+    the correct route, except a trap by a wrong route with probability ``shortcut_rate`` (the
+    warm-start corpus's planted habit), that route drawn uniformly from ``wrong_routes``.
+    ``ValueError`` when the split is exhausted."""
     if level not in LEVEL_OPERATORS:
         raise ValueError(f"unknown precedence level {level!r}; known: {sorted(LEVEL_OPERATORS)}")
     check_request(num, split)
+    routes = check_routes(wrong_routes)
     for name, p in (("trap_fraction", trap_fraction), ("shortcut_rate", shortcut_rate)):
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"{name} must be in [0, 1], got {p}")
@@ -121,7 +195,7 @@ def generate_precedence(
     out: list[MathExample] = []
     for trap in want:
         for _ in range(200_000):  # draws for one problem before the split counts as exhausted
-            drawn = _draw(LEVEL_OPERATORS[level], trap, rng)
+            drawn = _draw(LEVEL_OPERATORS[level], trap, rng, routes)
             if drawn is not None and drawn[0] not in seen and split_of(drawn[0]) == split:
                 break
         else:
@@ -129,10 +203,11 @@ def generate_precedence(
                 f"could not draw {num} distinct precedence level-{level} problems in split "
                 f"{split!r} (got {len(out)}); ask for fewer"
             )
-        problem, right, short = drawn
+        problem, right, wrong = drawn
         seen.add(problem)
-        by_shortcut = trap and habit.random() < shortcut_rate
-        solution = (short if by_shortcut else right).solution()
+        u = habit.random() if trap else 1.0  # one draw per trap: planted or not, and which route
+        planted = wrong[min(int(u / shortcut_rate * len(wrong)), len(wrong) - 1)] if u < shortcut_rate else right
+        solution = planted.solution()
         out.append(MathExample.make(problem, str(right.value), f"precedence-l{level}", len(out), solution))
     return out
 

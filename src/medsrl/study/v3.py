@@ -34,7 +34,10 @@ D3_METHODS = [
     "meds@placement=advantage", f"dapo@{NO_FILTER}", f"meds@{NO_FILTER},mixed_groups_only=false",
 ]
 D2_ROUTES = "[shortcut,add,drop]"
-D2_TASK = [f"study.wrong_routes={D2_ROUTES}", "study.trap_fraction=0.75"]
+# the routes are set on the warm start's corpus and the pools follow (configs/experiment/_study_task.yaml);
+# 18,000 examples: level 1 has too few distinct three-route traps for the default 20,000
+D2_TASK = [f"+model.warm_start.task_options.wrong_routes={D2_ROUTES}", "+model.warm_start.num_examples=18000",
+           "study.trap_fraction=0.75"]
 D2_EVAL = [f"+benchmark.study_l1.wrong_routes={D2_ROUTES}", "+benchmark.study_l1.trap_fraction=0.75"]
 D1_STEPS, D1_EVERY = 20, 5
 def _run(cmd: list[str]) -> None:
