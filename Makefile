@@ -33,7 +33,7 @@ VLLM_ENV ?= VLLM_CPU_OMP_THREADS_BIND=0-$(shell echo $$(( $$(nproc) - 1 ))) VLLM
 TRL_VENV ?= .venv-trl
 TRL_STAMP := $(TRL_VENV)/.installed
 
-.PHONY: help install install-gpu lock data train gpu-smoke plan eval study study-quick study-v2 test test-vllm bench-trl lint tensorboard clean
+.PHONY: help install install-gpu lock data train gpu-smoke plan eval study study-quick study-v2 study-v3 test test-vllm bench-trl lint tensorboard clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -97,6 +97,9 @@ study-quick: install ## The study with one seed and fewer steps (~21 min on 2 co
 study-v2: install ## Protocol v2 (docs/STUDY.md): prompts revisited, DAPO vs MEDS at 3 strengths, 3 seeds, the mechanism; resumes
 	$(BIN)/medsrl-study --name v2 --methods dapo meds meds@alpha=1.0,beta=2.0 meds@alpha=1.0,beta=10.0 \
 		--pool-l1 32 --pool-l2 24 --eval-train --doc docs/STUDY_V2.md --img-dir docs/img/study_v2 $(ARGS)
+
+study-v3: install ## Protocol v3 (docs/STUDY.md): D3 penalty placement, D1 memory audit, D2 planted routes -> docs/STUDY_V3.md; resumes
+	$(BIN)/python -m medsrl.study.v3 $(ARGS)
 
 test: install ## Run the whole test suite (TEST_WORKERS=2 processes); PYTEST_ARGS="..." passes options to pytest
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

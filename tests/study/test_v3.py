@@ -55,3 +55,11 @@ def test_visits_until_a_hard_trap_is_first_answered_right():
             + rows("t3", trap, [[1, 0], [0, 0]])  # not hard
             + rows("e", easy, [[0, 0], [1, 1]]))  # not a trap
     assert report_v3.visits_to_first_right(data) == (2.0, 2)
+
+
+def test_route_diversity_counts_routes_per_prompt_within_a_step_and_over_the_run():
+    right, short = "4 * 2 = 8. 3 + 8 = 11. \\boxed{11}", "3 + 4 = 7. 7 * 2 = 14. \\boxed{14}"
+    rows = [{"key": "a", "problem": "Compute 3 + 4 * 2.", "step": s, "response": t}
+            for s, t in ((0, right), (0, right), (1, short), (1, right))]
+    # step 0: one route; step 1: two; over the run: two
+    assert report_v3.route_diversity_of(rows) == (1.5, 2.0)

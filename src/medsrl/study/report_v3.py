@@ -123,9 +123,9 @@ def route_diversity_of(rows: list[dict[str, Any]]) -> tuple[float, float] | None
     if not rows:
         return None
     routes = label_routes(rows)
-    per: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
+    per: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for r, route in zip(rows, routes, strict=True):
-        per[r["key"]][int(r["step"])].append(route)
+        per[int(r["step"])][r["key"]].append(route)
     return route_diversity({k: dict(v) for k, v in per.items()})
 
 
@@ -175,8 +175,9 @@ def samples_table(study: Study, hard_traps: bool) -> list[str]:
     return out
 
 
-def trap_route_shares(study: Study, method: str, where: str = "eval") -> list[dict[str, float]]:
-    """Per seed, the share of each route among the wrong answers to traps of the evaluation."""
+def trap_route_shares(study: Study, method: str, routes: Sequence[str], where: str = "eval") -> list[dict[str, float]]:
+    """Per seed, the share of each route among the wrong answers to the evaluation's traps
+    (problems on which every one of the planted ``routes`` is a distinct wrong answer)."""
     from medsrl.data.precedence import is_trap
     from medsrl.study.routes import route_of
 
@@ -190,7 +191,7 @@ def trap_route_shares(study: Study, method: str, where: str = "eval") -> list[di
             if not line.strip():
                 continue
             rec = json.loads(line)
-            if not is_trap(rec["problem"]):
+            if not is_trap(rec["problem"], tuple(routes)):
                 continue
             for r in rec["responses"]:
                 if float(r["score"]) <= 0.5:
@@ -204,7 +205,7 @@ def route_share_table(study: Study, routes: Sequence[str]) -> list[str]:
     out = [md_row(["arm", *(f"{r} (% of trap errors)" for r in routes), "other routes (%)"]),
            "|---|" + "---:|" * (len(routes) + 1)]
     for m in study.methods:
-        per_seed = trap_route_shares(study, m.name)
+        per_seed = trap_route_shares(study, m.name, routes)
         if not per_seed:
             continue
         cells = [format_mean_std(*mean_std([s.get(r, 0.0) for s in per_seed]), 100.0) for r in routes]
