@@ -138,7 +138,7 @@ def test_plugins_are_checked_by_their_target_under_any_key():
     assert "algorithm.plugins.memory.alpha must be a number >= 0, got -0.1" in found
     assert "algorithm.plugins.memory.k must be an int >= 1, got 0" in found
     assert "algorithm.plugins.memory.min_cluster_size must be an int >= 2, got 1" in found
-    assert "algorithm.plugins.memory.mode must be one of 'cluster', 'single', got 'x'" in found
+    assert "algorithm.plugins.memory.mode must be one of 'cluster', 'single', 'answer', got 'x'" in found
     assert "algorithm.plugins.dyn.max_rounds must be an int >= 0, got -1" in found
     assert "algorithm.plugins.r3.ranking.p must be a number in (0, 1], got 0" in found
     assert "algorithm.plugins.r3.replay.lam must be a positive number, got 0" in found
