@@ -20,8 +20,9 @@ Q = "Compute 9 - 2 * 3."  # correct 3, shortcut 21, add 4, drop 6
         ("2 * 3 = 6. \\boxed{6}", "drop"),
         ("2 * 3 = 7. 9 - 7 = 2. \\boxed{2}", "slip@1"),
         ("9 - 2 = 7. 7 * 3 = 24. \\boxed{24}", "slip@2"),
-        ("9 - 2 = 7. \\boxed{7}", "grouping"),  # right arithmetic, a route of its own
-        ("2 * 3 = 6. 9 + 6 = 15. \\boxed{15}", "grouping"),
+        ("9 - 2 = 7. \\boxed{7}", "other"),  # right arithmetic, a stop half-way
+        ("2 * 3 = 6. 9 + 6 = 15. \\boxed{15}", "other"),  # an operator miscopied
+        ("3 * 3 = 9. 9 - 9 = 0. \\boxed{0}", "other"),  # a number miscopied
         ("9 - 2 = 7. 7 * 3 = 21. The answer is 21.", "no_box"),
         ("\\boxed{42}", "other"),
         ("9 - 2 = 7. 7 * 3 = 21. \\boxed{20}", "other"),  # a box unlike the steps
@@ -33,13 +34,21 @@ def test_route_labels(response, label):
 
 def test_a_named_route_needs_its_steps_and_its_answer():
     # the shortcut's answer reached by other (right) steps is not the shortcut
-    assert route_of(Q, "3 * 7 = 21. \\boxed{21}") == "grouping"
+    assert route_of(Q, "3 * 7 = 21. \\boxed{21}") == "other"
     # the level-2 routes
     problem = "Compute 3 + 8 * 4 - 5."  # correct 30, shortcut 39, add 10, drop 32
     assert route_of(problem, "3 + 8 = 11. 11 * 4 = 44. 44 - 5 = 39. \\boxed{39}") == "shortcut"
     assert route_of(problem, "8 + 4 = 12. 3 + 12 = 15. 15 - 5 = 10. \\boxed{10}") == "add"
     assert route_of(problem, "8 * 4 = 32. \\boxed{32}") == "drop"
     assert route_of(problem, "8 * 4 = 32. 3 + 32 = 35. 35 - 5 = 30. \\boxed{30}") == "correct"
+
+
+def test_grouping_is_a_whole_evaluation_in_another_order():
+    problem = "Compute 9 - 2 * 3 + 1."  # correct 4, shortcut 22, add 5, drop 6
+    assert route_of(problem, "2 * 3 = 6. 6 + 1 = 7. 9 - 7 = 2. \\boxed{2}") == "grouping"
+    assert route_of(problem, "2 * 3 = 6. 6 + 1 = 7. \\boxed{7}") == "other"  # not to the end
+    assert route_of(problem, "2 * 3 = 6. 6 + 1 = 7. 9 - 7 = 2. \\boxed{7}") == "other"  # another box
+    assert route_of(problem, "2 * 3 = 6. 6 + 1 = 7. 9 - 7 = 3. \\boxed{3}") == "slip@3"
 
 
 def test_corpus_solutions_are_labelled_by_their_route():

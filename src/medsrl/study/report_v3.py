@@ -103,7 +103,7 @@ def read_samples(study: Study, method: str) -> list[list[dict[str, Any]]]:
     for seed in study.seeds:
         rows: list[dict[str, Any]] = []
         for stage in ("A", "B"):
-            path = study.root / "train" / method / f"seed{seed}" / stage / "samples.jsonl"
+            path = study.root / "train" / method / f"seed{seed}" / stage / "tensorboard" / "samples.jsonl"
             if path.is_file():
                 rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         out.append(rows)
@@ -204,13 +204,15 @@ def trap_route_shares(study: Study, method: str, routes: Sequence[str], where: s
 def route_share_table(study: Study, routes: Sequence[str]) -> list[str]:
     out = [md_row(["arm", *(f"{r} (% of trap errors)" for r in routes), "other routes (%)"]),
            "|---|" + "---:|" * (len(routes) + 1)]
-    for m in study.methods:
-        per_seed = trap_route_shares(study, m.name, routes)
+    from medsrl.study.runner import WARM_START
+
+    for name, label in [(WARM_START, "warm start"), *((m.name, m.label) for m in study.methods)]:
+        per_seed = trap_route_shares(study, name, routes)
         if not per_seed:
             continue
         cells = [format_mean_std(*mean_std([s.get(r, 0.0) for s in per_seed]), 100.0) for r in routes]
         rest = [1 - sum(s.get(r, 0.0) for r in routes) for s in per_seed]
-        out.append(md_row([m.label, *cells, format_mean_std(*mean_std(rest), 100.0)]))
+        out.append(md_row([label, *cells, format_mean_std(*mean_std(rest), 100.0)]))
     return out
 
 
@@ -268,10 +270,11 @@ def render(root: Path, doc_dir: Path, img_dir: Path) -> str:
         out += ["", "Routes of the trained-on responses (`samples.jsonl`, labelled by `study/routes.py`), "
                 "and without the DAPO filter the visits until a hard trap is first answered right:", ""]
         out += samples_table(s3, hard_traps=True)
-        out += [""] + [f"- missing: {m}" for m in s3.missing]
+        out += [""] + [f"- missing: {m}" for m in s3.missing if m.part != "eval"]  # a training-only study
     audit = d1 / "audit" / "audit.md"
     if audit.is_file():
-        out += ["", "### D1: the memory audit (no RL)", "", audit.read_text().strip(), ""]
+        body = [line for line in audit.read_text().strip().splitlines() if not line.startswith("# ")]
+        out += ["", "### D1: the memory audit (no RL)", "", *body, ""]
         meta = json.loads((d1 / "audit" / "audit.json").read_text())
         name, settings = chosen_memory(meta)
         out += [f"By the protocol's rule D2's third arm uses the memory **{name}** (`{' '.join(settings)}`).", ""]

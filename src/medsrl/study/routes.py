@@ -6,9 +6,11 @@ A wrong answer alone does not say how a policy went wrong: ``route_of`` reads th
 * ``correct``: the boxed answer is the right one (the grader's verdict, whatever the steps);
 * a planted route's name (``shortcut``, ``add``, ``drop``): its exact steps and its answer;
 * ``slip@j``: the j-th written step (1-based) has a wrong result, the steps before it right;
-* ``grouping``: every step's arithmetic right and the last result boxed, but in an order or
-  grouping that is neither the correct route nor a named one;
-* ``no_box``: no boxed answer; ``other``: anything else (no steps, a box unlike the steps).
+* ``grouping``: a whole evaluation in another order: each step works two neighbouring terms of
+  the expression as it stands (its numbers, its operator, its result right) until one number is
+  left, which is boxed, in an order neither the correct route's nor a named route's;
+* ``no_box``: no boxed answer; ``other``: anything else (no steps, numbers miscopied, a stop
+  half-way, a box unlike the steps).
 
 ``cluster_route_agreement`` asks whether the clusters of a prompt's responses are its routes;
 ``route_diversity`` counts the routes a policy keeps per prompt.
@@ -59,9 +61,20 @@ def route_of(problem: str, response: str) -> str:
     for j, (x, op, y, z) in enumerate(steps, start=1):
         if apply_op(op, x, y) != z:
             return f"slip@{j}"
-    if steps and answer == str(steps[-1][3]):
-        return "grouping"
-    return "other"
+    return "grouping" if _reduces(nums, ops, steps) == answer else "other"
+
+
+def _reduces(nums: Sequence[int], ops: Sequence[str], steps: Sequence[Step]) -> str | None:
+    """The number ``steps`` reduce the expression to, each step replacing two neighbouring terms
+    by its result; None when a step matches no neighbours or more than one number is left."""
+    nums, ops = list(nums), list(ops)
+    for x, op, y, z in steps:
+        at = [i for i in range(len(ops)) if (nums[i], ops[i], nums[i + 1]) == (x, op, y)]
+        if not at:
+            return None
+        nums[at[0] : at[0] + 2] = [z]
+        del ops[at[0]]
+    return str(nums[0]) if not ops else None
 
 
 def _purity(clusters: Sequence[Hashable], routes: Sequence[str]) -> float:
