@@ -254,6 +254,21 @@ def d2_verdict(study: Study, agg: dict[str, Any]) -> list[str]:
     return lines
 
 
+def outcome_table(study: Study, agg: dict[str, Any]) -> list[str]:
+    """Per arm on the test split: pass@1/16/32, distinct wrong answers and the top wrong
+    answer's share of the trap errors, mean ± std over seeds."""
+    from medsrl.study.error_modes import seed_reports
+
+    cols = ("pass@1", "pass@16", "pass@32", "distinct_wrong")
+    out = [md_row(["arm", *cols, "top wrong answer, % of trap errors"]), "|---|" + "---:|" * (len(cols) + 1)]
+    for m in agg["methods"]:
+        cells = [format_mean_std(m["metrics"][c]["mean"], m["metrics"][c]["std"], 1.0 if c == "distinct_wrong" else 100.0)
+                 if c in m["metrics"] else "-" for c in cols]
+        top = [r["trap"]["top_wrong_share"] for r in seed_reports(study.root, "eval", m["name"], study.seeds)]
+        out.append(md_row([m["label"], *cells, format_mean_std(*mean_std(top), 100.0)]))
+    return out
+
+
 def render(root: Path, doc_dir: Path, img_dir: Path) -> str:
     from medsrl.study.report import _relative, aggregate, render_markdown, write_figures
 
@@ -284,11 +299,25 @@ def render(root: Path, doc_dir: Path, img_dir: Path) -> str:
         drawn = write_figures(s2, img_dir / "d2")
         out += ["### D2: a task with three planted wrong routes", "", "The gate:", ""]
         out += gate_table(s2, extra=(("train/acc", "training accuracy (%)", 100.0),))
+        out += ["", "Outcomes on the test split (n = 32):", ""] + outcome_table(s2, agg)
         out += ["", "The planted routes' shares of the wrong answers to test traps (n = 32):", ""]
         out += route_share_table(s2, ("shortcut", "add", "drop"))
         out += ["", "Routes of the trained-on responses:", ""] + samples_table(s2, hard_traps=False)
         out += ["", "Pre-registered verdicts:", ""] + d2_verdict(s2, agg)
         out += ["", render_markdown(s2, agg, _relative(drawn, doc_dir))]
+    d2x = root / "v3_d2x"
+    if d2x.is_dir():
+        sx = load_study(d2x)
+        aggx = aggregate(sx)
+        out += ["", "### D2, an exploratory arm added after the protocol: the answer-keyed memory", "",
+                "Not pre-registered (added when D3 showed G4 near 0 for the feature memory in training): MEDS "
+                "with `mode=answer` at alpha 0.5, cap 1.0, on D2's task, against the same DAPO runs "
+                "(evaluated again here, the same seeds). The gate:", ""]
+        out += gate_table(sx, extra=(("train/acc", "training accuracy (%)", 100.0),))
+        out += ["", "Outcomes on the test split (n = 32):", ""] + outcome_table(sx, aggx)
+        out += ["", "The planted routes' shares of the wrong answers to test traps:", ""]
+        out += route_share_table(sx, ("shortcut", "add", "drop"))
+        out += ["", "By D2's rules (exploratory):", ""] + d2_verdict(sx, aggx)
     return "\n".join(out) + "\n"
 
 
