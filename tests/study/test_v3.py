@@ -63,3 +63,25 @@ def test_route_diversity_counts_routes_per_prompt_within_a_step_and_over_the_run
             for s, t in ((0, right), (0, right), (1, short), (1, right))]
     # step 0: one route; step 1: two; over the run: two
     assert report_v3.route_diversity_of(rows) == (1.5, 2.0)
+
+
+def test_the_gate_table_reads_each_arm_from_its_curves(tmp_path):
+    import numpy as np
+
+    from medsrl.study.collect import Method, RunData, Study
+
+    steps = np.arange(3)
+
+    def curves(g1, g2, g3, g4):
+        tags = [t for t, _, _ in report_v3.GATE]
+        return {tag: (steps, np.full(3, v, dtype=float)) for tag, v in zip(tags, (g1, g2, g3, g4), strict=True)}
+
+    runs = {("dapo", s): RunData("dapo", s) for s in (0, 1)}
+    runs |= {("meds", s): RunData("meds", s, curves=curves(0.5, 0.02 + s / 100, 0.01, 0.4)) for s in (0, 1)}
+    runs |= {("weak", s): RunData("weak", s, curves=curves(0.5, 0.02, -0.01, 0.0)) for s in (0, 1)}
+    study = Study(tmp_path, {}, "x", [Method("dapo", "DAPO"), Method("meds", "MEDS"), Method("weak", "Weak")],
+                  [0, 1], 3, 0, "dapo", "meds", runs, [], [])
+    rows = report_v3.gate_table(study)
+    assert rows[2].startswith("| DAPO | - |") and rows[2].endswith("| - |")
+    assert "| 2.5 ± 0.7 |" in rows[3] and rows[3].endswith("| yes |")  # G2 in % over the two seeds
+    assert rows[4].endswith("| no |")  # G3 < 0: the penalty does not target the repeated mistake
