@@ -171,9 +171,10 @@ TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, num_key_
 def test_feature_readers_agree_with_the_plugins_reference_feature():
     import torch
 
+    from medsrl.methods.meds.features import digit_token_ids
     from medsrl.models.char_tokenizer import build_char_tokenizer
     from medsrl.models.tiny import build_tiny_model
-    from medsrl.study.audit import FEATURES, AuditFeatureReader, digit_token_ids
+    from medsrl.study.audit import FEATURES, AuditFeatureReader
 
     tok = build_char_tokenizer()
     model = build_tiny_model(**TINY).eval()

@@ -65,13 +65,13 @@ from medsrl.methods.meds.penalty import meds_penalty
 ROOT = Path(__file__).resolve().parents[3]
 
 # FEATURE variants: a FeatureSpec is read by the plug-in's AnswerFeatureReader; None: the audit's
-# own reader (:func:`digit_logits` and :func:`two_token_targets`).
+# own reader (:func:`two_token_targets`).
 FEATURES: dict[str, FeatureSpec | None] = {
     "reference": FeatureSpec(),  # layers 14 (all 4 of the tiny model), fp32 on a fp32 policy
     "bf16": FeatureSpec(dtype="bfloat16"),
     "diff": FeatureSpec(diff=True),
     "final_norm": FeatureSpec(final_norm=True),
-    "digits": None,  # the logits of the ten digit tokens at every layer (audit's own reader)
+    "digits": FeatureSpec(logits="digits"),  # the ten digit tokens' logits at every layer
     "two_tokens": None,  # the reference feature of the first two answer tokens, concatenated
 }
 ANSWER_FEATURE = "-"  # the answer-keyed store reads no feature
@@ -529,42 +529,6 @@ def all_variants(features: Sequence[str]) -> list[tuple[str, StoreSpec]]:
 # the audit's own feature readers (the plug-in's reader gives the FeatureSpec variants)
 
 
-def digit_token_ids(tokenizer) -> list[int]:
-    """The ids of the one-token digits ``0``..``9`` (ValueError if a digit is not one token)."""
-    ids = []
-    for d in "0123456789":
-        enc = tokenizer(d, add_special_tokens=False)["input_ids"]
-        if len(enc) != 1:
-            raise ValueError(f"digit {d!r} is {len(enc)} tokens in this tokenizer; the digits feature needs one")
-        ids.append(int(enc[0]))
-    return ids
-
-
-def digit_logits(hidden_states: Sequence[Any], rows, positions, lm_head, digit_ids: Sequence[int]):
-    """The ``digits`` feature, the audit's own reader (not the plug-in's): at each answer position,
-    the logits of all ten digit tokens at every layer, ``[M, layers * 10]`` fp32, layer-major.
-
-    ``hidden_states``: ``output_hidden_states`` of a forward (``[0]`` the embeddings, ``[n]`` block
-    ``n``'s output; transformers already applies the final norm to the last one). As in the
-    reference feature, intermediate layers are not normed and the last is: for the digit of the
-    actual next token, column ``(n-1)*10 + d`` equals the reference feature's layer ``n``.
-    """
-    import torch
-
-    weight = lm_head.weight.detach()
-    ids = torch.as_tensor(list(digit_ids), dtype=torch.long, device=weight.device)
-    w = weight.index_select(0, ids).float()  # [10, H]
-    bias = getattr(lm_head, "bias", None)
-    per_layer = []
-    for h in hidden_states[1:]:
-        vec = h.detach()[rows.to(h.device), positions.to(h.device)].float()  # [M, H]
-        out = vec @ w.T
-        if isinstance(bias, torch.Tensor):
-            out = out + bias.detach().index_select(0, ids).float()
-        per_layer.append(out)
-    return torch.cat(per_layer, dim=1) if per_layer else torch.zeros(0, 0)
-
-
 def two_token_targets(answer_index: Sequence[int | None], response_ids: Sequence[Sequence[int]], prompt_length: int):
     """Capture targets for the reference feature of the first two answer tokens: for each
     response whose answer has a token after the first, positions ``t`` and ``t + 1`` (scoring
@@ -590,12 +554,12 @@ def two_token_targets(answer_index: Sequence[int | None], response_ids: Sequence
 
 class AuditFeatureReader:
     """Every FEATURE variant of a batch from one forward: the plug-in's ``AnswerFeatureReader``
-    per ``FeatureSpec``, the plug-in's ``LayerLogitCapture`` at two answer tokens, and
-    :func:`digit_logits` from the same forward's hidden states."""
+    per ``FeatureSpec`` (the ``digits`` one included) and the plug-in's ``LayerLogitCapture`` at
+    two answer tokens."""
 
     def __init__(self, model, tokenizer, variants: Sequence[str]):
         from medsrl.methods.meds.features import AnswerFeatureReader
-        from medsrl.methods.meds.logit_capture import LayerLogitCapture, find_lm_head
+        from medsrl.methods.meds.logit_capture import LayerLogitCapture
 
         unknown = [v for v in variants if v not in FEATURES]
         if unknown:
@@ -605,15 +569,12 @@ class AuditFeatureReader:
                         if FEATURES[v] is not None}
         ref = FeatureSpec()
         self.two = LayerLogitCapture(model, ref.layers, final_norm=ref.final_norm) if "two_tokens" in variants else None
-        self.lm_head = find_lm_head(model)
-        self.digit_ids = digit_token_ids(tokenizer) if "digits" in variants else None
 
     def read(self, prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int) -> dict[str, np.ndarray]:
         """``{variant: [B, D] float32}`` of one micro-batch; NaN rows: no feature."""
         import torch
 
         from medsrl.methods.meds.answer_locator import locate_answers
-        from medsrl.methods.meds.logit_capture import answer_targets
         from medsrl.rollout.base import pack_rollouts
 
         packed = pack_rollouts(prompt_ids, response_ids, pad_id)
@@ -630,9 +591,8 @@ class AuditFeatureReader:
                 self.two.clear()
                 if len(two_targets):
                     stack.enter_context(self.two.capture(two_targets))
-            out = self.model(input_ids=packed.input_ids, attention_mask=packed.attention_mask,
-                             position_ids=packed.position_ids, output_hidden_states=self.digit_ids is not None,
-                             use_cache=False)
+            self.model(input_ids=packed.input_ids, attention_mask=packed.attention_mask,
+                       position_ids=packed.position_ids, use_cache=False)
         result: dict[str, np.ndarray] = {}
         for name, reader in self.readers.items():
             feats, got = reader.finish()
@@ -645,13 +605,6 @@ class AuditFeatureReader:
             if two_rows:
                 x[two_rows] = f.reshape(len(two_rows), -1)
             result["two_tokens"] = x
-        if self.digit_ids is not None:
-            t = answer_targets(index, response_ids, packed.prompt_length)
-            hs = out.hidden_states
-            x = np.full((b, 10 * (len(hs) - 1)), np.nan, dtype=np.float32)
-            if len(t):
-                x[t.sample_index.numpy()] = digit_logits(hs, t.rows, t.positions, self.lm_head, self.digit_ids).numpy()
-            result["digits"] = x
         return {v: result[v] for v in self.variants}
 
 
