@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from medsrl.study.report_v3 import chosen_memory, write_report_v3
-from medsrl.study.runner import ROOT
+from medsrl.study.runner import ROOT, is_finished_run
 
 # every trained-on response to samples.jsonl (the route analyses); no validation during training
 # (no pre-registered figure reads it, and it is a fifth of a run's time on 2 cores)
@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     _run(d3_command(root, a.seeds))
     print("[study-v3] D3 done; D1: the audit run", flush=True)
-    _run(d1_train_command(root))
+    if not is_finished_run(root / "v3_d1" / "train"):  # as the study runner: a summary means done
+        _run(d1_train_command(root))
     audit_json = root / "v3_d1" / "audit" / "audit.json"
     if not audit_json.is_file():
         _run(d1_audit_command(root))
