@@ -42,11 +42,14 @@ def _out_dtype(old_logp: Tensor) -> torch.dtype:
     return torch.promote_types(old_logp.dtype, torch.float32)
 
 
-def truncated_is_weights(old_logp: Tensor, engine_logp: Tensor, cap: float) -> Tensor:
-    """Per-token ``min(exp(old_logp - engine_logp), cap)``, detached, in fp32 or wider."""
+def truncated_is_weights(old_logp: Tensor, engine_logp: Tensor, cap: float, mask: Tensor | None = None) -> Tensor:
+    """Per-token ``min(exp(old_logp - engine_logp), cap)``, detached, in fp32 or wider; 1 where
+    ``mask`` is 0 (padding). ``engine_logp``: the log-probs of whatever sampled the tokens (the
+    engine, or R3's stored behaviour policy)."""
     _check_cap(cap)
     ratio = (old_logp.detach().double() - engine_logp.detach().double()).exp()
-    return ratio.clamp(max=cap).to(_out_dtype(old_logp))
+    w = ratio.clamp(max=cap).to(_out_dtype(old_logp))
+    return w if mask is None else torch.where(mask.bool(), w, torch.ones_like(w))
 
 
 def token_log_ratios(old_logp: Tensor, engine_logp: Tensor, mask: Tensor) -> Tensor:

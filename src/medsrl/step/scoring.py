@@ -5,9 +5,8 @@ per-token reducers that read each chunk of logits of the fused LM head.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
-from unittest import mock
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 
@@ -139,9 +138,20 @@ def output_head(model) -> torch.nn.Module:
     return head
 
 
-def _head_forward_as(head: torch.nn.Module, forward: Callable) -> AbstractContextManager:
-    """``head``'s forward is ``forward`` for the block (the module's hooks still run around it)."""
-    return mock.patch.object(head, "forward", forward)
+@contextmanager
+def _head_forward_as(head: torch.nn.Module, forward: Callable) -> Iterator[None]:
+    """``head``'s forward is ``forward`` for the block: an instance attribute shadows the class's
+    method, and ``nn.Module.__call__`` still runs the module's hooks around it."""
+    missing = object()
+    before = head.__dict__.get("forward", missing)
+    head.forward = forward
+    try:
+        yield
+    finally:
+        if before is missing:
+            del head.forward
+        else:
+            head.forward = before
 
 
 def _prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from medsrl.algo import group_advantages
-from medsrl.methods.r3.replay import mixed_group_advantages, replay_count, truncated_is_weights
+from medsrl.algo.engine_correction import truncated_is_weights
+from medsrl.methods.r3.replay import mixed_group_advantages, replay_count
 
 # three sampled wrong responses + one replayed right one: mean 0.25, unbiased std 0.5
 SCORES = torch.tensor([0.0, 0.0, 0.0, 1.0])
@@ -46,9 +47,9 @@ def test_truncated_importance_weights():
     old = torch.tensor([[-1.0, -2.0, -0.5]])
     behaviour = torch.tensor([[-1.5, -1.0, -7.0]])
     mask = torch.tensor([[1, 1, 0]])
-    w = truncated_is_weights(old, behaviour, mask, cap=1.5)
+    w = truncated_is_weights(old, behaviour, cap=1.5, mask=mask)
     # exp(0.5) = 1.65 -> capped at 1.5; exp(-1) = 0.368; padding -> 1
     assert w.tolist()[0] == pytest.approx([1.5, math.exp(-1.0), 1.0])
-    assert truncated_is_weights(old, behaviour, mask, cap=2.0).tolist()[0][0] == pytest.approx(math.exp(0.5))
+    assert truncated_is_weights(old, behaviour, cap=2.0, mask=mask).tolist()[0][0] == pytest.approx(math.exp(0.5))
     with pytest.raises(ValueError, match="cap"):
-        truncated_is_weights(old, behaviour, mask, cap=0.0)
+        truncated_is_weights(old, behaviour, cap=0.0, mask=mask)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from medsrl.algo import per_token
+from medsrl.algo.engine_correction import truncated_is_weights
 from medsrl.config import (
     Count,
     Flag,
@@ -42,7 +43,7 @@ from medsrl.methods.r3.history import ResponseHistory, StoredResponse
 from medsrl.methods.r3.length_bonus import length_bonus as correct_length_bonus
 from medsrl.methods.r3.ranking import answer_span_mask, entropy_profile, ranking_rewards
 from medsrl.methods.r3.reflection import DEFAULT_INSTRUCTION, is_reflection, reflection_prompt
-from medsrl.methods.r3.replay import mixed_group_advantages, replay_count, truncated_is_weights
+from medsrl.methods.r3.replay import mixed_group_advantages, replay_count
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.reward.answer_span import answer_starts
 from medsrl.reward.grader import GradeResult
@@ -314,7 +315,7 @@ class R3(Plugin):
                 missing += 1
             else:
                 behaviour[i, : len(ids)] = torch.as_tensor(lps, dtype=behaviour.dtype)
-        w = truncated_is_weights(rollouts.old_logp, behaviour, mask, self.replay.importance_cap)
+        w = truncated_is_weights(rollouts.old_logp, behaviour, self.replay.importance_cap, mask)
         rows = replayed.to(w.device)
         w = torch.where(rows.unsqueeze(-1), w, torch.ones_like(w))
         rollouts.loss_weights = w if rollouts.loss_weights is None else rollouts.loss_weights * w

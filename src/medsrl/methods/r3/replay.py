@@ -7,7 +7,6 @@ an optional truncated importance weight corrects for the older policy (off in th
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from medsrl.algo import group_advantages
@@ -30,11 +29,3 @@ def mixed_group_advantages(scores: Tensor, group_ids: Tensor, alpha: float = 1.0
     # (R - mean) / (std + lam/alpha) / alpha == (R - mean) / (alpha * std + lam)
     return group_advantages(scores, group_ids, eps=lam / alpha) / alpha
 
-
-def truncated_is_weights(old_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, cap: float) -> Tensor:
-    """Per-token ``min(exp(old_logp - behaviour_logp), cap)`` (1 at padding), detached:
-    ``behaviour_logp`` are the stored response's log-probs from when it was sampled."""
-    if cap <= 0:
-        raise ValueError(f"importance weight cap must be > 0, got {cap}")
-    w = torch.exp((old_logp - behaviour_logp).detach()).clamp(max=cap)
-    return torch.where(mask.bool(), w, torch.ones_like(w))
