@@ -175,7 +175,6 @@ class RLModule(L.LightningModule):
         return result
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.host.upgrade_checkpoint(checkpoint)  # before Lightning restores the plug-ins
         self.prompt_visits.load_state_dict(checkpoint.get("prompt_visits", {}))
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:

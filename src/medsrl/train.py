@@ -106,7 +106,6 @@ def load_weights_only(module: RLModule, ckpt_path: str) -> int:
     """Policy weights and plug-in state from a checkpoint; optimiser and step stay fresh."""
     ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
     module.load_state_dict(ckpt["state_dict"])
-    module.host.upgrade_checkpoint(ckpt)
     states = ckpt.get("callbacks", {})
     for plugin in module.plugins:
         if plugin.state_key in states:

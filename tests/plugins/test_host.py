@@ -119,14 +119,3 @@ def test_state_is_identical_on_two_gloo_ranks_and_round_trips_through_a_checkpoi
 def test_diverging_replicas_stop_the_run_naming_the_plugin(tmp_path):
     with pytest.raises(Exception, match="state of plug-in 'counter' differs across ranks"):
         mp.spawn(_rank_worker, args=(str(tmp_path / "init"), str(tmp_path), True), nprocs=2)
-
-
-def test_state_saved_under_an_older_key_is_moved_to_the_plugins_key():
-    class Renamed(KeyCounter):
-        legacy_state_keys = ("OldCounterCallback",)
-
-    ckpt = {"callbacks": {"OldCounterCallback": {"counts": {"a": 1}}, "Other": {}}}
-    PluginHost([Renamed()]).upgrade_checkpoint(ckpt)
-    assert ckpt["callbacks"] == {"plugin:counter": {"counts": {"a": 1}}, "Other": {}}
-    PluginHost([Renamed()]).upgrade_checkpoint(ckpt)  # nothing left to move: unchanged
-    assert ckpt["callbacks"] == {"plugin:counter": {"counts": {"a": 1}}, "Other": {}}

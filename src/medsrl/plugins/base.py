@@ -81,7 +81,6 @@ class Plugin(Callback):
     # A filter that has the step generate extra rounds until the batch is full again (DAPO), at
     # most this many; None: not such a filter (plugins/rounds.py)
     max_rounds: int | None = None
-    legacy_state_keys: tuple[str, ...] = ()  # where checkpoints of older versions kept the state
 
     @property
     def state_key(self) -> str:

@@ -83,16 +83,6 @@ class PluginHost:
                 if len({d[p.name] for d in digests}) > 1:
                     raise RuntimeError(f"step {ctx.step}: state of plug-in {p.name!r} differs across ranks")
 
-    def upgrade_checkpoint(self, checkpoint: dict) -> None:
-        """Move state that an older version saved under another key (``legacy_state_keys``) to
-        the plug-in's key, so a run resumed from an old checkpoint keeps it."""
-        states = checkpoint.get("callbacks") or {}
-        for p in self.plugins:
-            old = [k for k in states for prefix in p.legacy_state_keys if str(k).startswith(prefix)]
-            if p.state_key not in states and old:
-                states[p.state_key] = states.pop(old[0])
-                log.info("checkpoint: state of %s moved to %s", old[0], p.state_key)
-
     def shape_advantages(self, rollouts, advantages: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         for p in self.plugins:
             advantages = p.shape_advantages(rollouts, advantages, ctx)

@@ -80,7 +80,6 @@ class Meds(Plugin):
     """Memory-enhanced dynamic reward shaping. Defaults are the reference's choices."""
 
     name = "meds"
-    legacy_state_keys = ("ErrorMemoryCallback",)  # the memory callback before the plug-ins
 
     def __init__(
         self,
