@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 
-from medsrl.methods.meds.clustering import cluster_sizes
 from medsrl.study.audit import (
     ANSWER_FEATURE,
     STORES,
@@ -18,30 +17,14 @@ from medsrl.study.audit import (
     Samples,
     StoreSpec,
     all_variants,
-    distinct_by_text,
     markdown_table,
     recurring_share,
     replay,
     twin_share,
     variant_figures,
-    weighted_cluster_sizes,
 )
 
 STORE = {st.name: st for st in STORES}
-
-
-def test_weighted_sizes_are_the_plugins_with_unit_weights():
-    rng = np.random.default_rng(0)
-    labels, pred = rng.integers(-1, 3, size=20), rng.integers(-1, 3, size=7)
-    assert (weighted_cluster_sizes(labels, np.ones(20, int), pred) == cluster_sizes(labels, pred)).all()
-    # weights: a cluster's size is the responses its rows stand for (noise included, as one cluster)
-    got = weighted_cluster_sizes(np.array([0, 0, 1, -1]), np.array([3, 1, 5, 2]), np.array([0, 1, -1, 2]))
-    assert got.tolist() == [4, 5, 2, 0]
-
-
-def test_distinct_by_text_keeps_first_rows_and_counts():
-    keep, counts, owner = distinct_by_text(["a", "b", "a", "c", "a"])
-    assert (keep, counts, owner) == ([0, 1, 3], [3, 1, 1], [0, 1, 0, 2, 0])
 
 
 def _drifting_duplicates(visits: int = 3, copies: int = 4, seed: int = 0) -> Samples:
@@ -94,14 +77,18 @@ def test_duplicates_make_single_visit_clusters_while_the_answer_memory_counts_re
     assert "twin_share" not in answer
 
 
-def test_dedup_store_weights_a_visits_copies_by_their_count():
+def test_dedup_store_is_the_plugins_dedup():
+    """``dedup`` keeps every row (sizes count copies) and clusters the distinct ones, exactly as
+    ``fit_cluster_labels(dedup=True)``, the function ``meds.dedup`` re-fits with."""
+    from medsrl.methods.meds.clustering import fit_cluster_labels
+
     samples, s = _drifting_duplicates(), AuditSettings()
     rep = replay(samples, "reference", STORE["dedup"], s)
     mem = rep.memories[0]
-    assert len(mem) == 3 * 3  # per visit: the copies as one row, and the two one-offs
-    assert sorted(mem.weight, reverse=True)[:3] == [4, 4, 4]
+    assert len(mem) == len(mem.ids) and len(mem) > len({tuple(r) for r in mem.rows})  # copies kept
+    assert (mem.labels == fit_cluster_labels(np.stack(mem.rows), dedup=True)).all()
     is14 = np.array([a == "14" for a in samples.answers])
-    # the visit-2 copies fall in the visit-1 row's cluster (or noise): a size of at least its 4
+    # the visit-2 copies fall in the visit-1 rows' cluster (or noise): a size of at least their 4
     assert (rep.sizes[is14 & (samples.visit == 1)] >= 4).all()
 
 

@@ -85,3 +85,14 @@ def test_the_gate_table_reads_each_arm_from_its_curves(tmp_path):
     assert rows[2].startswith("| DAPO | - |") and rows[2].endswith("| - |")
     assert "| 2.5 ± 0.7 |" in rows[3] and rows[3].endswith("| yes |")  # G2 in % over the two seeds
     assert rows[4].endswith("| no |")  # G3 < 0: the penalty does not target the repeated mistake
+
+
+def test_d2s_memory_is_chosen_once_and_kept(tmp_path):
+    import json
+
+    (tmp_path / "v3_d1" / "audit").mkdir(parents=True)
+    audit = tmp_path / "v3_d1" / "audit" / "audit.json"
+    audit.write_text(json.dumps(_audit(("diff", "dedup", 0.05, 0.5))))
+    assert report_v3.d2_memory(tmp_path) == ("diff feature, dedup store", ["diff=true", "dedup=true"])
+    audit.write_text(json.dumps(_audit(("bf16", "reference", 0.05, 0.9))))  # a later audit
+    assert report_v3.d2_memory(tmp_path)[0] == "diff feature, dedup store"

@@ -52,7 +52,13 @@ from typing import Any
 
 import numpy as np
 
-from medsrl.methods.meds.clustering import NOISE, cluster_sizes, fit_cluster_labels, predict_labels
+from medsrl.methods.meds.clustering import (
+    NOISE,
+    cluster_sizes,
+    distinct_rows,
+    fit_cluster_labels,
+    predict_labels,
+)
 from medsrl.methods.meds.features import FeatureSpec
 from medsrl.methods.meds.gate import (
     distinct_penalty_share,
@@ -80,8 +86,8 @@ ANSWER_FEATURE = "-"  # the answer-keyed store reads no feature
 @dataclass(frozen=True)
 class StoreSpec:
     """One way to keep a prompt's wrong responses: ``features`` (the plug-in's store: HDBSCAN
-    over feature rows; ``dedup``: one row per distinct response text per visit, weighted by its
-    count) or ``answer`` (a count per extracted answer, no features: the upper bound)."""
+    over feature rows; ``dedup``: the plug-in's ``meds.dedup``, HDBSCAN and the vote over the
+    distinct rows, sizes counting every copy) or ``answer`` (a count per extracted answer, no features: the upper bound)."""
 
     name: str
     kind: str = "features"
@@ -137,46 +143,17 @@ class AuditSettings:
 # the stores (pure: numpy and the plug-in's clustering functions only)
 
 
-def weighted_cluster_sizes(labels: np.ndarray, weights: np.ndarray, predicted: np.ndarray) -> np.ndarray:
-    """Size of each predicted cluster as the summed ``weights`` of the stored rows with that label
-    (noise counts as one cluster, as in the plug-in). With unit weights this is the plug-in's
-    ``cluster_sizes``, which it then calls, so the reference store counts exactly as training."""
-    labels = np.asarray(labels, dtype=np.int64)
-    weights = np.asarray(weights, dtype=np.int64)
-    predicted = np.asarray(predicted, dtype=np.int64)
-    if len(weights) != len(labels):
-        raise ValueError(f"{len(labels)} labels but {len(weights)} weights")
-    if (weights == 1).all():
-        return cluster_sizes(labels, predicted)
-    return ((predicted[:, None] == labels[None, :]) * weights[None, :]).sum(axis=1).astype(np.int64)
-
-
-def distinct_by_text(texts: Sequence[str]) -> tuple[list[int], list[int], list[int]]:
-    """``(first row of each distinct text, its count, the distinct row of every input row)``, in
-    order of first appearance: what the ``dedup`` store keeps of one visit."""
-    first: dict[str, int] = {}
-    keep, counts, owner = [], [], []
-    for i, t in enumerate(texts):
-        if t not in first:
-            first[t] = len(keep)
-            keep.append(i)
-            counts.append(0)
-        counts[first[t]] += 1
-        owner.append(first[t])
-    return keep, counts, owner
-
-
 class FeatureMemory:
     """One prompt's store of wrong features, as the plug-in keeps it (``ClusteredMemory`` with
-    ``refit_growth=0``: every add re-fits). ``dedup``: a visit's responses with the same text
-    become one row whose weight is their count, so a cluster's size still counts responses."""
+    ``refit_growth=0``: every add re-fits), through the plug-in's own functions. ``dedup``: the
+    plug-in's ``meds.dedup`` (HDBSCAN and the vote over the store's distinct rows; a cluster's
+    size still counts every copy)."""
 
     def __init__(self, *, min_cluster_size: int = 2, min_samples: int = 1, k: int = 3, dedup: bool = False):
         self.min_cluster_size, self.min_samples, self.k, self.dedup = min_cluster_size, min_samples, k, dedup
         self.rows: list[np.ndarray] = []
         self.visit: list[int] = []  # the visit each stored row was added at
-        self.weight: list[int] = []  # responses a stored row stands for
-        self.members: list[list[int]] = []  # sample ids a stored row stands for
+        self.ids: list[int] = []  # the sample each stored row is
         self.labels = np.zeros(0, dtype=np.int64)
 
     def __len__(self) -> int:
@@ -188,27 +165,23 @@ class FeatureMemory:
         q = len(x)
         if not self.rows or q == 0:
             return np.zeros(q, dtype=np.int64), np.full(q, NOISE, dtype=np.int64)
-        stored = np.stack(self.rows)
-        pred = predict_labels(stored, self.labels, x, k=self.k)
-        return weighted_cluster_sizes(self.labels, np.asarray(self.weight), pred), pred
+        stored, labels = np.stack(self.rows), self.labels
+        if self.dedup:  # as Meds.cluster_sizes_for
+            first, _ = distinct_rows(stored)
+            stored, labels = stored[first], labels[first]
+        pred = predict_labels(stored, labels, x, k=self.k)
+        return cluster_sizes(self.labels, pred), pred
 
     def add(self, visit: int, x: np.ndarray, texts: Sequence[str], answers: Sequence[str | None],
             ids: Sequence[int]) -> None:
         """Append one visit's rows and re-fit (nothing added: the labels stand)."""
         if len(x) == 0:
             return
-        if self.dedup:
-            keep, counts, owner = distinct_by_text(texts)
-            groups = [[int(ids[i]) for i in range(len(ids)) if owner[i] == j] for j in range(len(keep))]
-            x, weights = x[keep], counts
-        else:
-            groups, weights = [[int(i)] for i in ids], [1] * len(x)
         self.rows.extend(np.asarray(x, dtype=np.float64))
         self.visit.extend([visit] * len(x))
-        self.weight.extend(weights)
-        self.members.extend(groups)
+        self.ids.extend(int(i) for i in ids)
         self.labels = fit_cluster_labels(np.stack(self.rows), min_cluster_size=self.min_cluster_size,
-                                         min_samples=self.min_samples)
+                                         min_samples=self.min_samples, dedup=self.dedup)
 
     def cluster_visits(self) -> list[list[int]]:
         """The visits of the rows of each cluster (noise is no cluster here)."""
@@ -220,11 +193,10 @@ class FeatureMemory:
 
     def row_labels(self) -> dict[int, int]:
         """The fitted label of every sample the store holds."""
-        return {i: int(label) for label, ids in zip(self.labels.tolist(), self.members, strict=True) for i in ids}
+        return {i: int(label) for label, i in zip(self.labels.tolist(), self.ids, strict=True)}
 
     def noise_share(self) -> float:
-        w = np.asarray(self.weight)
-        return float(w[self.labels == NOISE].sum() / w.sum()) if len(w) else math.nan
+        return float(np.mean(self.labels == NOISE)) if len(self.labels) else math.nan
 
 
 class AnswerMemory:

@@ -63,6 +63,19 @@ def run_means(study: Study, method: str, tag: str) -> list[float]:
     return [stage_mean(r.curves.get(tag), 0, None) for r in study.method_runs(method)]
 
 
+def d2_memory(root: Path) -> tuple[str, list[str]]:
+    """D2's third-arm memory: made once by :func:`chosen_memory` from D1's ``audit.json`` and
+    kept in ``v3_d1/choice.json``, so a later audit (a changed variant) cannot change the arm of
+    a D2 that already ran."""
+    path = Path(root) / "v3_d1" / "choice.json"
+    if path.is_file():
+        choice = json.loads(path.read_text())
+        return choice["name"], list(choice["settings"])
+    name, settings = chosen_memory(json.loads((Path(root) / "v3_d1" / "audit" / "audit.json").read_text()))
+    path.write_text(json.dumps({"name": name, "settings": settings}, indent=2) + "\n")
+    return name, settings
+
+
 def gate_values(study: Study, method: str) -> dict[str, list[float]]:
     """``{"g1": per-seed means, ...}`` for an arm (empty lists for an arm without MEDS)."""
     out = {}
@@ -290,9 +303,11 @@ def render(root: Path, doc_dir: Path, img_dir: Path) -> str:
     if audit.is_file():
         body = [line for line in audit.read_text().strip().splitlines() if not line.startswith("# ")]
         out += ["", "### D1: the memory audit (no RL)", "", *body, ""]
-        meta = json.loads((d1 / "audit" / "audit.json").read_text())
-        name, settings = chosen_memory(meta)
-        out += [f"By the protocol's rule D2's third arm uses the memory **{name}** (`{' '.join(settings)}`).", ""]
+        name, settings = d2_memory(root)
+        now, _ = chosen_memory(json.loads((d1 / "audit" / "audit.json").read_text()))
+        out += [f"By the protocol's rule D2's third arm uses the memory **{name}** (`{' '.join(settings)}`)"
+                + ("." if now == name else f", chosen when D2 ran (`v3_d1/choice.json`); on this table the rule "
+                   f"would choose **{now}**."), ""]
     if d2.is_dir():
         s2 = load_study(d2)
         agg = aggregate(s2)

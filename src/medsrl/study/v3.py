@@ -11,7 +11,6 @@ study runner refuse the old roots rather than mix them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import subprocess
@@ -19,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from medsrl.study.report_v3 import chosen_memory, write_report_v3
+from medsrl.study.report_v3 import d2_memory, write_report_v3
 from medsrl.study.runner import ROOT, is_finished_run
 
 # every trained-on response to samples.jsonl (the route analyses); no validation during training
@@ -95,10 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     print("[study-v3] D3 done; D1: the audit run", flush=True)
     if not is_finished_run(root / "v3_d1" / "train"):  # as the study runner: a summary means done
         _run(d1_train_command(root))
-    audit_json = root / "v3_d1" / "audit" / "audit.json"
-    if not audit_json.is_file():
+    if not (root / "v3_d1" / "audit" / "audit.json").is_file():
         _run(d1_audit_command(root))
-    name, memory = chosen_memory(json.loads(audit_json.read_text()))
+    name, memory = d2_memory(root)  # made once, then kept: D2's arm does not move with a re-run audit
     print(f"[study-v3] D1 chose the memory {name!r} for D2's third arm: {memory}", flush=True)
     _run(d2_command(root, a.seeds, memory))
     write_report_v3(root, a.doc, a.img_dir)
