@@ -108,47 +108,33 @@ def compose(out: Path, steps: int, extra: list[str]):
 def policy_dir(cfg) -> Path:
     """The directory medsrl trains from: the warm-started tiny preset (built here if missing,
     by medsrl's own cache), or ``model.name_or_path``."""
-    from omegaconf import OmegaConf
+    from medsrl.run_config import RunConfig
 
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    if model.get("name_or_path"):
-        return Path(model["name_or_path"])
-    if not model.get("warm_start"):
+    model = RunConfig.parse(cfg).model
+    if model.name_or_path:
+        return Path(model.name_or_path)
+    if model.warm_start is None:
         raise SystemExit("peer_trl: model.warm_start is null and no model.name_or_path: nothing on disk for TRL to load")
     from medsrl.warmstart import warm_started
 
-    return Path(warm_started(model, cfg.paths.cache_dir)["name_or_path"])
+    return Path(warm_started(model, cfg.paths.cache_dir).name_or_path)
 
 
-def sections(cfg):
-    """The algorithm, optim, rollout and grader sections as medsrl's run reads them: parsed by
-    their schemas (a composed config leaves some to them: ``grader.num_workers`` null is one per
-    core, ``GraderConfig.workers``)."""
-    from medsrl.config import (
-        AlgorithmSection,
-        GraderConfig,
-        OptimConfig,
-        RolloutConfig,
-        parse_section,
-    )
-
-    return tuple(parse_section(schema, cfg[key], key) for schema, key in [
-        (AlgorithmSection, "algorithm"), (OptimConfig, "optim"), (RolloutConfig, "rollout"), (GraderConfig, "grader")])
-
-
-def overlong_plugin(cfg):
-    """DAPO's overlong plug-in as the run builds it (its class's defaults for keys not set), or
-    None (a node without ``_target_`` is no plug-in to the run either: train.build_plugins)."""
-    from hydra.utils import instantiate
-
-    node = (cfg.algorithm.get("plugins") or {}).get("overlong")
-    return None if node is None or "_target_" not in node else instantiate(node)
+def overlong_plugin(run):
+    """DAPO's overlong plug-in as the run builds it (its class's defaults for keys not set), or None."""
+    built = run.plugins.get("overlong")
+    return None if built is None else built[0](**dict(built[1]))
 
 
 def settings(cfg) -> dict:
-    """The work both sides do, from the medsrl config; refuses what TRL cannot mirror."""
-    algo, optim, rollout, grader = sections(cfg)
-    plugins = sorted(name for name, node in (algo.plugins or {}).items() if node is not None)
+    """The work both sides do, from the medsrl config (parsed as medsrl's run parses it: a
+    composed config leaves some values to the schemas, ``grader.num_workers`` null is one per
+    core); refuses what TRL cannot mirror."""
+    from medsrl.run_config import RunConfig
+
+    run = RunConfig.parse(cfg)
+    algo, optim, rollout, grader = run.algorithm, run.optim, run.rollout, run.grader
+    plugins = sorted(run.plugins)
     problems = []
     if set(plugins) - MIRRORED_PLUGINS:
         problems.append(f"plug-ins {sorted(set(plugins) - MIRRORED_PLUGINS)} have no TRL counterpart here")
@@ -156,14 +142,14 @@ def settings(cfg) -> dict:
                       ("loss_agg_mode", "token-mean"), ("advantage", "grpo"), ("policy_loss", "vanilla")]:
         if getattr(algo, key) != want:
             problems.append(f"algorithm.{key}={getattr(algo, key)!r} (TRL side mirrors {want!r})")
-    rows = cfg.data.prompts_per_step * rollout.n
+    rows = run.data.prompts_per_step * rollout.n
     if rows % algo.micro_batch_size:
         problems.append(f"{rows} responses a step do not split into micro-batches of {algo.micro_batch_size}")
     if problems:
         raise SystemExit("peer_trl: the TRL side cannot mirror this setting: " + "; ".join(problems))
-    overlong = overlong_plugin(cfg)
+    overlong = overlong_plugin(run)
     return {
-        "prompts_per_step": int(cfg.data.prompts_per_step),
+        "prompts_per_step": int(run.data.prompts_per_step),
         "n": int(rollout.n),
         "max_new_tokens": int(rollout.max_new_tokens),
         "temperature": float(rollout.temperature),
@@ -185,8 +171,8 @@ def settings(cfg) -> dict:
                                                    "penalty_factor": float(overlong.penalty_factor)},
         "grader": {"timeout_s": grader.timeout_s, "num_workers": grader.workers(),
                    "reasoning_end": grader.reasoning_end},
-        "dtype": str(cfg.model.dtype),
-        "seed": int(cfg.seed),
+        "dtype": run.model.dtype,
+        "seed": run.seed,
     }
 
 

@@ -26,6 +26,25 @@ def compose_train(
         return compose("train", overrides=base + list(overrides or []))
 
 
+# The smallest config a run parses: one stage of generated problems (everything else defaults).
+BASE_CONFIG = {"data": {"stages": [{"name": "A", "start_step": 0, "datasets": [
+    {"name": "a", "source": {"_target_": "medsrl.data.arithmetic.generate_arithmetic", "num": 4}}]}]}}
+
+
+def config_problems(values: dict) -> list[str]:
+    """The problems ``RunConfig.parse`` names in ``values`` over :data:`BASE_CONFIG` (its lists
+    replaced, its mappings merged); [] when it parses."""
+    from omegaconf import OmegaConf
+
+    from medsrl.run_config import RunConfig
+
+    try:
+        RunConfig.parse(OmegaConf.merge(OmegaConf.create(BASE_CONFIG), OmegaConf.create(values)))
+    except ValueError as err:
+        return [line.strip() for line in str(err).splitlines()[1:]]
+    return []
+
+
 def read_metrics(out_dir: Path) -> dict[int, dict[str, float]]:
     """Per-step metrics from the CSV logger (``debug=fast`` logs to csv): {step: {name: value}}."""
     path = out_dir / "csv" / "metrics.csv"

@@ -7,9 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
-from medsrl.config import AlgorithmConfig
+from medsrl.run_config import RunConfig
 from medsrl.train import build_plugins, train
 from run_helpers import MICRO_WARM_START, ROOT, compose_train, read_metrics
 
@@ -29,9 +28,8 @@ EXPECTED_PLUGINS = {
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_composes_into_settings_and_plugins_in_order(tmp_path, name):
     cfg = compose_train(tmp_path, [f"algorithm={name}"], debug=None)
-    algo = OmegaConf.to_container(cfg.algorithm, resolve=True)
-    AlgorithmConfig(**{k: v for k, v in algo.items() if k != "plugins"})  # valid names and values
-    plugins = build_plugins(cfg.algorithm.get("plugins"))
+    run = RunConfig.parse(cfg)  # valid names and values
+    plugins = build_plugins(run.plugins)
     assert [p.name for p in plugins] == EXPECTED_PLUGINS[name]
 
 

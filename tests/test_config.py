@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from medsrl.config import MAX_GRADER_WORKERS, GraderConfig, grader_workers
+from medsrl.reward.settings import MAX_GRADER_WORKERS, GraderConfig, grader_workers
 
 
 def test_grader_workers_follow_the_cores_split_between_a_nodes_processes(monkeypatch):
@@ -40,7 +40,7 @@ def test_the_defaults_files_are_the_schemas_defaults():
     config.py and not regenerated would leave the presets on the old value."""
     from omegaconf import OmegaConf
 
-    from medsrl.config import DEFAULTS_SCHEMAS, WRITE_DEFAULTS, defaults_path, defaults_yaml
+    from medsrl.run_config import DEFAULTS_SCHEMAS, WRITE_DEFAULTS, defaults_path, defaults_yaml
 
     for group, schema in DEFAULTS_SCHEMAS.items():
         path = defaults_path(group)

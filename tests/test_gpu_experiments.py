@@ -180,11 +180,11 @@ def test_pure_bf16_loses_most_updates(tmp_path, monkeypatch):
 
 
 def test_pure_bf16_is_refused_unless_asked_for_by_name(tmp_path):
-    from medsrl.config import check_train_config
+    from medsrl.run_config import RunConfig
 
     cfg = compose_train(tmp_path, [f"experiment={gpu_experiments()[0]}", "model.dtype=bfloat16",
                                    "trainer.precision=bf16-true"], debug=None)
     with pytest.raises(ValueError) as err:
-        check_train_config(cfg)
+        RunConfig.parse(cfg)
     for part in ("model.dtype=bfloat16", "trainer.precision=bf16-true", "model.allow_16bit_weights=true"):
         assert part in str(err.value)

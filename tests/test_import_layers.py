@@ -10,16 +10,16 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # Lowest first; a package may import its own layer and the ones below (docs/ARCHITECTURE.md).
 LAYERS = [
-    {"medsrl", "utils"},
+    {"medsrl", "utils", "settings"},
     {"algo", "reward"},
-    {"data", "config"},
+    {"data"},
     {"models"},
     {"rollout"},
     {"step"},
     {"plugins"},
     {"methods"},
     {"evaluation", "callbacks", "module"},
-    {"study", "train", "eval", "plan", "warmstart"},
+    {"study", "train", "eval", "plan", "warmstart", "run_config"},
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 

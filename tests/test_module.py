@@ -6,6 +6,7 @@ import lightning as L
 import pytest
 import torch
 
+from medsrl.algo.settings import AlgorithmConfig
 from medsrl.data.arithmetic import generate_arithmetic
 from medsrl.data.datamodule import MathDataModule
 from medsrl.methods.dynamic_sampling import DynamicSampling
@@ -13,6 +14,8 @@ from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.loading import load_tokenizer, random_model_like
 from medsrl.models.tiny import build_tiny_model
 from medsrl.module import RLModule
+from medsrl.rollout.settings import RolloutConfig
+from medsrl.step.settings import OptimConfig
 from run_helpers import compose_train
 from shared_paths import require_shared
 
@@ -50,8 +53,8 @@ def test_real_model_config_takes_one_training_step(tmp_path, model_cfg):
     policy = random_model_like(cfg.model.architecture, len(tok), num_hidden_layers=2)
     assert policy.config.model_type == cfg.model.architecture
     before = {k: v.clone() for k, v in policy.state_dict().items()}
-    module = RLModule(policy, tok, algorithm=SMALL_ALGO,
-                      rollout={"n": 2, "max_new_tokens": 6}, optim={"lr": 1e-2, "warmup_steps": 0})
+    module = RLModule(policy, tok, algorithm=AlgorithmConfig(**SMALL_ALGO),
+                      rollout=RolloutConfig(**{"n": 2, "max_new_tokens": 6}), optim=OptimConfig(**{"lr": 1e-2, "warmup_steps": 0}))
     dm = _datamodule()
     prompt = dm.prompts_for_step(0)[0].text
     assert tok(prompt)["input_ids"][0] == tok.convert_tokens_to_ids("<|im_start|>")
@@ -68,8 +71,8 @@ def test_nonfinite_loss_skips_the_update_and_keeps_the_weights(monkeypatch, capl
     policy = build_tiny_model(seed=0, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                               num_key_value_heads=1, intermediate_size=32)
     before = {k: v.clone() for k, v in policy.state_dict().items()}
-    module = RLModule(policy, tok, algorithm={**SMALL_ALGO, "kl_coef": 0.0},
-                      rollout={"n": 2, "max_new_tokens": 4}, optim={"lr": 1e-1, "warmup_steps": 0})
+    module = RLModule(policy, tok, algorithm=AlgorithmConfig(**{**SMALL_ALGO, "kl_coef": 0.0}),
+                      rollout=RolloutConfig(**{"n": 2, "max_new_tokens": 4}), optim=OptimConfig(**{"lr": 1e-1, "warmup_steps": 0}))
     import medsrl.step.update as update
 
     real = update.micro_loss
@@ -109,8 +112,8 @@ def test_engine_logprobs_are_carried_and_compared_with_the_trainers(dynamic_samp
                                   num_key_value_heads=1, intermediate_size=32)
         algo = {**SMALL_ALGO, "kl_coef": 0.0}
         plugins = [DynamicSampling(max_rounds=2)] if dynamic_sampling else []
-        module = RLModule(policy, tok, algorithm=algo, optim={"lr": 1e-2, "warmup_steps": 0}, plugins=plugins,
-                          rollout={"n": 4, "max_new_tokens": 6, "temperature": temperature, "logprobs": True})
+        module = RLModule(policy, tok, algorithm=AlgorithmConfig(**algo), optim=OptimConfig(**{"lr": 1e-2, "warmup_steps": 0}), plugins=plugins,
+                          rollout=RolloutConfig(**{"n": 4, "max_new_tokens": 6, "temperature": temperature, "logprobs": True}))
         trainer = _fit(module, _datamodule(4))
         r = module.last_rollouts
         assert r.engine_logp is not None and r.engine_logp.shape == r.old_logp.shape
@@ -129,15 +132,15 @@ def test_truncated_is_runs_in_a_step_and_needs_plain_sampling_with_engine_logpro
     not measure the engine are refused, naming them."""
     tok = build_char_tokenizer()
     algo = {**SMALL_ALGO, "kl_coef": 0.0, "engine_is_cap": 2.0}
-    module = RLModule(_tiny_policy(), tok, algorithm=algo, optim={"lr": 1e-2, "warmup_steps": 0},
-                      rollout={"n": 4, "max_new_tokens": 6, "logprobs": True})
+    module = RLModule(_tiny_policy(), tok, algorithm=AlgorithmConfig(**algo), optim=OptimConfig(**{"lr": 1e-2, "warmup_steps": 0}),
+                      rollout=RolloutConfig(**{"n": 4, "max_new_tokens": 6, "logprobs": True}))
     metrics = {k: float(v) for k, v in _fit(module, _datamodule(2)).callback_metrics.items()}
     assert metrics["train/engine_is/weight_mean"] == pytest.approx(1.0, abs=1e-4)
     assert metrics["train/engine_is/capped_frac"] == 0.0
     with pytest.raises(ValueError, match="rollout.logprobs=true"):
-        RLModule(_tiny_policy(), tok, algorithm=algo, rollout={"logprobs": False})
+        RLModule(_tiny_policy(), tok, algorithm=AlgorithmConfig(**algo), rollout=RolloutConfig(**{"logprobs": False}))
     with pytest.raises(ValueError, match="temperature=0.6"):
-        RLModule(_tiny_policy(), tok, algorithm=algo, rollout={"logprobs": True, "temperature": 0.6})
+        RLModule(_tiny_policy(), tok, algorithm=AlgorithmConfig(**algo), rollout=RolloutConfig(**{"logprobs": True, "temperature": 0.6}))
 
 
 def _tiny_policy():
@@ -153,7 +156,7 @@ def test_which_steps_need_the_scoring_forward():
     on_policy = {**SMALL_ALGO, "kl_coef": 0.0, "entropy_coef": 0.0}
 
     def needed(algo=on_policy, plugins=(), rollout=None):
-        return RLModule(_tiny_policy(), tok, algorithm=algo, plugins=list(plugins), rollout=rollout).scoring_forward_needed
+        return RLModule(_tiny_policy(), tok, algorithm=AlgorithmConfig(**algo), plugins=list(plugins), rollout=rollout).scoring_forward_needed
 
     assert not needed()
     assert not needed(plugins=[DynamicSampling(max_rounds=2), OverlongPenalty(buffer_length=4)])
@@ -162,7 +165,7 @@ def test_which_steps_need_the_scoring_forward():
     assert needed({**on_policy, "mini_batch_prompts": 1})  # so is every mini-batch after the first
     assert needed(plugins=[EntropyBonus(coef=0.01)])  # reads the token entropies
     assert needed({**on_policy, "policy_loss": "lp_reg"})  # its proxy is a token stat
-    assert needed(rollout={"logprobs": True})  # the engine's log-probs are compared with it
+    assert needed(rollout=RolloutConfig(**{"logprobs": True}))  # the engine's log-probs are compared with it
 
 
 def test_an_on_policy_step_without_the_scoring_forward_makes_the_same_update(monkeypatch):
@@ -179,8 +182,8 @@ def test_an_on_policy_step_without_the_scoring_forward_makes_the_same_update(mon
         if forced:
             monkeypatch.setattr(RLModule, "scoring_forward_needed", property(lambda self: True))
         policy = _tiny_policy()
-        module = RLModule(policy, tok, algorithm={**SMALL_ALGO, "kl_coef": 0.0, "entropy_coef": 0.0},
-                          rollout={"n": 4, "max_new_tokens": 6}, optim={"lr": 1e-2, "warmup_steps": 0})
+        module = RLModule(policy, tok, algorithm=AlgorithmConfig(**{**SMALL_ALGO, "kl_coef": 0.0, "entropy_coef": 0.0}),
+                          rollout=RolloutConfig(**{"n": 4, "max_new_tokens": 6}), optim=OptimConfig(**{"lr": 1e-2, "warmup_steps": 0}))
         _fit(module, _datamodule(2), steps=2)
         weights[forced] = {k: v.clone() for k, v in policy.state_dict().items()}
         assert len(calls) == (2 if forced else 0)
@@ -198,8 +201,8 @@ def test_gradients_are_freed_after_the_last_optimiser_step_of_a_step():
             seen.append(all(p.grad is None for p in pl_module.policy.parameters()))
 
     tok = build_char_tokenizer()
-    module = RLModule(_tiny_policy(), tok, algorithm={**SMALL_ALGO, "kl_coef": 0.0, "mini_batch_prompts": 1},
-                      rollout={"n": 2, "max_new_tokens": 4}, optim={"lr": 1e-2, "warmup_steps": 0})
+    module = RLModule(_tiny_policy(), tok, algorithm=AlgorithmConfig(**{**SMALL_ALGO, "kl_coef": 0.0, "mini_batch_prompts": 1}),
+                      rollout=RolloutConfig(**{"n": 2, "max_new_tokens": 4}), optim=OptimConfig(**{"lr": 1e-2, "warmup_steps": 0}))
     before = {k: v.clone() for k, v in module.policy.state_dict().items()}
     trainer = L.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
@@ -219,8 +222,8 @@ def test_prompt_visits_are_counted_logged_and_kept_in_the_checkpoint():
     v.add(["a", "b"])  # this step: a (3rd visit), b (1st)
     assert v.metrics() == {"data/visits_mean": 2.0, "data/prompts_seen": 3.0}
     tok = build_char_tokenizer()
-    module = RLModule(_tiny_policy(), tok, algorithm={**SMALL_ALGO, "kl_coef": 0.0},
-                      rollout={"n": 2, "max_new_tokens": 4})
+    module = RLModule(_tiny_policy(), tok, algorithm=AlgorithmConfig(**{**SMALL_ALGO, "kl_coef": 0.0}),
+                      rollout=RolloutConfig(**{"n": 2, "max_new_tokens": 4}))
     dm = _datamodule(2)  # 2 prompts a step from a pool of 16
     metrics = {k: float(v) for k, v in _fit(module, dm, steps=3).callback_metrics.items()}
     counts = module.prompt_visits.counts
@@ -228,6 +231,6 @@ def test_prompt_visits_are_counted_logged_and_kept_in_the_checkpoint():
     assert metrics["train/data/visits_mean"] >= 1.0
     ckpt: dict = {}
     module.on_save_checkpoint(ckpt)
-    other = RLModule(_tiny_policy(), tok, algorithm={**SMALL_ALGO, "kl_coef": 0.0})
+    other = RLModule(_tiny_policy(), tok, algorithm=AlgorithmConfig(**{**SMALL_ALGO, "kl_coef": 0.0}))
     other.on_load_checkpoint(ckpt)
     assert other.prompt_visits.counts == counts

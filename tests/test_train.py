@@ -123,7 +123,9 @@ def test_data_the_engine_cannot_take_fails_at_start_naming_the_settings(tmp_path
 
 
 def test_plugins_are_built_in_order_named_by_their_keys(caplog):
+    from medsrl.run_config import RunConfig
     from medsrl.train import build_plugins
+    from run_helpers import BASE_CONFIG, config_problems
 
     group = {
         "overlong": {"_target_": "medsrl.methods.overlong.OverlongPenalty", "buffer_length": 4},
@@ -132,13 +134,13 @@ def test_plugins_are_built_in_order_named_by_their_keys(caplog):
         "bonus": {"_target_": "medsrl.methods.entropy_bonus.EntropyBonus", "coef": 0.2},
     }
     with caplog.at_level("WARNING"):
-        plugins = build_plugins(group)
+        plugins = build_plugins(RunConfig.parse({**BASE_CONFIG, "algorithm": {"plugins": group}}).plugins)
     assert [(p.name, type(p).__name__) for p in plugins] == [
         ("overlong", "OverlongPenalty"), ("bonus", "EntropyBonus")]
     assert plugins[1].coef == 0.2
     assert any("algorithm.plugins.orphan" in r.getMessage() for r in caplog.records)
-    with pytest.raises(TypeError, match="algorithm.plugins.x: .* is not a medsrl Plugin"):
-        build_plugins({"x": {"_target_": "collections.OrderedDict"}})
+    assert config_problems({"algorithm": {"plugins": {"x": {"_target_": "collections.OrderedDict"}}}}) == [
+        "algorithm.plugins.x._target_ must be a medsrl Plugin class, got 'collections.OrderedDict'"]
 
 
 # ---------------------------------------------------------------- sweeps: metric, skip, continue

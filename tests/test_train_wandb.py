@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from medsrl.train import check_config, train
+from medsrl.train import parse_run, train
 from run_helpers import compose_train, read_metrics, wandb_run_contents, wandb_run_dirs
 
 pytestmark = pytest.mark.slow
@@ -83,8 +83,8 @@ def test_logger_wandb_without_the_package_fails_at_start_saying_how_to_install(t
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed: import wandb fails
     cfg = compose_train(tmp_path / "run", ["logger=many"])
     with pytest.raises(ValueError, match=r'logger\.wandb .*pip install -e "\.\[wandb\]"'):
-        check_config(cfg)
+        parse_run(cfg)
     with pytest.raises(ValueError, match="needs the wandb package"):
         train(cfg)  # before any model is built or any file written
     assert not (tmp_path / "run").exists()
-    check_config(compose_train(tmp_path / "run", ["logger=tensorboard"]))  # TensorBoard needs no extra
+    parse_run(compose_train(tmp_path / "run", ["logger=tensorboard"]))  # TensorBoard needs no extra

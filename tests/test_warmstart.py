@@ -14,10 +14,10 @@ from medsrl import warmstart
 from medsrl.data.arithmetic import generate_arithmetic
 from medsrl.data.template import QWEN_MATH_SYSTEM_PROMPT
 from medsrl.models.char_tokenizer import build_char_tokenizer
+from medsrl.models.settings import WarmStartConfig
 from medsrl.models.tiny import build_tiny_model
 from medsrl.reward.grader import MathGrader
 from medsrl.warmstart import (
-    WarmStartConfig,
     collate,
     encode_examples,
     ensure_warm_start,

@@ -23,7 +23,6 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from medsrl.config import GraderConfig, RolloutConfig, VLLMConfig, check_eval_config
 from medsrl.data.loaders import default_name
 from medsrl.data.sources import set_data_dir_default
 from medsrl.evaluation.responses import (
@@ -38,12 +37,13 @@ from medsrl.methods.meds.features import FeatureSpec
 from medsrl.models.loading import load_policy, load_tokenizer
 from medsrl.reward.grader import MathGrader
 from medsrl.rollout.factory import build_engine, engine_max_model_len, model_positions
+from medsrl.rollout.settings import RolloutConfig
+from medsrl.run_config import CONFIG_DIR, EvalRunConfig
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("MEDSRL_ROOT", str(ROOT))  # configs/paths: root_dir
 set_data_dir_default(Path(os.environ["MEDSRL_ROOT"]))  # configs/paths: data_dir on a clone without ../shared
-CONFIG_DIR = str(ROOT / "configs")
 
 
 def load_for_eval(model_path: str, tokenizer: str | None, dtype: str):
@@ -128,19 +128,6 @@ def models_to_evaluate(cfg: DictConfig) -> list[tuple[str, str]]:
     return models
 
 
-def feature_spec_from(features: DictConfig | dict | None) -> FeatureSpec | None:
-    """eval.yaml's ``features`` mapping as a :class:`FeatureSpec`; null: no features."""
-    if features is None:
-        return None
-    given = (OmegaConf.to_container(features, resolve=True) if isinstance(features, DictConfig)
-             else dict(features))
-    valid = [f.name for f in dataclasses.fields(FeatureSpec)]
-    unknown = sorted(set(given) - set(valid))
-    if unknown:
-        raise ValueError(f"features: unknown keys {unknown}; valid: {', '.join(valid)}")
-    return FeatureSpec(**given)
-
-
 # Where a training config keeps the MEDS settings: the plug-in, then the layout before plug-ins.
 _MEDS_KEYS = ("algorithm.plugins.meds", "algorithm.meds")
 # FeatureSpec's fields by the MEDS plug-in's names for them
@@ -176,12 +163,10 @@ def feature_spec_for(model_path: str | Path, default: FeatureSpec | None) -> Fea
     return spec
 
 
-def settings_from(cfg: DictConfig) -> EvalSettings:
-    return EvalSettings(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p,
-                        max_new_tokens=cfg.max_new_tokens, seed=cfg.seed, batch_size=cfg.batch_size,
-                        features=feature_spec_from(cfg.features),
-                        extra={"template": OmegaConf.to_container(cfg.template, resolve=True),
-                               "limit": cfg.limit})
+def settings_from(run: EvalRunConfig) -> EvalSettings:
+    return EvalSettings(n=run.n, temperature=run.temperature, top_p=run.top_p,
+                        max_new_tokens=run.max_new_tokens, seed=run.seed, batch_size=run.batch_size,
+                        features=run.features, extra={"template": run.template.model_dump(), "limit": run.limit})
 
 
 def benchmark_name(key: str, source: DictConfig | dict) -> str:
@@ -216,12 +201,12 @@ def build_benchmarks(cfg: DictConfig) -> dict[str, list]:
     return benchmarks
 
 
-def choose_backend(rollout: DictConfig, device: str) -> tuple[str, str]:
+def choose_backend(backend: str | None, device: str) -> tuple[str, str]:
     """The engine and why: ``rollout=hf|vllm`` as chosen; with none chosen, vLLM on a CUDA device
     when vllm is installed (the paper's table takes hours there, days with HF generate), else HF
     ``generate`` (the CPU path)."""
-    if rollout.get("backend") is not None:
-        return str(rollout.backend), f"rollout={rollout.backend}"
+    if backend is not None:
+        return backend, f"rollout={backend}"
     if not str(device).startswith("cuda"):
         return "hf", f"no rollout chosen, device {device}"
     if importlib.util.find_spec("vllm") is None:
@@ -229,15 +214,13 @@ def choose_backend(rollout: DictConfig, device: str) -> tuple[str, str]:
     return "vllm", f"no rollout chosen, device {device} and vllm installed"
 
 
-def engine_config(cfg: DictConfig, backend: str, prompt_tokens: int) -> RolloutConfig:
+def engine_config(run: EvalRunConfig, backend: str, prompt_tokens: int) -> RolloutConfig:
     """The engine's settings for ``build_engine``: eval's ``max_new_tokens`` and ``batch_size``,
     ``rollout.vllm``'s options, and the longest benchmark prompt as ``max_prompt_tokens``, so an
     unset ``rollout.vllm.max_model_len`` sizes vLLM for exactly what it will see (longest prompt +
     max_new_tokens, at most the model's positions: ``factory.engine_max_model_len``)."""
-    vllm = cfg.rollout.get("vllm")
-    options = OmegaConf.to_container(vllm, resolve=True) if vllm is not None else {}
-    return RolloutConfig(backend=backend, max_new_tokens=cfg.max_new_tokens, max_batch_size=cfg.batch_size,
-                         max_prompt_tokens=prompt_tokens, vllm=VLLMConfig.model_validate(options))
+    return RolloutConfig(backend=backend, max_new_tokens=run.max_new_tokens, max_batch_size=run.batch_size,
+                         max_prompt_tokens=prompt_tokens, vllm=run.rollout.vllm)
 
 
 def prompt_tokens(problems: dict[str, list], tokenizer) -> dict[str, list[int]]:
@@ -316,7 +299,7 @@ def _free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def evaluate_model(cfg: DictConfig, run: str, path: str, benchmarks: dict[str, list], settings: EvalSettings,
+def evaluate_model(cfg: EvalRunConfig, run: str, path: str, benchmarks: dict[str, list], settings: EvalSettings,
                    backend: str, device: str, store: GenerationStore, grader) -> list[dict]:
     """One model's rows: its prompts checked against the engine's length first, then every
     benchmark sampled through one engine, closed at the end (vLLM keeps process-global state)."""
@@ -355,15 +338,15 @@ def evaluate(cfg: DictConfig) -> list[dict]:
 
     Everything that can be checked without a model is checked first (the config's values, the
     benchmarks' problems, the models' paths), so a mistake costs no model load."""
-    check_eval_config(cfg)
+    parsed = EvalRunConfig.parse(cfg)
     out_dir = Path(cfg.paths.output_dir)
-    settings = settings_from(cfg)
+    settings = settings_from(parsed)
     benchmarks = build_benchmarks(cfg)
     models = models_to_evaluate(cfg)
-    grader_cfg = GraderConfig.model_validate(OmegaConf.to_container(cfg.grader, resolve=True))
+    grader_cfg = parsed.grader
     out_dir.mkdir(parents=True, exist_ok=True)
-    device = cfg.device if cfg.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
-    backend, why = choose_backend(cfg.rollout, device)
+    device = parsed.device if parsed.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    backend, why = choose_backend(parsed.rollout.backend, device)
     log.info("engine: %s (%s)", backend, why)
     rows = []
     with (
@@ -372,7 +355,7 @@ def evaluate(cfg: DictConfig) -> list[dict]:
                    reasoning_end=grader_cfg.reasoning_end).start() as grader,
     ):
         for run, path in models:
-            rows += evaluate_model(cfg, run, path, benchmarks, settings, backend, device, store, grader)
+            rows += evaluate_model(parsed, run, path, benchmarks, settings, backend, device, store, grader)
             _free_device_memory()
     write_markdown(rows, out_dir / "results.md")
     write_csv(rows, out_dir / "results.csv")
@@ -386,7 +369,7 @@ def evaluate(cfg: DictConfig) -> list[dict]:
     return rows
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="eval")
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="eval")
 def main(cfg: DictConfig) -> float:
     rows = evaluate(cfg)
     return float(sum(r["pass@1"] for r in rows) / len(rows))

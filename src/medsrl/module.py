@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping
 from contextlib import nullcontext
 from functools import partial
 from typing import Any
@@ -22,15 +21,17 @@ import torch
 from medsrl.algo import AdvantageInputs, compute_advantages, sampling_mismatch
 from medsrl.algo.engine_correction import check_engine_correction
 from medsrl.algo.policy_loss import policy_loss_reducers
-from medsrl.config import AlgorithmConfig, GraderConfig, OptimConfig, RolloutConfig, parse_section
+from medsrl.algo.settings import AlgorithmConfig
 from medsrl.models import lora
 from medsrl.models.export import save_policy
 from medsrl.models.sharding import full_weights, is_sharded, shard_policy
 from medsrl.plugins import Plugin, PluginHost, StepContext
 from medsrl.plugins.rounds import fill_batch
 from medsrl.reward.grader import MathGrader
+from medsrl.reward.settings import GraderConfig
 from medsrl.rollout.base import SamplingParams, sync_engine
 from medsrl.rollout.factory import build_engine
+from medsrl.rollout.settings import RolloutConfig
 from medsrl.step.metrics import (
     PhaseTimer,
     PromptVisits,
@@ -41,6 +42,7 @@ from medsrl.step.metrics import (
 )
 from medsrl.step.rollouts import Group, StepRollouts, split_groups
 from medsrl.step.scoring import padding_metrics, scoring_forward_needed, scoring_pass
+from medsrl.step.settings import OptimConfig
 from medsrl.step.update import UpdateConfig, policy_update
 from medsrl.utils.distributed import (
     all_gather_objects,
@@ -61,10 +63,10 @@ class RLModule(L.LightningModule):
         self,
         policy: torch.nn.Module,
         tokenizer,
-        algorithm: Mapping | AlgorithmConfig | None = None,
-        rollout: Mapping | RolloutConfig | None = None,
-        optim: Mapping | OptimConfig | None = None,
-        grader: Mapping | GraderConfig | None = None,
+        algorithm: AlgorithmConfig | None = None,
+        rollout: RolloutConfig | None = None,
+        optim: OptimConfig | None = None,
+        grader: GraderConfig | None = None,
         plugins: list[Plugin] | None = None,
         seed: int = 0,
         merge_on_export: bool = True,
@@ -73,10 +75,11 @@ class RLModule(L.LightningModule):
         self.automatic_optimization = False
         self.policy = policy
         self.tokenizer = tokenizer
-        self.algorithm = parse_section(AlgorithmConfig, algorithm, "algorithm")
-        self.rollout_cfg = parse_section(RolloutConfig, rollout, "rollout")
-        self.optim_cfg = parse_section(OptimConfig, optim, "optim")
-        self.grader_cfg = parse_section(GraderConfig, grader, "grader")
+        # the run's parsed sections (run_config.RunConfig); None: the defaults
+        self.algorithm = algorithm or AlgorithmConfig()
+        self.rollout_cfg = rollout or RolloutConfig()
+        self.optim_cfg = optim or OptimConfig()
+        self.grader_cfg = grader or GraderConfig()
         self.plugins = list(plugins or [])
         self.host = PluginHost(self.plugins)
         self.reducers = _scoring_reducers(self.host, self.algorithm)
@@ -87,7 +90,7 @@ class RLModule(L.LightningModule):
         r = self.rollout_cfg
         check_engine_correction(self.algorithm.engine_is_cap, r.logprobs, r.temperature, r.top_p)
         self.save_hyperparameters({
-            "algorithm": self.algorithm.model_dump(), "plugins": [p.name for p in self.plugins],
+            "algorithm": self.algorithm.model_dump(exclude={"plugins"}), "plugins": [p.name for p in self.plugins],
             "rollout": self.rollout_cfg.model_dump(), "optim": self.optim_cfg.model_dump(),
             "grader": self.grader_cfg.model_dump(), "seed": seed,
         })

@@ -23,19 +23,18 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
-from pydantic import ValidationError
 
 from medsrl.callbacks.hparams import WandbRunConfig, log_final_hparams, run_config
 from medsrl.callbacks.pass_at_k import _NOT_LOGGED, PassAtKValidation
 from medsrl.callbacks.progress import StepProgressBar
-from medsrl.config import LoraSettings, RolloutConfig, check_train_config, parse_section
 from medsrl.data.sources import set_data_dir_default
-from medsrl.models.lora import lora_settings, target_problems
+from medsrl.models.lora import target_problems
 from medsrl.models.policy import build_policy
 from medsrl.module import RLModule
 from medsrl.plan.model_size import meta_model
 from medsrl.plugins import Plugin
 from medsrl.rollout.factory import describe_prompt_token_limit, prompt_token_limit
+from medsrl.run_config import CONFIG_DIR, RunConfig, TrainerSettings
 from medsrl.utils.atomic_file import atomic_write
 from medsrl.utils.checkpoint_io import AtomicCheckpointIO
 from medsrl.utils.wandb_log import describe as describe_wandb
@@ -47,7 +46,6 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("MEDSRL_ROOT", str(ROOT))  # configs/paths: root_dir
 set_data_dir_default(Path(os.environ["MEDSRL_ROOT"]))  # configs/paths: data_dir on a clone without ../shared
-CONFIG_DIR = str(ROOT / "configs")
 
 # The step's updates are explicit (manual optimisation); checkpoints hold post-update state by design.
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
@@ -57,49 +55,40 @@ warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)"
 warnings.filterwarnings("ignore", message="Found .* module\\(s\\) in eval mode at the start of training")
 
 
-def lora_target_problems(run: dict) -> list[str]:
+def lora_target_problems(run: RunConfig) -> list[str]:
     """With LoRA on, every ``target_modules`` name must match a module of the model built on the
     ``meta`` device (as medsrl-plan does) before weights load; else apply_lora checks after load."""
-    try:
-        lora = LoraSettings.model_validate((run.get("model") or {}).get("lora") or {})
-    except ValidationError:  # reported by the schema
-        return []
-    if not lora.enabled:
+    if not run.model.lora.enabled:
         return []
     try:
-        model = meta_model(run.get("model"))
+        model = meta_model(run.model)
     except Exception:  # no shape or config.json to build from: apply_lora checks after load
         return []
-    return target_problems(model, lora.target_modules)
+    return target_problems(model, run.model.lora.target_modules)
 
 
-def check_config(cfg: DictConfig) -> None:
-    """Fails at start, before the model is built, naming every missing or bad value by its key."""
-    check_train_config(cfg, lora_target_problems)
+def parse_run(cfg: DictConfig) -> RunConfig:
+    """The run's typed settings; fails at start, before the model is built, naming every
+    missing or bad value by its key."""
+    return RunConfig.parse(cfg, lora_target_problems)
 
 
-def instantiate_group(group: DictConfig | None) -> list[Any]:
-    """Instantiate every entry of a config group that is a dict of named ``_target_`` configs."""
-    return [instantiate(c) for c in (group or {}).values() if c is not None and "_target_" in c]
+def instantiate_group(group: DictConfig | None, parsed: dict[str, tuple[type, Any]] | None = None) -> list[Any]:
+    """Every entry of a config group of named ``_target_`` configs, in order: from its parsed
+    settings (``RunConfig.callback_settings``) when it has them, else by Hydra."""
+    parsed = parsed or {}
+    return [parsed[k][0](**dict(parsed[k][1])) if k in parsed else instantiate(c)
+            for k, c in (group or {}).items() if c is not None and "_target_" in c]
 
 
-def build_plugins(group: DictConfig | dict | None) -> list[Plugin]:
-    """``algorithm.plugins``: ``{name: {_target_: ..., settings}}`` -> plug-ins named by their
-    keys, in order; a null entry is left out (``algorithm.plugins.dynamic_sampling=null``)."""
-    plugins = []
-    for name, node in (group or {}).items():
-        if node is None:
-            continue
-        if "_target_" not in node:  # settings (say from an experiment) for a plug-in not chosen
-            log.warning("algorithm.plugins.%s has settings but no _target_: not a plug-in of this "
-                        "algorithm, ignored", name)
-            continue
-        plugin = instantiate(node, _convert_="object")
-        if not isinstance(plugin, Plugin):
-            raise TypeError(f"algorithm.plugins.{name}: {type(plugin).__name__} is not a medsrl Plugin")
-        plugin.name = str(name)
-        plugins.append(plugin)
-    return plugins
+def build_plugins(plugins: dict[str, tuple[type, Any]]) -> list[Plugin]:
+    """``{name: (class, settings)}`` (``RunConfig.plugins``) -> plug-ins named by their keys, in order."""
+    built = []
+    for name, (cls, settings) in plugins.items():
+        plugin = cls(**dict(settings))
+        plugin.name = name
+        built.append(plugin)
+    return built
 
 
 def load_weights_only(module: RLModule, ckpt_path: str) -> int:
@@ -117,6 +106,7 @@ def load_weights_only(module: RLModule, ckpt_path: str) -> int:
 class Run:
     """The parts of one training job, built from the config (benchmarks reach into these)."""
 
+    config: RunConfig
     trainer: L.Trainer
     module: RLModule
     datamodule: L.LightningDataModule
@@ -124,7 +114,7 @@ class Run:
     loggers: list
 
 
-def gpu_environment(trainer_cfg: Any, environ: dict[str, str] | None = None) -> dict[str, str]:
+def gpu_environment(trainer: TrainerSettings, environ: dict[str, str] | None = None) -> dict[str, str]:
     """The process settings a GPU run needs, set where the user has not set them (and returned):
     ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, so the cache the update leaves in
     fragments does not make vLLM's KV-cache wake fail (vLLM turns it off around its own pool), and
@@ -132,9 +122,9 @@ def gpu_environment(trainer_cfg: Any, environ: dict[str, str] | None = None) -> 
     intra-op threads to 1 for the whole process, the trainer's CPU work included. Before any CUDA
     allocation: the allocator reads its settings once. A CPU run: nothing."""
     environ = os.environ if environ is None else environ
-    if str(trainer_cfg.get("accelerator", "cpu")) == "cpu":
+    if trainer.accelerator == "cpu":
         return {}
-    devices = trainer_cfg.get("devices", 1)
+    devices = trainer.devices
     if isinstance(devices, int) and devices > 0:
         per_node = devices
     elif isinstance(devices, (str, int)):  # "auto", -1: every GPU of the node
@@ -153,44 +143,43 @@ def gpu_environment(trainer_cfg: Any, environ: dict[str, str] | None = None) -> 
 
 def build_run(cfg: DictConfig) -> Run:
     """Instantiate data, policy, module, callbacks, loggers and the Lightning trainer."""
-    check_config(cfg)
-    for key, value in gpu_environment(cfg.trainer).items():
+    run = parse_run(cfg)
+    for key, value in gpu_environment(run.trainer).items():
         log.info("GPU run: %s=%s (not set by the user)", key, value)
-    L.seed_everything(cfg.seed, workers=True)
+    L.seed_everything(run.seed, workers=True)
     torch.set_float32_matmul_precision("high")
 
-    datamodule = instantiate(cfg.data, _convert_="object")
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    policy, tokenizer = build_policy(warm_started(model_cfg, cfg.paths.cache_dir))
+    datamodule = instantiate(cfg.data, _convert_="object")  # Hydra builds its sources
+    policy, tokenizer = build_policy(warm_started(run.model, run.paths.cache_dir))
     datamodule.use_tokenizer(tokenizer)  # data.template.kind=chat renders with its chat template
-    rollout = parse_section(RolloutConfig, cfg.rollout, "rollout")  # prompts the engine can't take: dropped now
-    datamodule.limit_prompt_tokens(tokenizer, prompt_token_limit(rollout, policy),
-                                   why=describe_prompt_token_limit(rollout, policy))
-    algorithm = OmegaConf.to_container(cfg.algorithm, resolve=True)
+    # prompts the engine can't take: dropped now
+    datamodule.limit_prompt_tokens(tokenizer, prompt_token_limit(run.rollout, policy),
+                                   why=describe_prompt_token_limit(run.rollout, policy))
     module = RLModule(
         policy,
         tokenizer,
-        algorithm={k: v for k, v in algorithm.items() if k != "plugins"},
-        rollout=cfg.rollout, optim=cfg.optim, grader=cfg.grader,  # parse_section resolves them
-        plugins=build_plugins(cfg.algorithm.get("plugins")),
-        seed=cfg.seed,
-        merge_on_export=lora_settings(model_cfg).merge_on_export,
+        algorithm=run.algorithm,
+        rollout=run.rollout, optim=run.optim, grader=run.grader,
+        plugins=build_plugins(run.plugins),
+        seed=run.seed,
+        merge_on_export=run.model.lora.merge_on_export,
     )
-    callbacks = with_step_progress_bar(instantiate_group(cfg.get("callbacks")), cfg)  # the plug-ins join through the module
+    # the plug-ins join through the module
+    callbacks = with_step_progress_bar(instantiate_group(cfg.get("callbacks"), run.callback_settings), run)
     loggers = instantiate_group(cfg.get("logger"))
     if wandb_loggers(loggers):
         callbacks.append(WandbRunConfig(run_config(cfg)))  # the resolved config as the W&B run config
     trainer: L.Trainer = instantiate(
         cfg.trainer, callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()]
     )
-    return Run(trainer, module, datamodule, callbacks, loggers)
+    return Run(run, trainer, module, datamodule, callbacks, loggers)
 
 
-def with_step_progress_bar(callbacks: list, cfg: DictConfig) -> list:
+def with_step_progress_bar(callbacks: list, run: RunConfig) -> list:
     """The step bar, never Lightning's epoch bar ("Epoch 0/-2 ... 0.03it/s"): a
     ``StepProgressBar`` added last when the callbacks have no progress bar (``callbacks=none``),
     and none when ``trainer.enable_progress_bar=false`` (Lightning refuses a bar then)."""
-    if not cfg.trainer.get("enable_progress_bar", True):
+    if not run.trainer.enable_progress_bar:
         return [c for c in callbacks if not isinstance(c, ProgressBar)]
     if not any(isinstance(c, ProgressBar) for c in callbacks):
         return [*callbacks, StepProgressBar()]
@@ -202,8 +191,8 @@ def train(cfg: DictConfig, run: Run | None = None) -> dict[str, float]:
     run = run or build_run(cfg)
     trainer, module, loggers = run.trainer, run.module, run.loggers
 
-    ckpt_path = cfg.ckpt_path
-    if ckpt_path and cfg.resume_mode == "weights":
+    ckpt_path = run.config.ckpt_path
+    if ckpt_path and run.config.resume_mode == "weights":
         from_step = load_weights_only(module, ckpt_path)
         log.info("weights-only start from %s (its step %d); optimiser and step are fresh", ckpt_path, from_step)
         ckpt_path = None
@@ -241,7 +230,7 @@ def _fit(cfg: DictConfig, run: Run, ckpt_path: str | None, out_dir: Path) -> dic
         summary["val_accuracy_end"] = validation.history[-1][1]
         summary.update(final_validation(validation.last_rows))
     summary["steps"] = trainer.global_step
-    if cfg.export_policy:
+    if run.config.export_policy:
         run.module.export_policy(out_dir / "policy")  # every rank: FSDP gathers the weights
         if trainer.is_global_zero:
             print(f"[medsrl] final policy saved to {out_dir / 'policy'}")
@@ -385,7 +374,7 @@ def sweeper_optimises() -> bool:
     return hc.mode == RunMode.MULTIRUN and not str(hc.sweeper.get("_target_", "")).endswith("BasicSweeper")
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
 def main(cfg: DictConfig) -> float | None:
     summary = train_or_skip(cfg)
     return optimized_value(cfg, summary, strict=sweeper_optimises())  # what a Hydra sweeper optimises

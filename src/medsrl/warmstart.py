@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,9 @@ from torch.utils.data import DataLoader
 import medsrl
 from medsrl.data.arithmetic import GENERATOR_VERSION, generate_arithmetic
 from medsrl.data.example import MathExample
-from medsrl.data.template import IM_END, QWEN_MATH_SYSTEM_PROMPT, render_prompt
+from medsrl.data.template import IM_END, render_prompt
 from medsrl.models.char_tokenizer import build_char_tokenizer, char_vocab
+from medsrl.models.settings import TASKS, ModelConfig, WarmStartConfig
 from medsrl.models.tiny import build_tiny_model, tiny_qwen2_config
 
 log = logging.getLogger(__name__)
@@ -46,33 +47,6 @@ IGNORE = -100
 _MIN_SHARED_PREFIX = 16
 
 
-@dataclass
-class WarmStartConfig:
-    """How the tiny model is warm-started (every field is part of the cache key). The defaults
-    are the recipe measured in docs/WARMSTART.md; lr matters most (1.5e-3 and above stall)."""
-
-    steps: int = 1000
-    batch_size: int = 16
-    lr: float = 1e-3
-    warmup_steps: int = 20
-    weight_decay: float = 0.0
-    min_lr_ratio: float = 0.1  # cosine decay from lr to lr * min_lr_ratio
-    grad_clip: float = 1.0
-    level: int = 1
-    num_examples: int = 20000
-    seed: int = 0
-    system_prompt: str | None = QWEN_MATH_SYSTEM_PROMPT
-    max_length: int = 320  # training sequences (prompt + solution) longer than this are dropped
-    eval_examples: int = 128  # val problems for the final sampled / greedy accuracy
-    eval_max_new_tokens: int = 96
-    # The problems it learns from: "arithmetic" (generate_arithmetic at ``level``) or
-    # "precedence" (the study task: generate_precedence_mix with ``task_options``, which holds
-    # its ``levels`` shares, ``shortcut_rate`` and ``trap_fraction``; ``level`` is unused).
-    task: str = "arithmetic"
-    task_options: dict = field(default_factory=dict)
-
-
-TASKS = ("arithmetic", "precedence")
 
 
 def task_examples(ws: WarmStartConfig, num: int, split: str) -> list[MathExample]:
@@ -94,7 +68,7 @@ def warm_start_key(model_config: dict, ws: WarmStartConfig) -> str:
     resolved = tiny_qwen2_config(**model_config).to_dict()
     resolved.pop("transformers_version", None)
     payload = {
-        "model": resolved, "warm_start": asdict(ws), "medsrl": medsrl.__version__,
+        "model": resolved, "warm_start": ws.model_dump(), "medsrl": medsrl.__version__,
         "generator": GENERATOR_VERSION, "warmstart": WARMSTART_VERSION,
         "template": render_prompt("{problem}", system_prompt=ws.system_prompt),
         "tokenizer": char_vocab(),  # the saved tokenizer must match the code's
@@ -134,15 +108,14 @@ def ensure_warm_start(cache_root: str | Path, model_config: dict, ws: WarmStartC
     return target
 
 
-def warm_started(model_cfg: dict, cache_dir: str | Path) -> dict:
-    """``model_cfg`` with ``name_or_path`` at the warm-started tiny preset (built if missing)
-    when it names no model and sets ``warm_start``; otherwise unchanged."""
-    if model_cfg.get("name_or_path") is not None or not model_cfg.get("warm_start"):
-        return model_cfg
-    ws = WarmStartConfig(**dict(model_cfg["warm_start"]))
-    path = ensure_warm_start(cache_dir, dict(model_cfg.get("tiny") or {}), ws)
+def warm_started(model: ModelConfig, cache_dir: str | Path) -> ModelConfig:
+    """``model`` with ``name_or_path`` at the warm-started tiny preset (built if missing) when it
+    names no model and sets ``warm_start``; otherwise unchanged."""
+    if model.name_or_path is not None or model.warm_start is None:
+        return model
+    path = ensure_warm_start(cache_dir, dict(model.tiny or {}), model.warm_start)
     log.info("tiny preset: warm-started policy at %s", path)
-    return {**model_cfg, "name_or_path": str(path)}
+    return model.model_copy(update={"name_or_path": str(path)})
 
 
 def _remove_leftovers(target: Path) -> None:
@@ -373,7 +346,7 @@ def _build(out_dir: Path, model_config: dict, ws: WarmStartConfig, log_every: in
     model.generation_config.eos_token_id = EOS_ID
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    built_from = {"warm_start": asdict(ws), "model_config": model_config,
+    built_from = {"warm_start": ws.model_dump(), "model_config": model_config,
                   "key": warm_start_key(model_config, ws)}
     (out_dir / "warmstart.json").write_text(json.dumps(built_from, indent=2))
     metrics = {

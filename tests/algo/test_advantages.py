@@ -243,11 +243,16 @@ def test_unknown_estimator_lists_valid_names_sorted():
 
 
 def test_bad_option_names_estimator_and_config_key():
-    with pytest.raises(ValueError, match="drgrpo") as e:
-        compute_advantages("drgrpo", _inputs(), eps=1e-6)  # Dr.GRPO has no std, so no eps
-    assert "algorithm.advantage_options" in str(e.value) and "eps" in str(e.value)
-    with pytest.raises(ValueError, match="algorithm.advantage_options"):
-        compute_advantages("gdpo", _inputs(), weight={"penalty": 0.5})  # typo of weights
+    """Checked at start, against the options the estimator registered, not at its first call."""
+    from medsrl.algo.settings import AlgorithmConfig
+
+    # Dr.GRPO has no std, so no eps
+    with pytest.raises(ValueError, match=r"algorithm.advantage_options.eps is not a setting of advantage 'drgrpo'"):
+        AlgorithmConfig(advantage="drgrpo", advantage_options={"eps": 1e-6})
+    with pytest.raises(ValueError, match=r"algorithm.advantage_options.weight is not a setting of advantage 'gdpo' "
+                                         r"\(known: eps, weights\)"):
+        AlgorithmConfig(advantage="gdpo", advantage_options={"weight": {"penalty": 0.5}})  # typo of weights
+    assert AlgorithmConfig(advantage="gdpo", advantage_options={"weights": {"penalty": 0.5}}).advantage == "gdpo"
 
 
 def test_type_error_inside_estimator_is_not_blamed_on_options(restore_estimators):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from medsrl.algo import compute_policy_loss, token_covariance
+from medsrl.algo.settings import AlgorithmConfig
 
 MASK = torch.ones(2, 2)
 ADV = torch.tensor([2.0, -2.0])  # per sequence: tokens of row 0 get 2, of row 1 get -2
@@ -50,7 +51,7 @@ def test_clip_cov_leaves_tokens_ppo_already_clipped():
 def test_kl_cov_penalises_the_largest_covariance_without_clipping():
     logp = torch.tensor([[-1.0, -3.0], [-1.5, -2.5]], requires_grad=True)  # cov [[2, -2], [-1, 1]]
     old = torch.tensor([[-1.1, -3.0 - math.log(2)], [-1.5, -2.5]])
-    out = compute_policy_loss("kl_cov", logp, old, ADV, MASK, clip_low=0.2, clip_high=0.2, dual_clip=None,
+    out = compute_policy_loss("kl_cov", logp, old, ADV, MASK,
                               kl_cov_ratio=0.25, ppo_kl_coef=0.1)  # max(1, int(1)) = 1 token: (0, 0)
     want = [[-2 * math.exp(0.1) + 0.1 * 0.1, -2 * 2.0], [2.0, 2.0]]  # (0, 1): ratio 2, not clipped
     assert out.loss_mat.tolist() == [pytest.approx(r) for r in want]
@@ -63,5 +64,5 @@ def test_bad_settings_are_refused():
     logp = torch.zeros(2, 2)
     with pytest.raises(ValueError, match="clip_cov_ratio"):
         _clip_cov(logp, logp, clip_cov_ratio=0.0)
-    with pytest.raises(ValueError, match="does not accept"):
-        _clip_cov(logp, logp, kl_cov_ratio=0.1)
+    with pytest.raises(ValueError, match="kl_cov_ratio is not a setting of policy_loss 'clip_cov'"):
+        AlgorithmConfig(policy_loss="clip_cov", policy_loss_options={"kl_cov_ratio": 0.1})

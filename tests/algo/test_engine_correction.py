@@ -12,7 +12,7 @@ from medsrl.algo.engine_correction import (
     truncated_is_stats,
     truncated_is_weights,
 )
-from medsrl.config import AlgorithmConfig
+from medsrl.algo.settings import AlgorithmConfig
 
 
 def test_weights_are_the_capped_ratio_of_trainer_to_engine_probabilities():

@@ -556,11 +556,13 @@ def test_hub_loader_on_a_shared_parquet_matches_the_file_loader(hub):
 
 
 def test_a_hub_source_passes_the_config_check_and_a_bad_one_is_named():
-    from medsrl.config import source_problems
+    from medsrl.run_config import EvalRunConfig
 
     source = {"_target_": "medsrl.data.loaders.load_math_file", "path": None,
               "hub": "HuggingFaceH4/MATH-500", "split": "test"}
-    assert source_problems([("benchmark.m", source, "benchmark 'm'")]) == []
+    EvalRunConfig.parse({"benchmark": {"m": source}})
     hub = {"_target_": "medsrl.data.loaders.load_math_hub", "hub": 3, "subset": None, "revision": "main"}
-    assert source_problems([("benchmark.m", hub, "benchmark 'm'")]) == [
-        "benchmark.m.hub must be a string or null, got 3 (benchmark 'm', medsrl.data.loaders.load_math_hub)"]
+    with pytest.raises(ValueError) as err:
+        EvalRunConfig.parse({"benchmark": {"m": hub}})
+    assert str(err.value).splitlines()[1:] == [
+        "  benchmark.m.hub must be a string or null, got 3 (benchmark 'm', medsrl.data.loaders.load_math_hub)"]

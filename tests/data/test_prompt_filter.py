@@ -12,12 +12,13 @@ from types import SimpleNamespace
 import pytest
 from hydra.utils import instantiate
 
-from medsrl.config import RolloutConfig, parse_section
 from medsrl.data.datamodule import MathDataModule, prompt_token_counts
 from medsrl.data.example import MathExample, prompt_key
 from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.loading import load_tokenizer
 from medsrl.rollout.factory import describe_prompt_token_limit, prompt_token_limit
+from medsrl.rollout.settings import RolloutConfig
+from medsrl.settings import parse
 from run_helpers import compose_train
 from shared_paths import SHARED_DIR, require_shared
 
@@ -159,7 +160,7 @@ def composed(experiment: str):
 def limit_of(cfg) -> int:
     """The run's prompt limit for a policy with the model config's positions."""
     policy = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=cfg.model.shape.max_position_embeddings))
-    rollout = parse_section(RolloutConfig, cfg.rollout, "rollout")
+    rollout = parse(RolloutConfig, cfg.rollout, "rollout")
     assert "the model's 4096 positions" in describe_prompt_token_limit(rollout, policy)
     return prompt_token_limit(rollout, policy)
 

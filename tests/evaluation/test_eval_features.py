@@ -9,13 +9,14 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from medsrl.eval import feature_spec_for, feature_spec_from, settings_from
+from medsrl.eval import feature_spec_for, settings_from
 from medsrl.evaluation.response_features import response_features
 from medsrl.evaluation.responses import EvalSettings
 from medsrl.methods.meds.features import FeatureSpec, round_to_bfloat16
 from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.tiny import build_tiny_model
 from medsrl.rollout.base import RolloutBatch
+from medsrl.run_config import EvalRunConfig
 from run_helpers import ROOT
 
 EVAL_DEFAULT = FeatureSpec(layers=3, diff=True)  # differs from every plug-in default on purpose
@@ -97,15 +98,19 @@ def compose_eval(*overrides):
         return compose("eval", overrides=list(overrides))
 
 
+def _settings(*overrides):
+    return settings_from(EvalRunConfig.parse(compose_eval("paths.output_dir=/nowhere", *overrides)))
+
+
 def test_eval_yaml_features():
-    assert settings_from(compose_eval()).features == FeatureSpec()
-    assert settings_from(compose_eval("features=null")).features is None
-    spec = settings_from(compose_eval("features.layers=[20,24]", "features.dtype=float32")).features
+    assert _settings().features == FeatureSpec()
+    assert _settings("features=null").features is None
+    spec = _settings("features.layers=[20,24]", "features.dtype=float32").features
     assert spec == FeatureSpec(layers=(20, 24), dtype="float32")
-    with pytest.raises(ValueError, match="valid: layers, diff, final_norm, dtype"):
-        feature_spec_from({"layers": 14, "feature_dtype": "auto"})
-    with pytest.raises(ValueError, match="auto, float32, bfloat16"):
-        settings_from(compose_eval("features.dtype=half"))
+    with pytest.raises(ValueError, match=r"features.feature_dtype is not a setting of features \(known: diff, "):
+        _settings("+features.feature_dtype=auto")
+    with pytest.raises(ValueError, match="features.dtype must be one of 'auto', 'float32', 'bfloat16'"):
+        _settings("features.dtype=half")
 
 
 def test_the_feature_spec_is_part_of_the_fingerprint():

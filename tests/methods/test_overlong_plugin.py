@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from medsrl.config import plugin_problems
 from medsrl.data.example import Prompt
 from medsrl.methods.overlong import OverlongPenalty
 from medsrl.reward.grader import GradeResult
 from medsrl.rollout.base import RolloutBatch
 from medsrl.step.rollouts import StepRollouts, split_groups
+from run_helpers import config_problems
 
 
 def _module(max_new_tokens):
@@ -33,5 +33,5 @@ def test_adds_the_penalty_to_reward_and_scores_as_its_own_term():
 def test_a_buffer_as_long_as_the_budget_fails_at_start_naming_the_key():
     overlong = {"_target_": "medsrl.methods.overlong.OverlongPenalty", "buffer_length": 16}
     run = {"rollout": {"max_new_tokens": 16}, "algorithm": {"plugins": {"overlong": overlong}}}
-    assert plugin_problems(run) == [
+    assert config_problems(run) == [
         "algorithm.plugins.overlong.buffer_length must be less than rollout.max_new_tokens (16), got 16"]

@@ -12,13 +12,10 @@ from transformers import AutoModelForCausalLM
 
 from medsrl.methods.meds.logit_capture import find_decoder_layers, find_final_norm, find_lm_head
 from medsrl.models.lora import (
-    DEFAULT_TARGETS,
-    LoraSettings,
     apply_lora,
     checkpoint_state,
     export_view,
     is_lora,
-    lora_settings,
     merged_state_dict,
     mismatch_message,
     reference_policy,
@@ -27,8 +24,10 @@ from medsrl.models.lora import (
     unwrap_peft,
 )
 from medsrl.models.policy import enable_activation_checkpointing
+from medsrl.models.settings import DEFAULT_TARGETS, LoraSettings, ModelConfig
 from medsrl.models.sharding import layer_classes
 from medsrl.models.tiny import build_tiny_model
+from medsrl.settings import parse
 
 SETTINGS = LoraSettings(r=4, alpha=8.0)
 
@@ -58,13 +57,13 @@ def _logits(model, ids):
 
 
 def test_settings_from_the_model_config():
-    assert not lora_settings({}).enabled  # a model config without lora: off
-    assert not lora_settings({"lora": {"r": 0}}).enabled
-    s = lora_settings({"lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}})
+    assert not ModelConfig().lora.enabled  # a model config without lora: off
+    assert not parse(ModelConfig, {"lora": {"r": 0}}, "model").lora.enabled
+    s = parse(ModelConfig, {"lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}}, "model").lora
     assert s.enabled and s.scale == 2.0 and s.target_modules == ("q_proj", "v_proj") and s.merge_on_export
-    assert lora_settings({"lora": {"r": 8}}).target_modules == DEFAULT_TARGETS
+    assert parse(ModelConfig, {"lora": {"r": 8}}, "model").lora.target_modules == DEFAULT_TARGETS
     with pytest.raises(ValueError, match=r"model.lora.rank is not a setting of model.lora \(known: "):
-        lora_settings({"lora": {"rank": 8}})
+        parse(ModelConfig, {"lora": {"rank": 8}}, "model")
 
 
 def test_r0_leaves_the_policy_as_it_is():

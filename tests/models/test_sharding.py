@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
 
-from medsrl.config import LoraSettings
 from medsrl.models.lora import apply_lora, merged_state_dict, merged_weights
+from medsrl.models.settings import LoraSettings
 from medsrl.models.sharding import layer_classes, shard_policy, streamed_weights
 from medsrl.models.tiny import tiny_qwen2_config
 

@@ -6,8 +6,15 @@ import pytest
 from omegaconf import OmegaConf
 
 from medsrl.models.loading import random_model_like
+from medsrl.models.settings import ModelConfig
 from medsrl.plan.model_size import model_size, size_of
+from medsrl.settings import parse
 from run_helpers import ROOT
+
+
+def _model(values) -> ModelConfig:
+    return parse(ModelConfig, values, "model")
+
 
 # the model cards' figures (tied embeddings counted once)
 PUBLISHED = {"qwen2.5-math-1.5b": 1.54e9, "qwen2.5-math-7b": 7.62e9, "qwen3-1.7b": 1.72e9, "qwen3-8b": 8.19e9}
@@ -16,7 +23,7 @@ PUBLISHED = {"qwen2.5-math-1.5b": 1.54e9, "qwen2.5-math-7b": 7.62e9, "qwen3-1.7b
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_parameter_counts_match_the_model_cards(name):
     cfg = OmegaConf.load(ROOT / "configs" / "model" / f"{name}.yaml")
-    size = model_size(cfg)
+    size = model_size(_model(cfg))
     assert abs(size.params - PUBLISHED[name]) / PUBLISHED[name] < 0.005, size.params
     assert size.num_layers == cfg.shape.num_hidden_layers
     assert size.root_params + size.num_layers * size.layer_params == size.params
@@ -41,7 +48,7 @@ def test_tied_embeddings_are_counted_once():
 
 def test_a_named_model_without_shape_says_what_to_add():
     with pytest.raises(ValueError, match="model.shape"):
-        model_size({"name_or_path": "Org/NotHere-7B", "architecture": "qwen2"})
+        model_size(_model({"name_or_path": "Org/NotHere-7B", "architecture": "qwen2"}))
 
 
 def test_a_local_config_json_wins(tmp_path):
@@ -56,9 +63,9 @@ def test_with_lora_only_the_adapters_have_gradients_and_adamw_states():
     from medsrl.plan.cli import compose_train_config, plan_for
 
     cfg = OmegaConf.load(ROOT / "configs" / "model" / "qwen2.5-math-7b.yaml")
-    assert model_size(cfg).trainable_params is None  # r 0: everything trains
+    assert model_size(_model(cfg)).trainable_params is None  # r 0: everything trains
     cfg.lora.r = 16
-    assert model_size(cfg).trainable_params == 40_370_176
+    assert model_size(_model(cfg)).trainable_params == 40_370_176
 
     def bytes_of(overrides):
         plan = plan_for(compose_train_config(["experiment=qwen2.5-math-7b_meds", "algorithm.kl_coef=0.001", *overrides]))

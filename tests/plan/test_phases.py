@@ -8,12 +8,11 @@ LoRA and validation on or off. What a CPU can measure of them is in test_memory_
 from __future__ import annotations
 
 import functools
-import inspect
 
 import pytest
 
 from medsrl.plan.cli import compose_train_config, plan_for
-from medsrl.plan.memory import GIB, VALIDATION_DEFAULTS, MemoryPlan
+from medsrl.plan.memory import GIB, MemoryPlan
 
 SYNCS = ("first weight sync", "weight sync")
 VALIDATION = ("validation sampling", "validation features")
@@ -150,10 +149,3 @@ def test_lora_adds_one_modules_merge_and_drops_the_head_gradient():
     assert not any(name.startswith("head grad") for name in _items(plan, "update"))  # the head is frozen
     one_gpu = _plan("experiment=qwen2.5-math-1.5b_meds", "model.lora.r=16", "model.lora.target_modules=[q_proj]")
     assert _items(one_gpu, "weight sync")["LoRA merge"] == 2 * 1536 * 1536 * 4  # q_proj only
-
-
-def test_validation_defaults_are_the_callbacks():
-    from medsrl.callbacks.pass_at_k import PassAtKValidation
-
-    params = inspect.signature(PassAtKValidation.__init__).parameters
-    assert VALIDATION_DEFAULTS == {k: params[k].default for k in VALIDATION_DEFAULTS}

@@ -7,7 +7,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from medsrl.config import RolloutConfig, VLLMConfig, parse_section
 from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.tiny import build_tiny_model
 from medsrl.module import RLModule
@@ -18,13 +17,15 @@ from medsrl.rollout.factory import (
     prompt_token_limit,
 )
 from medsrl.rollout.hf import HFRolloutEngine
+from medsrl.rollout.settings import RolloutConfig, VLLMConfig
+from medsrl.settings import parse
 
 
 def test_rollout_config_reads_the_vllm_section():
-    cfg = parse_section(RolloutConfig, {"backend": "vllm", "vllm": {"enforce_eager": True}}, "rollout")
+    cfg = parse(RolloutConfig, {"backend": "vllm", "vllm": {"enforce_eager": True}}, "rollout")
     assert cfg.vllm == VLLMConfig(enforce_eager=True)
     with pytest.raises(ValueError, match=r"rollout\.vllm.*gpu_mem"):
-        parse_section(RolloutConfig, {"vllm": {"gpu_mem": 0.3}}, "rollout")
+        parse(RolloutConfig, {"vllm": {"gpu_mem": 0.3}}, "rollout")
 
 
 def test_build_engine_picks_the_backend():
@@ -40,11 +41,11 @@ def test_build_engine_picks_the_backend():
 
 def test_module_accepts_vllm_and_rejects_unknown_backends():
     model, tok = build_tiny_model(hidden_size=32, num_hidden_layers=1), build_char_tokenizer()
-    module = RLModule(model, tok, rollout={"backend": "vllm", "vllm": {"dtype": "bfloat16"}})
+    module = RLModule(model, tok, rollout=RolloutConfig(backend="vllm", vllm={"dtype": "bfloat16"}))
     assert module.rollout_cfg.vllm.dtype == "bfloat16"
     assert module.hparams["rollout"]["vllm"]["dtype"] == "bfloat16"
-    with pytest.raises(ValueError, match="rollout.backend must be one of 'hf', 'vllm', got 'sglang'"):
-        RLModule(model, tok, rollout={"backend": "sglang"})
+    with pytest.raises(ValueError, match="must be one of 'hf', 'vllm'"):
+        RolloutConfig(backend="sglang")
 
 
 def model_with(positions: int | None):
@@ -71,7 +72,7 @@ def model_with(positions: int | None):
 )
 def test_prompt_token_limit_is_max_model_len_less_the_new_tokens(backend, settings, positions,
                                                                  max_model_len, limit):
-    cfg = parse_section(RolloutConfig, {"backend": backend, **settings}, "rollout")
+    cfg = parse(RolloutConfig, {"backend": backend, **settings}, "rollout")
     policy = model_with(positions)
     assert engine_max_model_len(cfg, policy) == max_model_len
     assert prompt_token_limit(cfg, policy) == limit

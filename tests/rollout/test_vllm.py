@@ -19,8 +19,10 @@ from medsrl.data.template import render_prompt  # noqa: E402
 from medsrl.models.char_tokenizer import build_char_tokenizer  # noqa: E402
 from medsrl.models.tiny import build_tiny_model  # noqa: E402
 from medsrl.module import RLModule  # noqa: E402
+from medsrl.reward.settings import GraderConfig  # noqa: E402
 from medsrl.rollout.base import SamplingParams  # noqa: E402
 from medsrl.rollout.hf import HFRolloutEngine  # noqa: E402
+from medsrl.rollout.settings import RolloutConfig  # noqa: E402
 from medsrl.rollout.vllm import VLLMRolloutEngine  # noqa: E402
 from medsrl.utils.guard import RunawayError  # noqa: E402
 
@@ -220,7 +222,7 @@ def test_a_lora_policy_is_served_with_its_adapters_merged(engine, tok):
 
 def _vllm_module(policy, tok) -> RLModule:
     return RLModule(
-        policy, tok, rollout={"backend": "vllm", "vllm": ENGINE}, grader={"num_workers": 1}
+        policy, tok, rollout=RolloutConfig(backend="vllm", vllm=ENGINE), grader=GraderConfig(num_workers=1)
     )
 
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from medsrl.config import AlgorithmConfig
+from medsrl.algo.settings import AlgorithmConfig
 from medsrl.data.example import Prompt
 from medsrl.models.tiny import build_tiny_model
 from medsrl.reward.grader import GradeResult

@@ -4,16 +4,17 @@ picks one by name (verl style), with ``algorithm.advantage_options``.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
+from pydantic import BaseModel
 from torch import Tensor
 
 from medsrl.algo.logprobs import per_token
+from medsrl.settings import settings_model
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -31,34 +32,31 @@ class AdvantageInputs:
 
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {}
+# name -> the settings model of its keyword options (``algorithm.advantage_options``), checked at start
+ADVANTAGE_OPTIONS: dict[str, type[BaseModel]] = {}
 
 
 def register_advantage(name: str) -> Callable[[_F], _F]:
-    """Decorator adding ``fn(inputs: AdvantageInputs, **options) -> Tensor`` as ``name``."""
+    """Decorator adding ``fn(inputs: AdvantageInputs, *, **options) -> Tensor`` as ``name``; its
+    keyword-only arguments (annotated, with defaults) are its options."""
 
     def deco(fn: _F) -> _F:
         if name in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
         ADVANTAGE_ESTIMATORS[name] = fn
+        ADVANTAGE_OPTIONS[name] = settings_model(fn)
         return fn
 
     return deco
 
 
 def compute_advantages(name: str, inputs: AdvantageInputs, **options: Any) -> Tensor:
-    """Advantages from the estimator registered as ``name``: [B], or [B,T] for token-level ones.
-    Options are bound first: a misspelt one is a config error, a TypeError inside stays one."""
+    """Advantages from the estimator registered as ``name``: [B], or [B,T] for token-level ones
+    (``options``: checked at start against ``ADVANTAGE_OPTIONS[name]``, algo/settings.py)."""
     fn = ADVANTAGE_ESTIMATORS.get(name)
     if fn is None:
         valid = ", ".join(sorted(ADVANTAGE_ESTIMATORS))
         raise ValueError(f"unknown advantage estimator {name!r}; valid names: {valid}")
-    try:
-        inspect.signature(fn).bind(inputs, **options)
-    except TypeError as e:
-        raise ValueError(
-            f"advantage estimator {name!r} does not accept options {sorted(options)} ({e}); "
-            "they come from algorithm.advantage_options"
-        ) from e
     return fn(inputs, **options)
 
 

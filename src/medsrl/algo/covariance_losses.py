@@ -18,6 +18,7 @@ from medsrl.algo.policy_loss import (
     clipped_surrogate,
     register_policy_loss,
 )
+from medsrl.settings import Count, Fraction, NonNegative, Number
 
 
 def token_covariance(advantages: Tensor, logp: Tensor, mask: Tensor) -> Tensor:
@@ -35,13 +36,13 @@ def clip_cov_loss(
     advantages: Tensor,
     mask: Tensor,
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-    clip_cov_ratio: float = 0.0002,
-    clip_cov_lb: float = 1.0,
-    clip_cov_ub: float = 5.0,
-    seed: int = 0,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+    clip_cov_ratio: Fraction = 0.0002,
+    clip_cov_lb: Number = 1.0,
+    clip_cov_ub: Number = 5.0,
+    seed: Count = 0,
 ) -> PolicyLossOutput:
     """The clipped surrogate, with ``max(1, int(clip_cov_ratio * tokens))`` unclipped tokens of
     covariance in ``(clip_cov_lb, clip_cov_ub)`` drawn at random (seeded by ``seed`` and the
@@ -72,15 +73,12 @@ def kl_cov_loss(
     advantages: Tensor,
     mask: Tensor,
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-    kl_cov_ratio: float = 0.0002,
-    ppo_kl_coef: float = 0.1,
+    kl_cov_ratio: Fraction = 0.0002,
+    ppo_kl_coef: NonNegative = 0.1,
 ) -> PolicyLossOutput:
     """``-A * ratio`` (no clipping, as in verl: the KL term replaces it) plus
     ``ppo_kl_coef * |logp - old_logp|`` on the ``max(1, int(kl_cov_ratio * tokens))`` tokens of
-    largest covariance. The clip settings are accepted and unused."""
+    largest covariance."""
     if kl_cov_ratio <= 0 or ppo_kl_coef < 0:
         raise ValueError(f"kl_cov needs kl_cov_ratio > 0 and ppo_kl_coef >= 0, got {kl_cov_ratio}, {ppo_kl_coef}")
     adv = per_token(advantages, logp)

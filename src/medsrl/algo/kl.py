@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-_KL_ALIASES = {"k1": "k1", "kl": "k1", "k2": "k2", "mse": "k2", "k3": "k3", "low_var_kl": "k3"}
+KL_ALIASES = {"k1": "k1", "kl": "k1", "k2": "k2", "mse": "k2", "k3": "k3", "low_var_kl": "k3"}
 
 
 def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
@@ -17,9 +17,9 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
       >= 0 (since e^x >= 1 + x). As in verl's ``low_var_kl``, the log-ratio is clamped to
       [-20, 20] before ``exp`` and the estimate to [-10, 10], so one rare token cannot blow up.
     """
-    k = _KL_ALIASES.get(kind)
+    k = KL_ALIASES.get(kind)
     if k is None:
-        raise ValueError(f"unknown KL estimator {kind!r}; valid: {sorted(_KL_ALIASES)}")
+        raise ValueError(f"unknown KL estimator {kind!r}; valid: {sorted(KL_ALIASES)}")
     if k == "k1":
         return logp - ref_logp
     if k == "k2":

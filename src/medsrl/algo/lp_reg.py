@@ -18,6 +18,7 @@ from medsrl.algo.policy_loss import (
     clipped_surrogate,
     register_policy_loss,
 )
+from medsrl.settings import Flag, Fraction, NonNegative
 
 
 def proxy_logprobs(logits: Tensor, labels: Tensor, tau: float, relative: bool = False) -> Tensor:
@@ -37,7 +38,7 @@ def proxy_logprobs(logits: Tensor, labels: Tensor, tau: float, relative: bool = 
     return torch.cat(parts, dim=-1)
 
 
-def lp_reg_proxy(tau: float = 0.02, tau_relative: bool = False) -> TokenReducer:
+def lp_reg_proxy(tau: Fraction = 0.02, tau_relative: Flag = False) -> TokenReducer:
     """The scoring forward's reducer for ``lp_reg``'s ``proxy_logp`` (options from
     ``algorithm.policy_loss_options``)."""
     if not 0 < tau < 1:
@@ -64,11 +65,11 @@ def lp_reg_loss(
     mask: Tensor,
     *,
     proxy_logp: Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-    bottom_frac: float = 0.01,
-    beta: float = 1.0,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
+    bottom_frac: Fraction = 0.01,
+    beta: NonNegative = 1.0,
 ) -> PolicyLossOutput:
     """The clipped surrogate, except on the lowest ``bottom_frac`` of negative-advantage tokens
     by current log-prob with ``logp < proxy_logp`` (never ``-inf``): those get

@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
+from pydantic import BaseModel, create_model
 from torch import Tensor
 
 from medsrl.algo.logprobs import TokenReducer, masked_mean, per_token
+from medsrl.settings import Settings, settings_model
 
 
 @dataclass
@@ -35,35 +37,47 @@ POLICY_LOSSES: dict[str, Callable[..., PolicyLossOutput]] = {}
 # name -> {stat name: factory(**its options) -> TokenReducer}: what a loss needs from the
 # scoring forward (Lp-Reg's proxy log-probs). The loss receives each stat as a keyword argument.
 POLICY_LOSS_STATS: dict[str, dict[str, Callable[..., TokenReducer]]] = {}
+# name -> the settings model of ``algorithm.policy_loss_options`` (its own keyword options and
+# its stats' factories'), checked at start
+POLICY_LOSS_OPTIONS: dict[str, type[BaseModel]] = {}
 
-# Passed by the caller to every registered loss, whatever the loss options are.
-_CLIP_KWARGS = ("clip_low", "clip_high", "dual_clip")
+# Settings of ``algorithm`` itself, given to each loss whose signature names them.
+CLIP_SETTINGS = ("clip_low", "clip_high", "dual_clip")
 
 
 def register_policy_loss(
     name: str, token_stats: dict[str, Callable[..., TokenReducer]] | None = None
 ) -> Callable[[_F], _F]:
-    """Decorator adding ``fn(logp, old_logp, advantages, mask, *, clip_low, clip_high,
-    dual_clip, **options) -> PolicyLossOutput`` as ``name``. ``token_stats``: per-token
-    quantities of the old policy the loss gets as keyword arguments, each built by a factory from
-    the loss options its signature names. Refused here, not blamed later on the options: a
-    duplicate name and a loss that cannot take the clip keywords or its stats.
-    """
+    """Decorator adding ``fn(logp, old_logp, advantages, mask, *, **options) -> PolicyLossOutput``
+    as ``name``. Its keyword-only arguments are its options, less ``CLIP_SETTINGS`` (which the
+    update passes from ``algorithm`` when the loss names them) and ``token_stats``: per-token
+    quantities of the old policy it gets as keyword arguments, each built by a factory from the
+    options the factory names."""
     stats = dict(token_stats or {})
 
     def deco(fn: _F) -> _F:
         if name in POLICY_LOSSES:
             raise ValueError(f"policy loss {name!r} is already registered")
-        names = _CLIP_KWARGS + tuple(stats)
         try:
-            inspect.signature(fn).bind_partial(**dict.fromkeys(names))
+            inspect.signature(fn).bind_partial(**dict.fromkeys(stats))
         except TypeError as e:
-            raise ValueError(f"policy loss {name!r} must accept keyword arguments {names}") from e
+            raise ValueError(f"policy loss {name!r} must accept keyword arguments {tuple(stats)}") from e
+        own = settings_model(fn, skip=CLIP_SETTINGS + tuple(stats))
+        fields = {k: (f.annotation, f) for k, f in own.model_fields.items()}
+        for factory in stats.values():
+            fields.update({k: (f.annotation, f) for k, f in settings_model(factory).model_fields.items()})
         POLICY_LOSSES[name] = fn
         POLICY_LOSS_STATS[name] = stats
+        POLICY_LOSS_OPTIONS[name] = create_model(fn.__name__, __base__=Settings, **fields)
         return fn
 
     return deco
+
+
+def clip_settings(name: str, algo: Any) -> dict[str, Any]:
+    """The clip settings of ``algo`` (``algorithm``) that the loss ``name`` takes."""
+    taken = inspect.signature(_lookup(name)).parameters
+    return {k: getattr(algo, k) for k in CLIP_SETTINGS if k in taken}
 
 
 def _factory_options(factory: Callable[..., TokenReducer]) -> set[str]:
@@ -74,14 +88,8 @@ def policy_loss_reducers(name: str, options: dict[str, Any]) -> dict[str, TokenR
     """The per-token reducers the loss ``name`` needs from the scoring forward, built from
     ``options`` (``algorithm.policy_loss_options``); empty for most losses."""
     _lookup(name)
-    out = {}
-    for stat, factory in POLICY_LOSS_STATS[name].items():
-        own = {k: v for k, v in options.items() if k in _factory_options(factory)}
-        try:
-            out[stat] = factory(**own)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"policy loss {name!r}: bad options for its token stat {stat!r}: {e}") from e
-    return out
+    return {stat: factory(**{k: v for k, v in options.items() if k in _factory_options(factory)})
+            for stat, factory in POLICY_LOSS_STATS[name].items()}
 
 
 def _lookup(name: str) -> Callable[..., PolicyLossOutput]:
@@ -96,19 +104,11 @@ def compute_policy_loss(
     name: str, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, **options: Any
 ) -> PolicyLossOutput:
     """Per-token loss from the policy loss registered as ``name``; ``advantages`` [B] or [B,T].
-    ``options`` less those of its token stats' factories are bound to its signature first: a
-    misspelt option is a config error, while a TypeError raised inside the loss stays one."""
+    ``options``: its own (checked at start against ``POLICY_LOSS_OPTIONS[name]``), its clip
+    settings and token stats; those of its stats' factories are not passed on."""
     fn = _lookup(name)
     taken = set().union(*(_factory_options(f) for f in POLICY_LOSS_STATS[name].values()))
-    options = {k: v for k, v in options.items() if k not in taken}
-    try:
-        inspect.signature(fn).bind(logp, old_logp, advantages, mask, **options)
-    except TypeError as e:
-        raise ValueError(
-            f"policy loss {name!r} does not accept options {sorted(options)} ({e}); "
-            "they come from algorithm.policy_loss_options"
-        ) from e
-    return fn(logp, old_logp, advantages, mask, **options)
+    return fn(logp, old_logp, advantages, mask, **{k: v for k, v in options.items() if k not in taken})
 
 
 def clamped_log_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
@@ -124,9 +124,9 @@ def clipped_surrogate(
     advantages: Tensor,
     mask: Tensor,
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
 ) -> PolicyLossOutput:
     """Per-token PPO loss ``max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))``; a larger
     ``clip_high`` (DAPO clip-higher) lets low-probability tokens grow, against entropy collapse;

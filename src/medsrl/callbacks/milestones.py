@@ -12,6 +12,8 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback
 
 from medsrl.models.loading import resolve_dtype
+from medsrl.models.settings import ModelDtype
+from medsrl.settings import Count, Text, nullable
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +22,7 @@ class WeightMilestones(Callback):
     """Every ``every_n_steps`` RL steps (0: never), the policy in ``dtype`` under
     ``<dirpath>/step_<step>``, via a temporary folder so a crash mid-save leaves no half one."""
 
-    def __init__(self, every_n_steps: int = 0, dtype: str = "bfloat16", dirpath: str | None = None) -> None:
+    def __init__(self, every_n_steps: Count = 0, dtype: ModelDtype = "bfloat16", dirpath: nullable(Text) = None) -> None:
         self.every_n_steps = every_n_steps
         self.dtype = resolve_dtype(dtype)
         self.dirpath = dirpath

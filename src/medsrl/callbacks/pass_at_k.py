@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from typing import Literal
 
 from lightning.pytorch.callbacks import Callback
 
@@ -26,6 +27,7 @@ from medsrl.evaluation.responses import (
     summarize_records,
 )
 from medsrl.methods.meds.features import FeatureSpec
+from medsrl.settings import Count, Flag, Fraction, NonNegative, PositiveInt, Seed, nullable
 from medsrl.utils.distributed import all_gather_objects, rank_and_size, shard_bounds
 
 _NOT_LOGGED = ("run", "benchmark", "problems", "n", "mean@n")  # mean@n == pass@1
@@ -36,10 +38,10 @@ class PassAtKValidation(Callback):
     too, on the first ``num_problems`` held-out prompts (None: all): before the first step
     (``at_start``), every ``every_n_steps`` (0: off) and after the last."""
 
-    def __init__(self, every_n_steps: int = 20, n: int = 8, num_problems: int | None = None,
-                 at_start: bool = True, temperature: float = 1.0, top_p: float = 1.0,
-                 max_new_tokens: int | None = None, features: str | dict | None = "run",
-                 batch_size: int = 128, seed: int = 1234) -> None:
+    def __init__(self, every_n_steps: Count = 20, n: PositiveInt = 8, num_problems: nullable(PositiveInt) = None,
+                 at_start: Flag = True, temperature: NonNegative = 1.0, top_p: Fraction = 1.0,
+                 max_new_tokens: nullable(PositiveInt) = None, features: Literal["run"] | dict | None = "run",
+                 batch_size: PositiveInt = 128, seed: Seed = 1234) -> None:
         self.every_n_steps = every_n_steps
         self.num_problems = num_problems
         self.at_start = at_start

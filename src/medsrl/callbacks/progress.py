@@ -15,6 +15,8 @@ from typing import Any
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
+from medsrl.settings import Count, Flag, PositiveInt
+
 BAR_FORMAT = "step {n_fmt}/{total_fmt} |{bar}| [{elapsed}<{remaining}{postfix}]"
 BAR_FORMAT_NO_TOTAL = "step {n_fmt} [{elapsed}{postfix}]"  # max_steps=-1: no total, no ETA
 PREFIX = "train/"  # dropped from the metric names
@@ -25,8 +27,8 @@ class StepProgressBar(TQDMProgressBar):
     """``step <n>/<max_steps>`` with seconds per step (the mean of the last ``window``) and the
     ``prog_bar`` metrics."""
 
-    def __init__(self, refresh_rate: int = 1, process_position: int = 0, window: int = 10,
-                 leave: bool = True) -> None:
+    def __init__(self, refresh_rate: Count = 1, process_position: Count = 0, window: PositiveInt = 10,
+                 leave: Flag = True) -> None:
         super().__init__(refresh_rate=refresh_rate, process_position=process_position, leave=leave)
         self._step_times: deque[float] = deque(maxlen=window)
         self._step_start: float | None = None

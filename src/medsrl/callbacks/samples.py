@@ -8,6 +8,7 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from medsrl.settings import Count, PositiveInt
 from medsrl.utils.run_dir import run_log_dir
 from medsrl.utils.wandb_log import wandb_loggers
 
@@ -20,7 +21,7 @@ class SampleLogger(Callback):
     score): TensorBoard text ``samples``, ``samples.jsonl`` and, with a ``WandbLogger``, one W&B
     table ``samples`` for the run."""
 
-    def __init__(self, every_n_steps: int = 10, num_samples: int = 4, max_chars: int = 2000) -> None:
+    def __init__(self, every_n_steps: Count = 10, num_samples: Count = 4, max_chars: PositiveInt = 2000) -> None:
         self.every_n_steps = every_n_steps
         self.num_samples = num_samples
         self.max_chars = max_chars

@@ -14,8 +14,11 @@ paragraph.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
 from typing import Any
+
+from pydantic import ConfigDict, model_validator
+
+from medsrl.settings import Flag, Settings, Text, nullable, one_of, parse, raise_problems
 
 QWEN_MATH_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
 
@@ -44,35 +47,33 @@ def render_prompt(
 TEMPLATE_KINDS = ("qwen_math", "chat", "plain")
 
 
-@dataclass(frozen=True)
-class PromptTemplate:
+class PromptTemplate(Settings):
     """One prompt format (``data.template``); :meth:`render` turns a problem into a prompt."""
 
-    kind: str = "qwen_math"
-    system_prompt: str | None = QWEN_MATH_SYSTEM_PROMPT
-    instruction: str | None = None  # appended to the problem, after a space
-    extra_empty_assistant_turn: bool = False  # qwen_math: the reference run's data files
-    enable_thinking: bool | None = None  # chat: passed to the template (Qwen3); None: its default
+    model_config = ConfigDict(frozen=True)
 
-    def __post_init__(self) -> None:
-        if self.kind not in TEMPLATE_KINDS:
-            raise ValueError(f"data.template.kind={self.kind!r}; valid: {', '.join(TEMPLATE_KINDS)}")
+    kind: one_of(TEMPLATE_KINDS) = "qwen_math"
+    """qwen_math (hand-rendered ChatML), chat (the tokenizer's chat template) or plain."""
+    system_prompt: nullable(Text) = QWEN_MATH_SYSTEM_PROMPT
+    instruction: nullable(Text) = None
+    """Appended to the problem in the user turn, after a space."""
+    extra_empty_assistant_turn: Flag = False
+    """qwen_math: the reference run's data files."""
+    enable_thinking: nullable(Flag) = None
+    """chat: passed to the template (Qwen3); null: the template's default."""
+
+    @model_validator(mode="after")
+    def _kind_settings(self) -> PromptTemplate:
         if self.extra_empty_assistant_turn and self.kind != "qwen_math":
-            raise ValueError("data.template.extra_empty_assistant_turn applies to kind=qwen_math only")
+            raise_problems(["data.template.extra_empty_assistant_turn applies to kind=qwen_math only"])
         if self.enable_thinking is not None and self.kind != "chat":
-            raise ValueError("data.template.enable_thinking applies to kind=chat only (the tokenizer's template)")
+            raise_problems(["data.template.enable_thinking applies to kind=chat only (the tokenizer's template)"])
+        return self
 
     @classmethod
     def from_config(cls, values: Mapping[str, Any] | PromptTemplate | None) -> PromptTemplate:
-        """From ``data.template`` (a mapping; unknown keys are an error naming the allowed ones)."""
-        if isinstance(values, PromptTemplate):
-            return values
-        values = dict(values or {})
-        allowed = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - allowed)
-        if unknown:
-            raise ValueError(f"data.template: unknown keys {unknown} (allowed: {sorted(allowed)})")
-        return cls(**values)
+        """From ``data.template`` (a mapping; a bad or unknown key is an error naming it)."""
+        return parse(cls, values, "data.template")
 
     def render(self, problem: str, tokenizer: Any = None) -> str:
         """The prompt for ``problem``, ending where the model starts writing. ``kind=chat`` needs

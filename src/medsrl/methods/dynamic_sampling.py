@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import logging
 
-from medsrl.config import Count
 from medsrl.plugins.base import Plugin, StepContext
+from medsrl.settings import Count
 from medsrl.step.rollouts import Group
 
 log = logging.getLogger(__name__)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from medsrl.algo import masked_mean, per_token
-from medsrl.config import NonNegative
 from medsrl.plugins.base import Plugin, StepContext
+from medsrl.settings import NonNegative
 from medsrl.step.rollouts import StepRollouts
 
 

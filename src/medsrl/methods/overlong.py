@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from medsrl.config import NonNegative, PositiveInt, below
 from medsrl.plugins.base import Plugin, StepContext
+from medsrl.settings import NonNegative, PositiveInt, below
 from medsrl.step.rollouts import StepRollouts
 
 

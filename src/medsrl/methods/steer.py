@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from medsrl.algo.logprobs import masked_mean, per_token
-from medsrl.config import NonNegative, below
 from medsrl.plugins.base import Plugin, StepContext
+from medsrl.settings import NonNegative, below
 from medsrl.step.rollouts import StepRollouts
 from medsrl.utils.distributed import all_gather_objects
 

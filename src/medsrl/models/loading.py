@@ -19,7 +19,6 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from medsrl.config import DTYPE_NAMES
 from medsrl.data.template import ENDOFTEXT, IM_END
 from medsrl.models.char_tokenizer import (
     ALPHABET,
@@ -28,6 +27,7 @@ from medsrl.models.char_tokenizer import (
     build_char_tokenizer,
     char_vocab,
 )
+from medsrl.models.settings import DTYPE_NAMES
 from medsrl.models.tiny import build_tiny_model
 
 _DTYPES: dict[str, torch.dtype] = {name: getattr(torch, dt) for dt, names in DTYPE_NAMES.items() for name in names}

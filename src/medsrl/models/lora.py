@@ -13,23 +13,15 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
 
 import torch
 from torch import nn
 
-# re-exported: the LoRA defaults live in config
-from medsrl.config import DEFAULT_TARGETS as DEFAULT_TARGETS
-from medsrl.config import LoraSettings, parse_section
+from medsrl.models.settings import LoraSettings
 
 # The adapters' initialisation is drawn from this seed in a forked generator: the same adapters
 # whether or not the warm start was cached, the run's other draws unchanged by turning LoRA on.
 INIT_SEED = 0
-
-
-def lora_settings(model_cfg: Mapping[str, Any]) -> LoraSettings:
-    """The settings of ``model_cfg["lora"]``; off when the model config has none (older configs)."""
-    return parse_section(LoraSettings, model_cfg.get("lora"), "model.lora")
 
 
 def is_lora(model: nn.Module) -> bool:

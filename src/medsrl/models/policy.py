@@ -3,35 +3,31 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from pathlib import Path
+
+import torch
 
 from medsrl.models.loading import load_policy, load_tokenizer, random_model_like, resolve_dtype
-from medsrl.models.lora import apply_lora, lora_settings
+from medsrl.models.lora import apply_lora
+from medsrl.models.settings import ModelConfig
+from medsrl.models.tiny import build_tiny_model
 
 log = logging.getLogger(__name__)
 
 
-def build_policy(model_cfg: dict[str, Any]):
+def build_policy(model: ModelConfig):
     """``(policy, tokenizer)``: the Hugging Face model ``name_or_path`` names (the warm-started
     tiny preset among them), else the tiny preset; a ``PeftModel`` with ``lora.r > 0``."""
-    cfg = dict(model_cfg)
-    name = cfg.get("name_or_path")
-    dtype = cfg.get("dtype", "float32")
-    attn = cfg.get("attn_implementation")
-    tokenizer = load_tokenizer(cfg.get("tokenizer") or name)
-    if cfg.get("random_init"):
-        policy = random_policy(cfg, dtype, attn)
+    tokenizer = load_tokenizer(model.tokenizer or model.name_or_path)
+    if model.random_init:
+        policy = random_policy(model)
     else:
-        policy = load_policy(
-            name,
-            tiny=dict(cfg.get("tiny") or {}),
-            dtype=dtype,
-            attn_implementation=attn,
-            trust_remote_code=bool(cfg.get("trust_remote_code", False)),
-        )
-    if cfg.get("gradient_checkpointing"):
+        policy = load_policy(model.name_or_path, tiny=dict(model.tiny or {}), dtype=model.dtype,
+                             attn_implementation=model.attn_implementation,
+                             trust_remote_code=model.trust_remote_code)
+    if model.gradient_checkpointing:
         enable_activation_checkpointing(policy)
-    lora = lora_settings(cfg)
+    lora = model.lora
     if lora.enabled:  # after checkpointing: PEFT needs to know whether it is on
         policy = apply_lora(policy, lora)
         trainable, total = policy.get_nb_trainable_parameters()
@@ -40,18 +36,18 @@ def build_policy(model_cfg: dict[str, Any]):
     return policy, tokenizer
 
 
-def random_policy(cfg: dict[str, Any], dtype, attn: str | None):
+def random_policy(model: ModelConfig):
     """``model.random_init=true``: ``model.architecture`` at the shape of ``model.shape`` with
     random weights, for smoke runs and memory or speed checks without a checkpoint (the tokenizer
     still comes from ``model.tokenizer`` or ``name_or_path``)."""
-    if not cfg.get("architecture") or not cfg.get("shape"):
+    if not model.architecture or not model.shape:
         raise ValueError("model.random_init=true needs model.architecture and model.shape (see configs/model/)")
-    shape = dict(cfg["shape"])
+    shape = dict(model.shape)
     vocab = int(shape.pop("vocab_size"))
-    if attn:
-        shape["attn_implementation"] = attn
-    log.info("model.random_init: a random %s of shape %s", cfg["architecture"], shape)
-    return random_model_like(str(cfg["architecture"]), vocab, **shape).to(resolve_dtype(dtype))
+    if model.attn_implementation:
+        shape["attn_implementation"] = model.attn_implementation
+    log.info("model.random_init: a random %s of shape %s", model.architecture, shape)
+    return random_model_like(model.architecture, vocab, **shape).to(resolve_dtype(model.dtype))
 
 
 def enable_activation_checkpointing(policy) -> None:
@@ -64,3 +60,29 @@ def enable_activation_checkpointing(policy) -> None:
         enable(activation_checkpointing_kwargs=kwargs)
     else:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def meta_model(model: ModelConfig) -> torch.nn.Module:
+    """The ``model`` config group's model on the ``meta`` device: its modules, no storage."""
+    name = model.name_or_path
+    local = Path(str(name)).expanduser() / "config.json" if name else None
+    with torch.device("meta"):
+        if local is not None and local.is_file():
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            trust = model.trust_remote_code
+            config = AutoConfig.from_pretrained(local.parent, trust_remote_code=trust)
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust)
+        shape = dict(model.shape or {})
+        if shape:
+            if not model.architecture:
+                raise ValueError("model.shape needs model.architecture (qwen2, qwen3, llama)")
+            vocab = shape.pop("vocab_size")
+            return random_model_like(model.architecture, vocab, **shape)
+        if name is None:  # the tiny preset
+            return build_tiny_model(**dict(model.tiny or {}))
+    raise ValueError(
+        f"model {name!r}: no shape to plan with; add model.shape (its config.json numbers: hidden_size, "
+        "num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, "
+        "tie_word_embeddings) or point model.name_or_path at a local copy"
+    )

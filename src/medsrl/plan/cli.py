@@ -24,22 +24,22 @@ from medsrl.plan.memory import (
     run_shape,
 )
 from medsrl.plan.model_size import model_size
+from medsrl.run_config import CONFIG_DIR, RunConfig
 
 
 def compose_train_config(overrides: Sequence[str]) -> DictConfig:
     """The training config ``medsrl-train <overrides>`` would run with (without Hydra's runtime keys)."""
     from hydra import compose, initialize_config_dir
 
-    from medsrl.train import CONFIG_DIR
-
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name="plan"):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="plan"):
         return compose(config_name="train", overrides=list(overrides))
 
 
 def plan_for(cfg: DictConfig, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> MemoryPlan:
-    """The memory plan of a composed training config."""
-    # read lazily: paths that interpolate Hydra's runtime (output dirs) are never resolved
-    return plan_memory(model_size(cfg.model), run_shape(cfg, prompt_tokens))
+    """The memory plan of a composed training config (parsed: a bad value fails as in training;
+    paths that interpolate Hydra's runtime, output dirs, are left out)."""
+    run = RunConfig.parse(cfg)
+    return plan_memory(model_size(run.model), run_shape(run, prompt_tokens))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

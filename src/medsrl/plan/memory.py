@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from medsrl.algo.logprobs import CHUNK_TOKENS
-from medsrl.models.lora import lora_settings
+from medsrl.callbacks.pass_at_k import PassAtKValidation
 from medsrl.plan.model_size import ModelSize
+from medsrl.run_config import RunConfig
+from medsrl.settings import settings_model
 
 GIB = 2**30
 # PyTorch's caching allocator never hands out all of a GPU: blocks are rounded and split. The
@@ -34,9 +36,6 @@ USABLE_FRACTION = 0.90
 RUNTIME_BYTES = 1 * GIB  # CUDA context, cuBLAS workspaces (and NCCL buffers with several ranks): assumed
 DEFAULT_PROMPT_TOKENS = 1024  # the reference run's longest prompt (docs/REFERENCE.md)
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2}
-# PassAtKValidation's own defaults (callbacks/pass_at_k.py; tests/plan/test_memory_plan.py checks
-# them), for a config that leaves a setting out: importing the callback would slow every plan
-VALIDATION_DEFAULTS = {"every_n_steps": 20, "n": 8, "max_new_tokens": None, "features": "run", "batch_size": 128}
 
 
 @dataclass(frozen=True)
@@ -160,68 +159,65 @@ def gib(n: float) -> str:
     return f"{n / GIB:.1f} GiB" if abs(n) >= GIB / 10 else f"{n / 2**20:.1f} MiB"
 
 
-def run_shape(cfg: Mapping[str, Any], prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> RunShape:
-    """The :class:`RunShape` of a composed training config (``configs/train.yaml`` + overrides)."""
-    trainer, rollout, algo, model = cfg["trainer"], cfg["rollout"], cfg["algorithm"], cfg["model"]
-    devices = _count(trainer.get("devices", 1)) * _count(trainer.get("num_nodes", 1))
-    strategy = trainer.get("strategy") or ""  # a name, or a node with a _target_
+def run_shape(run: RunConfig, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> RunShape:
+    """The :class:`RunShape` of a parsed training config (``configs/train.yaml`` + overrides)."""
+    trainer, rollout, algo, model = run.trainer, run.rollout, run.algorithm, run.model
+    devices = _count(trainer.devices) * trainer.num_nodes
+    strategy = trainer.strategy  # a name, or a node with a _target_
     target = strategy.get("_target_", "") if isinstance(strategy, Mapping) else strategy
     sharded = "fsdp" in str(target).lower()
-    precision = str(trainer.get("precision", "32-true"))
-    master = DTYPE_BYTES.get(str(model.get("dtype", "float32")).lower().removeprefix("torch."), 4)
+    precision = str(trainer.precision)
+    master = DTYPE_BYTES.get(model.dtype.lower(), 4)
     compute = 2 if ("bf16" in precision or "16" in precision.split("-")[0]) else master
-    prompts = int(cfg["data"].get("prompts_per_step") or 1)
-    n = int(rollout.get("n", 1))
-    seqs = math.ceil(prompts / devices) * n
-    rows = max(int(rollout.get("max_batch_size", 64)) // n, 1) * n
-    vllm = rollout.get("vllm") or {}
-    hardware = cfg.get("hardware") or None
-    engine_dtype = str(vllm.get("dtype", "auto"))
+    n = rollout.n
+    seqs = math.ceil(run.data.prompts_per_step / devices) * n
+    rows = max(rollout.max_batch_size // n, 1) * n
+    vllm, hardware = rollout.vllm, run.hardware
     # "auto" is the policy's dtype (rollout/vllm.py _engine_dtype)
-    engine_bytes = DTYPE_BYTES.get(engine_dtype, master)
-    response_tokens = int(rollout.get("max_new_tokens"))
-    val = validation_settings(cfg)
-    val_n = int(val["n"])
+    engine_bytes = DTYPE_BYTES.get(vllm.dtype, master)
+    response_tokens = rollout.max_new_tokens
+    val = validation_settings(run)
+    val_n = val.n
     # HF: a chunk of batch_size // n problems, which the engine cuts by its own rows per call
-    val_prompts = min(max(1, int(val["batch_size"]) // val_n), max(1, int(rollout.get("max_batch_size", 64)) // val_n))
+    val_prompts = min(max(1, val.batch_size // val_n), max(1, rollout.max_batch_size // val_n))
     return RunShape(
         devices=devices,
         sharded=sharded,
         ddp=devices > 1 and not sharded,
         master_bytes=master,
         compute_bytes=compute,
-        gradient_checkpointing=bool(model.get("gradient_checkpointing")),
-        backend=str(rollout.get("backend", "hf")),
+        gradient_checkpointing=model.gradient_checkpointing,
+        backend=rollout.backend,
         sequences_per_rank=seqs,
         prompt_tokens=prompt_tokens,
         response_tokens=response_tokens,
         generate_rows=min(rows, seqs),
-        micro_batch=int(algo.get("micro_batch_size")),
-        max_tokens=None if algo.get("max_tokens_per_microbatch") is None else int(algo.get("max_tokens_per_microbatch")),
+        micro_batch=algo.micro_batch_size,
+        max_tokens=algo.max_tokens_per_microbatch,
         # LoRA: the reference is the policy with its adapters off, no copy (models/lora.py)
-        reference_model=float(algo.get("kl_coef") or 0.0) > 0 and not lora_settings(model).enabled,
-        vllm_fraction=vllm.get("gpu_memory_utilization"),
-        vllm_kv_bytes=vllm.get("kv_cache_memory_bytes"),
+        reference_model=algo.kl_coef > 0 and not model.lora.enabled,
+        vllm_fraction=vllm.gpu_memory_utilization,
+        vllm_kv_bytes=vllm.kv_cache_memory_bytes,
         vllm_weight_bytes=engine_bytes,
-        vllm_sleep=bool(vllm.get("enable_sleep_mode")),
-        gpu_bytes=None if hardware is None else int(float(hardware["gpu_memory_gib"]) * GIB),
-        hardware=None if hardware is None else str(hardware.get("name", "")),
-        on_gpu=str(trainer.get("accelerator", "cpu")) != "cpu",
-        validation=int(val["every_n_steps"]) > 0,
+        vllm_sleep=vllm.enable_sleep_mode,
+        gpu_bytes=None if hardware is None else int(hardware.gpu_memory_gib * GIB),
+        hardware=None if hardware is None else hardware.name,
+        on_gpu=trainer.accelerator != "cpu",
+        validation=val.every_n_steps > 0,
         val_generate_rows=val_prompts * val_n,
-        val_response_tokens=int(val["max_new_tokens"] or response_tokens),
-        val_features=val["features"] is not None,
+        val_response_tokens=val.max_new_tokens or response_tokens,
+        val_features=val.features is not None,
     )
 
 
-def validation_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """``callbacks.pass_at_k``'s memory settings over the callback's defaults; every_n_steps 0
-    (validation off) when the run builds no such callback (null, or settings without a
-    ``_target_``: ``callbacks=none`` under an experiment's settings; ``train.py`` skips those)."""
-    node = (cfg.get("callbacks") or {}).get("pass_at_k")
-    if node is None or "_target_" not in node:
-        return {**VALIDATION_DEFAULTS, "every_n_steps": 0}
-    return {k: node.get(k, default) for k, default in VALIDATION_DEFAULTS.items()}
+def validation_settings(run: RunConfig) -> Any:
+    """``callbacks.pass_at_k``'s settings (the callback's defaults where the config leaves one
+    out); every_n_steps 0 (validation off) when the run builds no such callback (null, or
+    settings without a ``_target_``: ``callbacks=none`` under an experiment's settings)."""
+    built = run.callback_settings.get("pass_at_k")
+    if built is None:
+        return settings_model(PassAtKValidation)(every_n_steps=0)
+    return built[1]
 
 
 def _count(v: Any) -> int:

@@ -9,12 +9,13 @@ model config) or from a local ``name_or_path``'s config.json, which wins.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from medsrl.models.policy import meta_model
+from medsrl.models.settings import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -55,13 +56,13 @@ class ModelSize:
         return 2 * self.num_layers * self.kv_width
 
 
-def model_size(model_cfg: Mapping[str, Any]) -> ModelSize:
+def model_size(model_cfg: ModelConfig) -> ModelSize:
     """The :class:`ModelSize` of the ``model`` config group's model (built on ``meta``); with
     ``model.lora.r > 0`` the trainable parameters are the adapters'."""
-    from medsrl.models.lora import lora_settings, trainable_params
+    from medsrl.models.lora import trainable_params
 
     model = meta_model(model_cfg)
-    lora = lora_settings(model_cfg)
+    lora = model_cfg.lora
     size = size_of(model)
     if not lora.enabled:
         return size
@@ -84,34 +85,6 @@ def largest_targeted_matrix(model: torch.nn.Module, targets: Any) -> int:
                 if isinstance(m, torch.nn.Linear) and targeted(name, m)), default=0)
 
 
-def meta_model(model_cfg: Mapping[str, Any]) -> torch.nn.Module:
-    """The ``model`` config group's model on the ``meta`` device: its modules, no storage."""
-    from medsrl.models.loading import random_model_like
-
-    name = model_cfg.get("name_or_path")
-    local = Path(str(name)).expanduser() / "config.json" if name else None
-    with torch.device("meta"):
-        if local is not None and local.is_file():
-            from transformers import AutoConfig, AutoModelForCausalLM
-
-            trust = bool(model_cfg.get("trust_remote_code"))
-            config = AutoConfig.from_pretrained(local.parent, trust_remote_code=trust)
-            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust)
-        shape = dict(model_cfg.get("shape") or {})
-        if shape:
-            if not model_cfg.get("architecture"):
-                raise ValueError("model.shape needs model.architecture (qwen2, qwen3, llama)")
-            vocab = shape.pop("vocab_size")
-            return random_model_like(model_cfg["architecture"], vocab, **shape)
-        if name is None:  # the tiny preset
-            from medsrl.models.tiny import build_tiny_model
-
-            return build_tiny_model(**dict(model_cfg.get("tiny") or {}))
-    raise ValueError(
-        f"model {name!r}: no shape to plan with; add model.shape (its config.json numbers: hidden_size, "
-        "num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, "
-        "tie_word_embeddings) or point model.name_or_path at a local copy"
-    )
 
 
 def size_of(model: torch.nn.Module) -> ModelSize:

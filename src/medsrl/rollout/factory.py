@@ -5,11 +5,9 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from medsrl.config import RolloutConfig
 from medsrl.rollout.base import RolloutEngine
 from medsrl.rollout.hf import HFRolloutEngine
-
-BACKENDS = ("hf", "vllm")
+from medsrl.rollout.settings import BACKENDS, RolloutConfig
 
 
 def model_positions(policy: torch.nn.Module) -> int | None:

@@ -18,7 +18,7 @@ import torch
 from medsrl.algo import aggregate_loss, compute_policy_loss, kl_estimate, masked_mean
 from medsrl.algo.engine_correction import engine_is_stats
 from medsrl.algo.engine_correction import engine_is_weights as weights_of_mode
-from medsrl.algo.policy_loss import POLICY_LOSS_STATS
+from medsrl.algo.policy_loss import POLICY_LOSS_STATS, clip_settings
 from medsrl.models.sharding import grad_norm, is_sharded
 from medsrl.step.micro_batches import padding_fraction
 from medsrl.step.rollouts import SAMPLED, StepRollouts
@@ -27,7 +27,7 @@ from medsrl.step.scoring import response_logprobs
 from medsrl.utils.guard import RunawayGuard
 
 if TYPE_CHECKING:
-    from medsrl.config import AlgorithmConfig
+    from medsrl.algo.settings import AlgorithmConfig
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,7 @@ def micro_loss(policy, cfg: UpdateConfig, rollouts: StepRollouts, advantages, ro
     old_logp = logp.detach() if rollouts.old_logp is None else rollouts.old_logp[rows]
     pl = compute_policy_loss(
         algo.policy_loss, logp, old_logp, advantages[rows], mask,
-        clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
-        **algo.policy_loss_options, **stats,
+        **clip_settings(algo.policy_loss, algo), **algo.policy_loss_options, **stats,
     )
     loss_mat = pl.loss_mat if rollouts.loss_weights is None else pl.loss_mat * rollouts.loss_weights[rows]
     is_stats = {}

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from medsrl.config import plugin_problems
 from medsrl.data.example import Prompt
 from medsrl.data.template import PromptTemplate
 from medsrl.methods.dynamic_sampling import DynamicSampling
@@ -21,6 +20,7 @@ from medsrl.reward.grader import GradeResult
 from medsrl.rollout.base import RolloutBatch
 from medsrl.step.metrics import PhaseTimer
 from medsrl.step.rollouts import Group, StepRollouts
+from run_helpers import config_problems
 
 PROMPT_IDS = [5, 6]
 
@@ -229,7 +229,7 @@ def test_state_round_trip_and_bad_settings():
     back.load_state_dict(r3.state_dict())
     assert back.digest() == r3.digest() and back.history.responses("a") == r3.history.responses("a")
     r3 = {"_target_": "medsrl.methods.r3.plugin.R3", "replay": {"kk": 1, "importance_cap": 0}, "ranking": {"p": 1.5}}
-    found = plugin_problems({"algorithm": {"plugins": {"r3": r3}}})
+    found = config_problems({"algorithm": {"plugins": {"r3": r3}}})
     assert len(found) == 3, found
     assert "algorithm.plugins.r3.replay.importance_cap must be a positive number or null, got 0" in found
     assert "algorithm.plugins.r3.ranking.p must be a number in (0, 1], got 1.5" in found

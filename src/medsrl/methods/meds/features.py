@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
+from pydantic import ConfigDict
 from torch import nn
 
-from medsrl.config import FEATURE_DTYPES, FEATURE_LOGITS
 from medsrl.methods.meds.answer_locator import locate_answers
 from medsrl.methods.meds.logit_capture import (
     DEFAULT_LAST_N,
@@ -36,33 +35,29 @@ from medsrl.methods.meds.logit_capture import (
     find_decoder_layers,
     select_layers,
 )
+from medsrl.settings import Flag, Layers, Settings, one_of
+
+FEATURE_DTYPES = ("auto", "float32", "bfloat16")
+FEATURE_LOGITS = ("answer", "digits")
+FeatureDtype = one_of(FEATURE_DTYPES)
 
 
-@dataclass(frozen=True)
-class FeatureSpec:
+class FeatureSpec(Settings):
     """What the MEDS feature is made of (the training plug-in's and evaluation's settings)."""
 
-    layers: Any = DEFAULT_LAST_N  # select_layers spec: last N, "half", "all", or 1-based layers
-    diff: bool = False  # reference-style first differences (module docstring, step 4)
-    final_norm: bool = False  # final norm on intermediate layers too (logit lens)
-    dtype: str = "auto"  # auto | float32 | bfloat16 (module docstring, step 3)
-    logits: str = "answer"  # answer: the answer token's logit (reference) | digits: the ten digits'
+    model_config = ConfigDict(frozen=True)
 
-    def __post_init__(self) -> None:
-        if self.dtype not in FEATURE_DTYPES:
-            raise ValueError(
-                f"FeatureSpec.dtype={self.dtype!r}; valid: {', '.join(FEATURE_DTYPES)} "
-                "(auto: bf16-rounded when the policy computes in bf16, as the reference's LM head)"
-            )
-        if self.logits not in FEATURE_LOGITS:
-            raise ValueError(f"FeatureSpec.logits={self.logits!r}; valid: {', '.join(FEATURE_LOGITS)}")
-        for name in ("diff", "final_norm"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise ValueError(f"FeatureSpec.{name} must be true or false, got {value!r}")
-        if not isinstance(self.layers, (str, int)) and hasattr(self.layers, "__iter__"):
-            # A tuple keeps the spec hashable and equal whether it came from YAML or Python.
-            object.__setattr__(self, "layers", tuple(self.layers))
+    layers: Layers = DEFAULT_LAST_N
+    """The last N decoder layers, "half", "all", or a list of 1-based layers."""
+    diff: Flag = False
+    """Reference-style first differences over all layers, then keep the selected."""
+    final_norm: Flag = False
+    """The final norm on intermediate layers too (logit lens)."""
+    dtype: FeatureDtype = "auto"
+    """auto: bf16-rounded when the policy computes in bf16 (as the reference's LM head); float32 |
+    bfloat16 to force."""
+    logits: one_of(FEATURE_LOGITS) = "answer"
+    """answer: the answer token's logit per layer (reference) | digits: the ten digit tokens'."""
 
 
 def capture_layers(selected: Sequence[int], diff: bool) -> list[int]:

@@ -31,19 +31,6 @@ from medsrl.algo import (
     compute_advantages,
     keep_mask_by_group_spread,
 )
-from medsrl.config import (
-    FEATURE_LOGITS,
-    Count,
-    FeatureDtype,
-    Flag,
-    Layers,
-    NonNegative,
-    PositiveInt,
-    Text,
-    at_least,
-    nullable,
-    one_of,
-)
 from medsrl.methods.dynamic_sampling import DynamicSampling
 from medsrl.methods.meds.clustered_memory import ClusteredMemory
 from medsrl.methods.meds.clustering import (
@@ -54,7 +41,12 @@ from medsrl.methods.meds.clustering import (
     single_cluster_sizes,
 )
 from medsrl.methods.meds.diagnostics import cluster_answer_purity, penalty_on_top_answer
-from medsrl.methods.meds.features import AnswerFeatureReader, FeatureSpec
+from medsrl.methods.meds.features import (
+    FEATURE_LOGITS,
+    AnswerFeatureReader,
+    FeatureDtype,
+    FeatureSpec,
+)
 from medsrl.methods.meds.gate import (
     distinct_penalty_share,
     earlier_answer_counts,
@@ -69,6 +61,17 @@ from medsrl.methods.meds.penalty import (
 )
 from medsrl.models.sharding import idle_passes, is_sharded
 from medsrl.plugins.base import Plugin, StepContext
+from medsrl.settings import (
+    Count,
+    Flag,
+    Layers,
+    NonNegative,
+    PositiveInt,
+    Text,
+    at_least,
+    nullable,
+    one_of,
+)
 from medsrl.step.rollouts import SAMPLED, StepRollouts
 from medsrl.step.scoring import scoring_pass
 from medsrl.utils.distributed import all_reduce_sum, is_distributed

@@ -27,7 +27,16 @@ import torch
 
 from medsrl.algo import per_token
 from medsrl.algo.engine_correction import truncated_is_weights
-from medsrl.config import (
+from medsrl.methods.r3.history import ResponseHistory, StoredResponse
+from medsrl.methods.r3.length_bonus import length_bonus as correct_length_bonus
+from medsrl.methods.r3.ranking import answer_span_mask, entropy_profile, ranking_rewards
+from medsrl.methods.r3.reflection import DEFAULT_INSTRUCTION, is_reflection, reflection_prompt
+from medsrl.methods.r3.replay import mixed_group_advantages, replay_count
+from medsrl.plugins.base import Plugin, StepContext
+from medsrl.reward.answer_span import answer_starts
+from medsrl.reward.grader import GradeResult
+from medsrl.rollout.base import RolloutBatch
+from medsrl.settings import (
     Count,
     Flag,
     Fraction,
@@ -39,15 +48,6 @@ from medsrl.config import (
     Text,
     nullable,
 )
-from medsrl.methods.r3.history import ResponseHistory, StoredResponse
-from medsrl.methods.r3.length_bonus import length_bonus as correct_length_bonus
-from medsrl.methods.r3.ranking import answer_span_mask, entropy_profile, ranking_rewards
-from medsrl.methods.r3.reflection import DEFAULT_INSTRUCTION, is_reflection, reflection_prompt
-from medsrl.methods.r3.replay import mixed_group_advantages, replay_count
-from medsrl.plugins.base import Plugin, StepContext
-from medsrl.reward.answer_span import answer_starts
-from medsrl.reward.grader import GradeResult
-from medsrl.rollout.base import RolloutBatch
 from medsrl.step.rollouts import SAMPLED, Group, StepRollouts
 
 log = logging.getLogger(__name__)

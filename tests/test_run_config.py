@@ -1,4 +1,5 @@
-"""Config values checked at start against type and range, each problem named by its Hydra key."""
+"""The run config parsed once at start: values checked against type and range, each problem named
+by its Hydra key, before any model loads."""
 
 from __future__ import annotations
 
@@ -6,27 +7,28 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from medsrl.config import RolloutConfig, TrainConfig, check_eval_config, check_train_config
-from medsrl.config import problems as schema_problems
-from medsrl.train import check_config
-from run_helpers import ROOT, compose_train
+from medsrl.rollout.settings import RolloutConfig
+from medsrl.run_config import EvalRunConfig, RunConfig
+from medsrl.train import parse_run
+from run_helpers import ROOT, compose_train, config_problems
 
 MEDS = "medsrl.methods.meds.plugin.Meds"
+PASS_AT_K = "medsrl.callbacks.pass_at_k.PassAtKValidation"
 OVERLONG = "medsrl.methods.overlong.OverlongPenalty"
 ARITHMETIC = "medsrl.data.arithmetic.generate_arithmetic"
 
 
 def problems(values: dict) -> list[str]:
-    """The messages of the training checker on a hand-made config."""
-    with pytest.raises(ValueError) as err:
-        check_train_config(OmegaConf.create(values))
-    return str(err.value).splitlines()[1:]
+    """The messages of the parser on a hand-made config (over the smallest one that parses)."""
+    found = config_problems(values)
+    assert found, "no problem found"
+    return found
 
 
 def one_problem(values: dict) -> str:
     found = problems(values)
     assert len(found) == 1, found
-    return found[0].strip()
+    return found[0]
 
 
 # ---------------------------------------------------------------- each kind of rule
@@ -61,7 +63,8 @@ def one_problem(values: dict) -> str:
         ({"algorithm": {"mini_batch_prompts": 0}}, "algorithm.mini_batch_prompts must be an int >= 1 or null, got 0"),
         ({"algorithm": {"ppo_epochs": 0}}, "algorithm.ppo_epochs must be an int >= 1, got 0"),
         ({"data": {"prompts_per_step": 0}}, "data.prompts_per_step must be an int >= 1, got 0"),
-        ({"data": {"stages": [{"name": "A", "start_step": -1}]}}, "data.stages.0.start_step must be an int >= 0, got -1"),
+        ({"data": {"stages": [{"name": "A", "start_step": -1, "datasets": [{"name": "a", "source": {}}]}]}},
+         "data.stages.0.start_step must be an int >= 0, got -1"),
         ({"trainer": {"max_steps": 0}}, "trainer.max_steps must be an int >= 1 or -1, got 0"),
         ({"seed": -3}, "seed must be an int in [0, 4294967295], got -3"),
         ({"grader": {"timeout_s": 0}}, "grader.timeout_s must be a positive number, got 0"),
@@ -69,10 +72,12 @@ def one_problem(values: dict) -> str:
         ({"grader": {"reasoning_end": ""}}, "grader.reasoning_end must be a non-empty tag such as '</think>', or null"),
         ({"data": {"template": {"kind": "jinja"}}}, "data.template.kind must be one of 'qwen_math', 'chat', 'plain'"),
         ({"data": {"template": {"enable_thinking": "yes"}}}, "data.template.enable_thinking must be true or false or null"),
-        ({"callbacks": {"pass_at_k": {"n": 0}}}, "callbacks.pass_at_k.n must be an int >= 1, got 0"),
-        ({"callbacks": {"pass_at_k": {"every_n_steps": -1}}}, "callbacks.pass_at_k.every_n_steps must be an int >= 0"),
+        ({"callbacks": {"pass_at_k": {"_target_": PASS_AT_K, "n": 0}}}, "callbacks.pass_at_k.n must be an int >= 1, got 0"),
+        ({"callbacks": {"pass_at_k": {"_target_": PASS_AT_K, "every_n_steps": -1}}},
+         "callbacks.pass_at_k.every_n_steps must be an int >= 0"),
         ({"resume_mode": "some"}, "resume_mode must be one of 'full', 'weights', got 'some'"),
-        ({"callbacks": {"milestones": {"every_n_steps": -1}}}, "callbacks.milestones.every_n_steps must be an int >= 0"),
+        ({"callbacks": {"milestones": {"_target_": "medsrl.callbacks.milestones.WeightMilestones", "every_n_steps": -1}}},
+         "callbacks.milestones.every_n_steps must be an int >= 0"),
         ({"hardware": {"name": "8x H100", "gpu_memory_gib": 0}}, "hardware.gpu_memory_gib must be a positive number"),
         ({"model": {"dtype": "bfloat16"}}, "model.dtype=bfloat16 keeps the master weights and AdamW states in 16 bits"),
         ({"trainer": {"precision": "bf16-true"}}, "trainer.precision=bf16-true casts the master weights to 16 bits"),
@@ -97,21 +102,21 @@ def test_each_rule_names_the_key_the_expectation_and_the_value(values, message):
         # pure 16 bits when asked for by name; or nothing to lose (lr 0)
         {"trainer": {"precision": "bf16-true"}, "model": {"dtype": "bfloat16", "allow_16bit_weights": True}},
         {"trainer": {"precision": "bf16-true"}, "model": {"dtype": "bfloat16"}, "optim": {"lr": 0.0}},
-        {"callbacks": {"pass_at_k": {"temperature": 0.0, "every_n_steps": 0}}},  # greedy; off
+        {"callbacks": {"pass_at_k": {"_target_": PASS_AT_K, "temperature": 0.0, "every_n_steps": 0}}},  # greedy; off
     ],
 )
 def test_good_and_boundary_values_pass(values):
-    check_train_config(OmegaConf.create(values))
+    assert config_problems(values) == []
 
 
 def test_every_problem_is_reported_at_once():
     found = problems({"optim": {"lr": "abc", "eps": -1}, "rollout": {"n": 0}, "trainer": {"max_steps": "10"}})
-    assert [f.strip().split(" must ")[0] for f in found] == ["optim.lr", "optim.eps", "rollout.n", "trainer.max_steps"]
+    assert [f.split(" must ")[0] for f in found] == ["optim.lr", "optim.eps", "rollout.n", "trainer.max_steps"]
 
 
 def test_a_value_set_by_interpolation_is_checked_resolved():
     found = problems({"seed": 7, "data": {"seed": "${seed}", "prompts_per_step": "${seed}x"}})
-    assert found == ["  data.prompts_per_step must be an int >= 1, got '7x'"]
+    assert found == ["data.prompts_per_step must be an int >= 1, got '7x'"]
 
 
 def test_missing_unknown_and_related_values():
@@ -134,7 +139,6 @@ def test_plugins_are_checked_by_their_target_under_any_key():
         "gone": {"_target_": "medsrl.plugins.nothing.Here"},
         "settings_only": {"alpha": -1},  # no _target_: not a plug-in of this run (ignored, as in train)
     }}})
-    found = [f.strip() for f in found]
     assert "algorithm.plugins.memory.alpha must be a number >= 0, got -0.1" in found
     assert "algorithm.plugins.memory.k must be an int >= 1, got 0" in found
     assert "algorithm.plugins.memory.min_cluster_size must be an int >= 2, got 1" in found
@@ -144,7 +148,7 @@ def test_plugins_are_checked_by_their_target_under_any_key():
     assert "algorithm.plugins.r3.replay.lam must be a positive number, got 0" in found
     assert "algorithm.plugins.steer.low must be <= algorithm.plugins.steer.high (0.8), got 1.2" in found
     assert any(f.startswith("algorithm.plugins.typo.alhpa is not a setting of Meds") for f in found)
-    assert "algorithm.plugins.gone._target_ must be an importable plug-in class, got 'medsrl.plugins.nothing.Here'" in found
+    assert "algorithm.plugins.gone._target_ must be a medsrl Plugin class, got 'medsrl.plugins.nothing.Here'" in found
     assert len(found) == 10, found
 
 
@@ -158,8 +162,8 @@ def test_the_schema_is_plain_pydantic():
     with pytest.raises(ValueError, match="must be an int >= 1"):
         RolloutConfig(n=0)
     assert RolloutConfig(n=4).n == 4
-    assert schema_problems(TrainConfig, {"rollout": {"n": 0}}) == ["rollout.n must be an int >= 1, got 0"]
-    assert schema_problems(TrainConfig, {"rollout": {"n": 4}}) == []
+    assert config_problems({"rollout": {"n": 0}}) == ["rollout.n must be an int >= 1, got 0"]
+    assert config_problems({"rollout": {"n": 4}}) == []
 
 
 def test_eval_rules():
@@ -170,7 +174,7 @@ def test_eval_rules():
         "grader": {"timeout_s": "5"},
     })
     with pytest.raises(ValueError) as err:
-        check_eval_config(cfg)
+        EvalRunConfig.parse(cfg)
     found = [f.strip() for f in str(err.value).splitlines()[1:]]
     assert len(found) == 5, found
     assert {
@@ -201,7 +205,7 @@ def _algorithms() -> list[str]:
     + [[f"algorithm={a}"] for a in _algorithms()],
 )
 def test_every_shipped_training_config_passes(tmp_path, overrides):
-    check_train_config(compose_train(tmp_path, overrides, debug=None))
+    RunConfig.parse(compose_train(tmp_path, overrides, debug=None))
 
 
 def _eval_cfg(*overrides):
@@ -211,7 +215,7 @@ def _eval_cfg(*overrides):
 
 @pytest.mark.parametrize("benchmark", ["arithmetic", "paper", "study", "gsm8k"])
 def test_every_shipped_eval_config_passes(benchmark):
-    check_eval_config(_eval_cfg(f"benchmark={benchmark}"))
+    EvalRunConfig.parse(_eval_cfg(f"benchmark={benchmark}"))
 
 
 @pytest.fixture
@@ -280,8 +284,8 @@ def test_bad_lora_settings_are_named_before_the_model_is_built(tmp_path, no_mode
 
 def test_lora_targets_of_a_real_architecture_are_checked_from_its_shape(tmp_path):
     cfg = compose_train(tmp_path, ["experiment=qwen3-8b_dapo", "model.lora.r=16"], debug=None)
-    check_config(cfg)  # the default targets exist in Qwen3
+    parse_run(cfg)  # the default targets exist in Qwen3
     cfg = compose_train(tmp_path, ["experiment=qwen3-8b_dapo", "model.lora.r=16", "model.lora.target_modules=[c_attn]"],
                         debug=None)
     with pytest.raises(ValueError, match="'c_attn' matches no module of Qwen3ForCausalLM"):
-        check_config(cfg)
+        parse_run(cfg)

@@ -1,0 +1,88 @@
+"""``data``: the prompt schedule's stages and datasets, the held-out set and the prompt format.
+Hydra instantiates the section (``MathDataModule``) and each dataset's ``source`` (a loader or
+generator): the keys named here are checked at start, with their dataset named."""
+
+from typing import Annotated
+
+from pydantic import Field, model_validator
+
+from medsrl.data.template import PromptTemplate
+from medsrl.settings import (
+    Finite,
+    Open,
+    Positive,
+    PositiveInt,
+    Seed,
+    Settings,
+    Text,
+    must,
+    nullable,
+    one_of,
+    raise_problems,
+)
+
+
+class Source(Open):
+    """A file, hub data set or generator source (``load_math_file``, ``load_math_hub``,
+    ``generate_arithmetic``, ...): its ``_target_`` and the arguments it takes."""
+
+    path: nullable(Text) = None
+    hub: nullable(Text) = None
+    """A hub data set (or "parquet" / "json" with data_files) instead of a path."""
+    subset: nullable(Text) = None
+    revision: nullable(Text) = None
+    name: nullable(Text) = None
+    num: PositiveInt = None  # the loader's own default when not given (defaults are not checked)
+    limit: nullable(PositiveInt) = None
+    on_bad_row: one_of(("skip", "raise")) = None
+    problem_field: nullable(Text) = None
+    answer_field: nullable(Text) = None
+    split: Text = None
+
+
+class Dataset(Settings):
+    name: Text
+    weight: Positive = 1.0
+    """Its share of a stage's prompts (largest-remainder quotas)."""
+    source: Source
+
+
+class Stage(Settings):
+    name: Text
+    start_step: Annotated[int, Field(ge=0), must("an int >= 0")]
+    datasets: Annotated[list[Dataset], Field(min_length=1)]
+
+
+class DataConfig(Open):
+    """The prompts of each step, a pure function of ``(seed, step)`` (data/datamodule.py)."""
+
+    prompts_per_step: PositiveInt = 16
+    val_size: nullable(PositiveInt) = 64
+    """Held-out prompts: the val datasets' union, shuffled with the seed and cut to this; null: all."""
+    seed: Seed = 0
+    stages: Annotated[list[Stage], Field(min_length=1)]
+    val: list[Dataset] | None = None
+    template: PromptTemplate = Field(default_factory=PromptTemplate)
+    max_dropped_prompt_share: Annotated[Finite, Field(ge=0, le=1), must("a number in [0, 1]")] = 0.01
+    """The largest share of a dataset dropped as longer than the engine takes before the run
+    refuses to start (MathDataModule.limit_prompt_tokens); 0: none may be dropped."""
+
+    @model_validator(mode="after")
+    def _schedule(self) -> "DataConfig":
+        found = _unique([s.name for s in self.stages], "data.stages: stage names")
+        if self.stages[0].start_step != 0:
+            found.append(f"data.stages.0.start_step must be 0 (the first stage starts the run), "
+                         f"got {self.stages[0].start_step}")
+        for i, (prev, cur) in enumerate(zip(self.stages, self.stages[1:], strict=False), 1):
+            if cur.start_step <= prev.start_step:
+                found.append(f"data.stages.{i}.start_step must be above stage {prev.name!r}'s "
+                             f"({prev.start_step}), got {cur.start_step}")
+        for i, s in enumerate(self.stages):
+            found += _unique([d.name for d in s.datasets], f"data.stages.{i}: dataset names")
+        found += _unique([d.name for d in self.val or []], "data.val: dataset names")
+        raise_problems(found)
+        return self
+
+
+def _unique(names: list[str], what: str) -> list[str]:
+    return [] if len(set(names)) == len(names) else [f"{what} must be unique, got {names}"]

@@ -1,0 +1,131 @@
+"""``model``: which policy a run trains (a Hugging Face name or path, or the tiny CPU preset),
+its dtype, LoRA and the tiny preset's warm start."""
+
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from medsrl.data.template import QWEN_MATH_SYSTEM_PROMPT
+from medsrl.settings import (
+    Count,
+    Finite,
+    Flag,
+    NonEmpty,
+    Positive,
+    PositiveInt,
+    Seed,
+    Settings,
+    Text,
+    listed,
+    must,
+    nullable,
+    one_of,
+)
+
+# The names a dtype setting takes, by torch dtype (models/loading.py maps them)
+DTYPE_NAMES = {
+    "float32": ("float32", "fp32", "float", "32"),
+    "bfloat16": ("bfloat16", "bf16", "bf16-mixed", "bf16-true"),
+    "float16": ("float16", "fp16", "half", "16", "16-mixed", "16-true"),
+}
+ModelDtype = one_of(("auto", *sorted(n for names in DTYPE_NAMES.values() for n in names)))
+
+# The attention and MLP projections of Qwen2 / Qwen3 / Llama: every linear map of a decoder layer.
+DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraSettings(Settings):
+    """``model.lora`` (models/lora.py): ``r`` 0 is off (full fine-tune). r > 0 trains only
+    low-rank adapters on ``target_modules`` (the base frozen); checkpoints hold the adapters only,
+    the KL reference is the base with the adapters off, vLLM gets merged weights after every
+    update. ``dropout`` 0 by default: a dropout mask is drawn from the global generator, which a
+    resumed run does not continue, so only without it does a resume give exactly the
+    uninterrupted run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    r: Count = 0
+    """Adapter rank; 0: off (full fine-tune)."""
+    alpha: Positive = 16.0
+    """Adapter scale numerator (PEFT's lora_alpha): B @ A is multiplied by alpha / r."""
+    dropout: Annotated[Finite, Field(ge=0, lt=1), must("a number in [0, 1)")] = 0.0
+    """Adapter input dropout; 0 keeps a resumed run equal to the uninterrupted one."""
+    target_modules: Annotated[Literal["all-linear"] | listed(NonEmpty),
+                              must("a non-empty list of module names (q_proj, ...) or 'all-linear'")] = DEFAULT_TARGETS
+    """Module names (checked against the model before weights load), or PEFT's every linear layer."""
+    merge_on_export: Flag = True
+    """The exported policy is a plain model with the adapters merged (false: the adapter alone)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.r > 0
+
+    @property
+    def scale(self) -> float:
+        """What ``B @ A`` is multiplied by in the forward (PEFT's ``scaling``)."""
+        return self.alpha / self.r
+
+
+TASKS = ("arithmetic", "precedence")
+
+
+class WarmStartConfig(Settings):
+    """How the tiny model is warm-started (every field is part of the cache key). The defaults
+    are the recipe measured in docs/WARMSTART.md; lr matters most (1.5e-3 and above stall)."""
+
+    steps: PositiveInt = 1000
+    batch_size: PositiveInt = 16
+    lr: Positive = 1e-3
+    warmup_steps: Count = 20
+    weight_decay: Annotated[Finite, Field(ge=0), must("a number >= 0")] = 0.0
+    min_lr_ratio: Annotated[Finite, Field(ge=0, le=1), must("a number in [0, 1]")] = 0.1
+    """Cosine decay from lr to lr * min_lr_ratio."""
+    grad_clip: Annotated[Finite, Field(ge=0), must("a number >= 0")] = 1.0
+    level: PositiveInt = 1
+    num_examples: PositiveInt = 20000
+    seed: Seed = 0
+    system_prompt: nullable(Text) = QWEN_MATH_SYSTEM_PROMPT
+    max_length: PositiveInt = 320
+    """Training sequences (prompt + solution) longer than this are dropped."""
+    eval_examples: PositiveInt = 128
+    """Val problems for the final sampled / greedy accuracy."""
+    eval_max_new_tokens: PositiveInt = 96
+    task: one_of(TASKS) = "arithmetic"
+    """The problems it learns from: arithmetic (generate_arithmetic at level) or precedence (the
+    study task: generate_precedence_mix with task_options, which holds its levels shares,
+    shortcut_rate and trap_fraction; level is unused)."""
+    task_options: dict[str, Any] = {}
+
+
+class ModelConfig(Settings):
+    """The policy: a Hugging Face name or local directory (``name_or_path``), or the tiny CPU
+    preset (``tiny``, warm-started by ``warm_start``); a random model of ``architecture`` at
+    ``shape`` for smoke runs. The master weights (and AdamW's states) stay float32 by default;
+    ``trainer.precision=bf16-mixed`` computes in bf16 over them."""
+
+    name_or_path: nullable(Text) = None
+    """A hub name or a local directory with the weights; null: the tiny preset."""
+    tokenizer: nullable(Text) = None
+    """A tokenizer name or path; 'char': the tiny preset's character tokenizer; null: the model's own."""
+    dtype: ModelDtype = "float32"
+    """The master weights' dtype. bfloat16 trains in pure bf16, which loses most updates at lr 1e-6
+    (docs/GPU.md): refused unless allow_16bit_weights is true."""
+    allow_16bit_weights: Flag = False
+    """Pure 16-bit training, asked for by name."""
+    attn_implementation: nullable(Text) = None
+    """transformers' attention kernel (sdpa, flash_attention_2, eager); null: its default."""
+    gradient_checkpointing: Flag = False
+    """Recompute each decoder layer's activations in the backward."""
+    trust_remote_code: Flag = False
+    random_init: Flag = False
+    """True: architecture at shape with random weights (smoke runs: benchmarks/gpu_smoke.py)."""
+    architecture: nullable(Text) = None
+    """The model type (qwen2, qwen3, llama): tests and random_init build a small random model of it."""
+    shape: nullable(dict[str, Any]) = None
+    """The checkpoint's config.json numbers, for medsrl-plan without the weights and for random
+    models of this architecture (a local name_or_path's config.json wins in the plan)."""
+    tiny: nullable(dict[str, Any]) = None
+    """The tiny preset's Qwen2 config (hidden_size, num_hidden_layers, ...)."""
+    warm_start: WarmStartConfig | None = None
+    """The tiny preset's supervised warm start (cached under paths.cache_dir); null: none."""
+    lora: LoraSettings = Field(default_factory=LoraSettings)

@@ -1,0 +1,32 @@
+"""``grader``: math grading in worker processes with a hard timeout per answer."""
+
+import os
+from typing import Annotated
+
+from medsrl.settings import Count, NonEmpty, Positive, Settings, must, nullable
+
+MAX_GRADER_WORKERS = 16
+
+
+class GraderConfig(Settings):
+    """Math grading: hard per-answer timeout, in worker processes."""
+
+    timeout_s: Positive = 5.0
+    num_workers: nullable(Count) = None
+    """None: grader_workers(), one per core of this process; 0: in-process, no timeout (debugging)."""
+    reasoning_end: Annotated[NonEmpty | None, must("a non-empty tag such as '</think>', or null")] = None
+    """Reasoning models (R1-Distill, Qwen3 thinking): grade only the text after the last occurrence
+    of this tag; a response that never writes it scores 0 (counted). None: all of it."""
+
+    def workers(self, processes_per_node: int = 1) -> int:
+        """The worker count: the configured one, else :func:`grader_workers`."""
+        return self.num_workers if self.num_workers is not None else grader_workers(processes_per_node)
+
+
+def grader_workers(processes_per_node: int = 1) -> int:
+    """One grader worker per core this process may use, the node's cores split between its
+    training processes, at most ``MAX_GRADER_WORKERS``: math-verify is CPU-bound, and grading
+    runs between generation and the update, when the cores are otherwise idle."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_GRADER_WORKERS, cores // max(1, processes_per_node)))
+

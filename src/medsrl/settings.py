@@ -1,0 +1,280 @@
+"""The vocabulary of settings: strict pydantic types with their ranges and one message each
+(``<key> must be <what>, got <value>``), the :class:`Settings` base every section's schema
+extends, and the reading of a composed config into them. Each package keeps its own section's
+schema next to its code (``rollout/settings.py``, ``models/settings.py``, ...); the entry layer
+(``medsrl/run_config.py``) composes them and parses a run's config once. Strings are never
+numbers here, nor bools ints.
+"""
+
+import importlib
+import inspect
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Annotated, Any, get_args, get_origin, get_type_hints
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    WrapValidator,
+    create_model,
+)
+from pydantic_core import PydanticCustomError
+
+SEED_MAX = 2**32 - 1  # numpy's (and Lightning's seed_everything's) bound
+STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
+
+# --------------------------------------------------------------------------- types
+
+
+def must(what: str | Callable[[], str]) -> WrapValidator:
+    """Any failure of the value's own checks becomes one error, ``must be <what>`` (a callable
+    ``what`` is read when the error is raised: registries may grow)."""
+
+    def check(value: Any, handler: Callable[[Any], Any]) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("must", "must be {what}", {"what": check.what()}) from None
+
+    check.what = what if callable(what) else lambda: what
+    return WrapValidator(check)
+
+
+def nullable(alias: Any) -> Any:
+    """``alias`` (a type made with :func:`must`) or null."""
+    return Annotated[alias | None, must(lambda: f"{alias.__metadata__[-1].func.what()} or null")]
+
+
+def one_of(options: Iterable[str] | Callable[[], Iterable[str]]) -> Any:
+    """One of the names; a callable is read at check time (a registry plug-ins may add to)."""
+    listed = options if callable(options) else lambda: tuple(options)
+
+    def known(value: str) -> str:
+        if value not in listed():
+            raise ValueError(value)
+        return value
+
+    return Annotated[str, AfterValidator(known), must(lambda: "one of " + ", ".join(map(repr, listed())))]
+
+
+def at_least(low: int) -> Any:
+    """An int (not a bool, not a float such as 2.0) >= ``low``."""
+    return Annotated[int, Field(ge=low), must(f"an int >= {low}")]
+
+
+def as_tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value  # YAML gives lists
+
+
+def listed(item: Any) -> Any:
+    """A non-empty list of ``item``, kept as a tuple (hashable, and equal from YAML or Python)."""
+    return Annotated[tuple[item, ...], BeforeValidator(as_tuple), Field(min_length=1)]
+
+
+@dataclass(frozen=True)
+class Bound:
+    other: str
+    or_equal: bool
+
+
+def below(alias: Any, other: str, or_equal: bool = False) -> Any:
+    """``alias``, bounded above by another value: a sibling setting, or a dotted key of the run
+    config; checked once each value has passed its own type (:func:`bound_problems`)."""
+    return Annotated[alias, Bound(other, or_equal)]
+
+
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+Number = Annotated[Finite, must("a number")]
+NonNegative = Annotated[Finite, Field(ge=0), must("a number >= 0")]
+Positive = Annotated[Finite, Field(gt=0), must("a positive number")]
+Fraction = Annotated[Finite, Field(gt=0, le=1), must("a number in (0, 1]")]
+PositiveInt = at_least(1)
+Count = at_least(0)
+Seed = Annotated[int, Field(ge=0, le=SEED_MAX), must(f"an int in [0, {SEED_MAX}]")]
+Flag = Annotated[bool, must("true or false")]
+Text = Annotated[str, must("a string")]
+NonEmpty = Annotated[str, Field(pattern=r"\S")]
+Beta = Annotated[Finite, Field(ge=0, lt=1)]
+Layer = Annotated[int, Field(ge=1)]  # 1-based
+# What select_layers takes: the last N layers, "half", "all", or a list of 1-based layers.
+Layers = Annotated[
+    Layer | Annotated[str, Field(pattern=r"(?i)^\s*(half|all|\d+)\s*$")] | listed(Layer),
+    must("an int >= 1, 'half', 'all' or a list of 1-based layers"),
+]
+
+
+def imported(path: str, sort: bool = False) -> Callable[[], tuple[str, ...]]:
+    """The names at ``module.attr``, imported when a value is checked: config.py stays light, and
+    a registry then includes what plug-ins registered."""
+    module, attr = path.rsplit(".", 1)
+    return lambda: tuple((sorted if sort else list)(getattr(importlib.import_module(module), attr)))
+
+
+
+# --------------------------------------------------------------------------- sections
+
+# How many times each settings class was built (validated) in this process: a run parses its
+# config once (tests/test_run_config.py counts).
+BUILT: Counter[str] = Counter()
+
+
+class Settings(BaseModel):
+    """A section the code owns: strict types, finite numbers, no unknown key. A field's
+    docstring is its help (the generated reference, configs/REFERENCE.md)."""
+
+    model_config = STRICT
+
+    def model_post_init(self, context: Any) -> None:
+        BUILT[type(self).__qualname__] += 1
+
+
+class Open(Settings):
+    """A section Hydra instantiates (trainer, callbacks, data sources): the keys named here are
+    checked, the others are the instantiated class's to check."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def parse(cls: type[BaseModel], values: Any, section: str) -> Any:
+    """``values`` (a mapping, an instance or None) as ``cls``; bad values raise one ``ValueError``
+    naming each by its key under ``section``."""
+    if isinstance(values, cls):
+        return values
+    try:
+        if isinstance(values, DictConfig):  # strict: OmegaConf's lists are not lists
+            values = OmegaConf.to_container(values, resolve=True)
+        return cls.model_validate(dict(values or {}))
+    except ValidationError as err:
+        raise ValueError("; ".join(_message(cls, e, section, "") for e in err.errors())) from None
+
+# --------------------------------------------------------------------------- messages
+
+
+def _dotted(*parts: Any) -> str:
+    return ".".join(str(p) for p in parts if p != "")
+
+
+def _fields(schema: Any) -> dict[str, Any]:
+    return {name: f.annotation for name, f in schema.model_fields.items()}
+
+
+def _section(hint: Any) -> Any:
+    """The model or TypedDict inside an annotation (``Optional[...]``, ``list[...]``)."""
+    if get_origin(hint) is None and isinstance(hint, type) and issubclass(hint, BaseModel):
+        return hint
+    return next((s for arg in get_args(hint) if (s := _section(arg)) is not None), None)
+
+
+def _known(schema: Any, path: tuple) -> list[str]:
+    """The settings of the section at ``path`` under ``schema``."""
+    for part in path:
+        if not isinstance(part, int):
+            schema = _section(_fields(schema)[part])
+    return sorted(_fields(schema))
+
+
+def _message(schema: Any, error: dict, prefix: str, owner: str) -> str:
+    key, loc = _dotted(prefix, *error["loc"]), error["loc"]
+    if error["type"] == "problems":  # a validator's own messages, keys included
+        return error["msg"]
+    if error["type"] == "must":
+        return f"{key} {error['msg']}, got {error['input']!r}"
+    if error["type"] == "extra_forbidden":
+        known = ", ".join(_known(schema, loc[:-1]))
+        return f"{key} is not a setting of {_dotted(owner or prefix, *loc[:-1])} (known: {known})"
+    if error["type"] == "missing":
+        return f"{key} must be set"
+    return f"{key}: {error['msg']}, got {error['input']!r}"
+
+
+def raise_problems(found: list[str]) -> None:
+    """From a model validator: its messages, each naming its key, as they are (:func:`_message`)."""
+    if found:
+        raise PydanticCustomError("problems", "{text}", {"text": "; ".join(found)})
+
+
+def problems(schema: Any, values: Any, prefix: str = "", owner: str = "") -> list[str]:
+    """Every value of ``values`` that ``schema`` refuses, named by its dotted key under
+    ``prefix``; an unknown key is named a setting of ``owner`` (default: its section's key)."""
+    try:
+        TypeAdapter(schema).validate_python(values, strict=True)
+    except ValidationError as err:
+        return [_message(schema, e, prefix, owner) for e in err.errors()]
+    return []
+
+
+# --------------------------------------------------------------------------- reading the config
+
+
+def plain(node: Any, missing: list[str], key: str = "") -> Any:
+    """``node`` as plain dicts and lists, interpolations resolved. A ``???`` value is left out and
+    its key added to ``missing``; so is one only Hydra's run resolves (``${hydra:...}``)."""
+    if not isinstance(node, (DictConfig, ListConfig)):
+        return node
+    is_dict = isinstance(node, DictConfig)
+    out = {}
+    for part in node.keys() if is_dict else range(len(node)):
+        where = _dotted(key, part)
+        if OmegaConf.is_missing(node, part):
+            missing.append(where)
+            continue
+        try:
+            out[part] = plain(node[part], missing, where)
+        except OmegaConfBaseException:  # not resolvable outside the run: not a value checked here
+            continue
+    return out if is_dict else list(out.values())
+
+
+def lookup(values: Any, key: str) -> Any:
+    """The value at a dotted key of plain ``values``, or None."""
+    for part in key.split("."):
+        if isinstance(values, list) and part.isdigit():
+            values = values[int(part)] if int(part) < len(values) else None
+        else:
+            values = values.get(part) if isinstance(values, dict) else None
+    return values
+
+
+# --------------------------------------------------------------------------- classes as schemas
+
+
+def settings_model(target: Callable, skip: Iterable[str] = ()) -> type[BaseModel]:
+    """The settings a class's ``__init__`` (or a function's keyword arguments) takes, as a
+    :class:`Settings` model: their annotations (these types) and defaults; ``skip`` left out."""
+    fn = target.__init__ if isinstance(target, type) else target
+    params = list(inspect.signature(fn).parameters.values())
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
+    # a function's options: its keyword-only arguments and those with a default
+    params = params[1:] if isinstance(target, type) else [
+        p for p in params if p.kind is p.KEYWORD_ONLY or p.default is not p.empty]
+    try:
+        hints = get_type_hints(fn, include_extras=True)
+    except NameError:  # an annotation only a type checker resolves: those settings go unchecked
+        hints = {}
+    fields = {p.name: (hints.get(p.name, Any), ... if p.default is p.empty else p.default)
+              for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in skip}
+    # **kwargs: what it does not name is its own to check
+    return create_model(getattr(target, "__name__", "Options"), __base__=Open if takes_any else Settings, **fields)
+
+
+def bound_problems(settings: BaseModel, prefix: str, run: dict) -> list[str]:
+    """The bounds (:func:`below`) one setting takes from another value."""
+    found = []
+    for name, field in type(settings).model_fields.items():
+        for bound in (m for m in field.metadata if isinstance(m, Bound)):
+            sibling = "." not in bound.other
+            limit = getattr(settings, bound.other) if sibling else lookup(run, bound.other)
+            value, other = getattr(settings, name), _dotted(prefix if sibling else "", bound.other)
+            if isinstance(limit, (int, float)) and (value > limit or (value == limit and not bound.or_equal)):
+                found.append(f"{prefix}.{name} must be {'<=' if bound.or_equal else 'less than'} "
+                             f"{other} ({limit!r}), got {value!r}")
+    return found
+
