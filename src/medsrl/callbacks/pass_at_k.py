@@ -25,7 +25,7 @@ from medsrl.evaluation.responses import (
     sample_chunk,
     summarize_records,
 )
-from medsrl.methods.meds.features import FeatureSpec
+from medsrl.features.reader import FeatureSpec
 from medsrl.utils.distributed import all_gather_objects, rank_and_size, shard_bounds
 
 _NOT_LOGGED = ("run", "benchmark", "problems", "n", "mean@n")  # mean@n == pass@1

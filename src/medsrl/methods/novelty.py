@@ -17,8 +17,8 @@ from torch import Tensor
 
 from medsrl.algo.logprobs import masked_mean
 from medsrl.config import FeatureDtype, Flag, Layers, one_of
-from medsrl.methods.meds.features import AnswerFeatureReader, FeatureSpec
-from medsrl.methods.meds.logit_capture import find_final_norm
+from medsrl.features.logit_capture import find_final_norm
+from medsrl.features.reader import AnswerFeatureReader, FeatureSpec
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.step.rollouts import StepRollouts
 

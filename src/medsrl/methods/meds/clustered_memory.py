@@ -14,7 +14,7 @@ import functools
 
 import numpy as np
 
-from medsrl.methods.meds.clustering import fit_cluster_labels, top1_eigen_ratio
+from medsrl.features.clustering import fit_cluster_labels, top1_eigen_ratio
 from medsrl.methods.meds.memory import ErrorMemory, MemoryEntry
 from medsrl.methods.meds.refit import BackgroundRefitter
 
