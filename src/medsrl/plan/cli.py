@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig
 
-from medsrl.plan.memory import (
+from medsrl.plan.gpu_bytes import (
     DEFAULT_PROMPT_TOKENS,
     MemoryPlan,
     format_plan,
