@@ -33,7 +33,7 @@ from importlib.metadata import version
 import numpy as np
 import torch
 
-from medsrl.methods.meds.clustering import fit_cluster_labels
+from medsrl.features.clustering import fit_cluster_labels
 from medsrl.methods.meds.refit import BackgroundRefitter
 
 DIM = 14

@@ -11,7 +11,7 @@ their hidden states, forward and backward (gradients of the hidden states and th
   ``CHUNK_TOKENS`` tokens, recomputed in the backward.
 
 Each in fp32 and under bf16 autocast over fp32 weights (bf16-mixed). Measured per way: the peak
-bytes above what the block leaves (allocator events, ``utils/memory.py``), the largest
+bytes above what the block leaves (allocator events, ``utils/memory_tracking.py``), the largest
 vocabulary-wide tensor, and the time, over ``rounds`` interleaved rounds (median, min-max); and
 the largest difference of the log-probs and gradients between the two. Then, computed, the same
 buffers at the GPU reference micro-batch (8 x 3072 tokens). The last line printed is one JSON
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from medsrl.algo import token_entropy, token_logprobs
 from medsrl.algo.logprobs import CHUNK_TOKENS, head_logprobs
-from medsrl.utils.memory import track_memory
+from medsrl.utils.memory_tracking import track_memory
 
 V = 151_936
 GIB = 2**30

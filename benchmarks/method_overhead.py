@@ -44,8 +44,8 @@ os.environ.setdefault("MEDSRL_ROOT", str(ROOT))
 import numpy as np  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from medsrl.methods.meds.clustering import fit_cluster_labels  # noqa: E402
-from medsrl.methods.meds.features import AnswerFeatureReader  # noqa: E402
+from medsrl.features.clustering import fit_cluster_labels  # noqa: E402
+from medsrl.features.reader import AnswerFeatureReader  # noqa: E402
 from medsrl.methods.meds.plugin import Meds  # noqa: E402
 from medsrl.train import build_run, train  # noqa: E402
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from medsrl.methods.meds.logit_capture import find_decoder_layers
+from medsrl.features.logit_capture import find_decoder_layers
 
 
 def reference_features(model, packed, targets, layers, final_norm=False) -> torch.Tensor:

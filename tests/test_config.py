@@ -1,4 +1,4 @@
-"""Typed settings (src/medsrl/config.py)."""
+"""Settings of each package (grader workers), the presets and composing without importing medsrl."""
 
 from __future__ import annotations
 

@@ -16,9 +16,10 @@ LAYERS = [
     {"models"},
     {"rollout"},
     {"step"},
+    {"features"},  # the answer-token features and their clustering, read by methods and evaluation
     {"plugins"},
-    {"methods"},
-    {"evaluation", "callbacks", "module"},
+    {"methods", "evaluation"},  # side by side: neither imports the other
+    {"callbacks", "module"},
     {"study", "train", "eval", "plan", "warmstart", "run_config"},
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}

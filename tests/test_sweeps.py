@@ -19,7 +19,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from medsrl.methods.meds.logit_capture import select_layers
+from medsrl.features.logit_capture import select_layers
 from run_helpers import ROOT
 
 pytestmark = [

@@ -33,7 +33,7 @@ from medsrl.evaluation.responses import (
 )
 from medsrl.evaluation.store import GenerationStore
 from medsrl.evaluation.tables import plot_pass_at_k, write_csv, write_json, write_markdown
-from medsrl.methods.meds.features import FeatureSpec
+from medsrl.features.reader import FeatureSpec
 from medsrl.models.loading import load_policy, load_tokenizer
 from medsrl.reward.grader import MathGrader
 from medsrl.rollout.factory import build_engine, engine_max_model_len, model_positions

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 from medsrl.algo.settings import AlgorithmConfig
 from medsrl.data.settings import DataConfig, Source
 from medsrl.data.template import PromptTemplate
-from medsrl.methods.meds.features import FeatureSpec
+from medsrl.features.reader import FeatureSpec
 from medsrl.models.settings import ModelConfig, ModelDtype
 from medsrl.plugins import Plugin
 from medsrl.reward.settings import GraderConfig

@@ -125,7 +125,7 @@ def test_validation_can_be_turned_off_or_skip_the_start(tmp_path):
 def test_validation_features_follow_the_runs_meds_plugin():
     from types import SimpleNamespace
 
-    from medsrl.methods.meds.features import FeatureSpec
+    from medsrl.features.reader import FeatureSpec
     from medsrl.methods.meds.plugin import Meds
 
     def resolved(features, plugins):

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from medsrl.eval import feature_spec_for, settings_from
 from medsrl.evaluation.response_features import response_features
 from medsrl.evaluation.responses import EvalSettings
-from medsrl.methods.meds.features import FeatureSpec, round_to_bfloat16
+from medsrl.features.reader import FeatureSpec, round_to_bfloat16
 from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.tiny import build_tiny_model
 from medsrl.rollout.base import RolloutBatch

@@ -10,7 +10,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
 
-from medsrl.methods.meds.logit_capture import find_decoder_layers, find_final_norm, find_lm_head
+from medsrl.features.logit_capture import find_decoder_layers, find_final_norm, find_lm_head
 from medsrl.models.lora import (
     apply_lora,
     checkpoint_state,

@@ -82,7 +82,7 @@ def _forward_checks(rank: int) -> dict:
     none: its idle passes keep the collectives in step. Results against the plain model."""
     from fsdp_probe import gathered_now
     from medsrl.evaluation.response_features import response_features
-    from medsrl.methods.meds.features import FeatureSpec
+    from medsrl.features.reader import FeatureSpec
     from medsrl.models.char_tokenizer import build_char_tokenizer
     from medsrl.rollout.base import pack_rollouts
     from medsrl.step.scoring import scoring_pass

@@ -2,7 +2,7 @@
 
 Computed only: the holders a phase lists and their formulas, for an FSDP vLLM experiment
 (qwen2.5-math-7b_meds, qwen3-8b_meds), a one-GPU one (qwen2.5-math-1.5b_meds), HF generation,
-LoRA and validation on or off. What a CPU can measure of them is in test_memory_plan.py.
+LoRA and validation on or off. What a CPU can measure of them is in test_gpu_bytes.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import functools
 import pytest
 
 from medsrl.plan.cli import compose_train_config, plan_for
-from medsrl.plan.memory import GIB, MemoryPlan
+from medsrl.plan.gpu_bytes import GIB, MemoryPlan
 
 SYNCS = ("first weight sync", "weight sync")
 VALIDATION = ("validation sampling", "validation features")

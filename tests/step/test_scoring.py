@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from medsrl.algo import token_entropy, token_logprobs
-from medsrl.methods.meds.features import AnswerFeatureReader, FeatureSpec
+from medsrl.features.reader import AnswerFeatureReader, FeatureSpec
 from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.tiny import build_tiny_model
 from medsrl.rollout.base import pack_rollouts

@@ -80,7 +80,7 @@ def test_duplicates_make_single_visit_clusters_while_the_answer_memory_counts_re
 def test_dedup_store_is_the_plugins_dedup():
     """``dedup`` keeps every row (sizes count copies) and clusters the distinct ones, exactly as
     ``fit_cluster_labels(dedup=True)``, the function ``meds.dedup`` re-fits with."""
-    from medsrl.methods.meds.clustering import fit_cluster_labels
+    from medsrl.features.clustering import fit_cluster_labels
 
     samples, s = _drifting_duplicates(), AuditSettings()
     rep = replay(samples, "reference", STORE["dedup"], s)
@@ -158,7 +158,7 @@ TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, num_key_
 def test_feature_readers_agree_with_the_plugins_reference_feature():
     import torch
 
-    from medsrl.methods.meds.features import digit_token_ids
+    from medsrl.features.reader import digit_token_ids
     from medsrl.models.char_tokenizer import build_char_tokenizer
     from medsrl.models.tiny import build_tiny_model
     from medsrl.study.audit import FEATURES, AuditFeatureReader

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from medsrl.algo import token_logprobs
 from medsrl.algo.logprobs import head_logprobs
-from medsrl.utils.memory import peak_live_bytes, track_memory
+from medsrl.utils.memory_tracking import peak_live_bytes, track_memory
 
 V = 151_936
 

@@ -26,7 +26,7 @@ from medsrl.evaluation.responses import (
     sample_chunk,
     summarize_records,
 )
-from medsrl.methods.meds.features import FeatureSpec
+from medsrl.features.reader import FeatureSpec
 from medsrl.settings import Count, Flag, Fraction, NonNegative, PositiveInt, Seed, nullable
 from medsrl.utils.distributed import all_gather_objects, rank_and_size, shard_bounds
 

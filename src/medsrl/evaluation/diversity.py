@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from medsrl.evaluation.passk import answer_key
-from medsrl.methods.meds.clustering import fit_cluster_labels, top1_eigen_ratio
+from medsrl.features.clustering import fit_cluster_labels, top1_eigen_ratio
 
 DIVERSITY_KEYS = ("distinct_answers", "distinct_wrong", "eigen_ratio", "wrong_clusters")
 

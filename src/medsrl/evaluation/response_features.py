@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from medsrl.methods.meds.features import AnswerFeatureReader, FeatureSpec
+from medsrl.features.reader import AnswerFeatureReader, FeatureSpec
 from medsrl.models.sharding import agreed_passes, idle_forward, is_sharded
 from medsrl.rollout.base import RolloutBatch, pack_rollouts
 from medsrl.step.micro_batches import plan_micro_batches

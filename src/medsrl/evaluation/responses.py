@@ -18,7 +18,7 @@ from medsrl.data.template import PromptTemplate
 from medsrl.evaluation.response_features import response_features
 from medsrl.evaluation.store import GenerationStore, settings_fingerprint
 from medsrl.evaluation.tables import summarize_benchmark
-from medsrl.methods.meds.features import FeatureSpec
+from medsrl.features.reader import FeatureSpec
 from medsrl.rollout.base import RolloutBatch, SamplingParams
 
 

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from medsrl.algo.logprobs import masked_mean
-from medsrl.methods.meds.features import AnswerFeatureReader, FeatureDtype, FeatureSpec
-from medsrl.methods.meds.logit_capture import find_final_norm
+from medsrl.features.logit_capture import find_final_norm
+from medsrl.features.reader import AnswerFeatureReader, FeatureDtype, FeatureSpec
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.settings import Flag, Layers, one_of
 from medsrl.step.rollouts import StepRollouts

@@ -1,7 +1,7 @@
 """``medsrl-plan <the overrides of medsrl-train>``: the run's memory per GPU and phase, and whether it fits.
 
 Composes the same config ``medsrl-train`` would (``configs/train.yaml`` + the overrides), builds
-the model on the ``meta`` device (no weights, no GPU) and prints ``plan/memory.py``'s arithmetic.
+the model on the ``meta`` device (no weights, no GPU) and prints ``plan/gpu_bytes.py``'s arithmetic.
 Exits 1 when the run does not fit the hardware it declares (``hardware.gpu_memory_gib``)::
 
     medsrl-plan experiment=qwen2.5-math-7b_meds
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig
 
-from medsrl.plan.memory import (
+from medsrl.plan.gpu_bytes import (
     DEFAULT_PROMPT_TOKENS,
     MemoryPlan,
     format_plan,

@@ -6,7 +6,7 @@ to change).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -97,7 +97,6 @@ class StepRollouts:
     engine_logp: torch.Tensor | None = None  # [B, R] sampling (or replayed behaviour) log-probs
     token_stats: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [B, R], old policy
     loss_weights: torch.Tensor | None = None  # [B, R] per-token loss weights (None: all 1)
-    features: dict[str, Any] = field(default_factory=dict)  # plug-ins' per-row data
     shaping: list[str] = field(default_factory=list)  # the terms shape_scores added (not rewards)
 
     @classmethod

@@ -52,14 +52,14 @@ from typing import Any
 
 import numpy as np
 
-from medsrl.methods.meds.clustering import (
+from medsrl.features.clustering import (
     NOISE,
     cluster_sizes,
     distinct_rows,
     fit_cluster_labels,
     predict_labels,
 )
-from medsrl.methods.meds.features import FeatureSpec
+from medsrl.features.reader import FeatureSpec
 from medsrl.methods.meds.gate import (
     distinct_penalty_share,
     earlier_answer_counts,
@@ -508,7 +508,7 @@ def two_token_targets(answer_index: Sequence[int | None], response_ids: Sequence
     two rows are adjacent, first token first."""
     import torch
 
-    from medsrl.methods.meds.logit_capture import CaptureTargets
+    from medsrl.features.logit_capture import CaptureTargets
 
     rows, positions, next_ids, kept = [], [], [], []
     width = prompt_length + max((len(r) for r in response_ids), default=0)
@@ -530,8 +530,8 @@ class AuditFeatureReader:
     two answer tokens."""
 
     def __init__(self, model, tokenizer, variants: Sequence[str]):
-        from medsrl.methods.meds.features import AnswerFeatureReader
-        from medsrl.methods.meds.logit_capture import LayerLogitCapture
+        from medsrl.features.logit_capture import LayerLogitCapture
+        from medsrl.features.reader import AnswerFeatureReader
 
         unknown = [v for v in variants if v not in FEATURES]
         if unknown:
@@ -546,7 +546,7 @@ class AuditFeatureReader:
         """``{variant: [B, D] float32}`` of one micro-batch; NaN rows: no feature."""
         import torch
 
-        from medsrl.methods.meds.answer_locator import locate_answers
+        from medsrl.features.answer_locator import locate_answers
         from medsrl.rollout.base import pack_rollouts
 
         packed = pack_rollouts(prompt_ids, response_ids, pad_id)

@@ -30,7 +30,7 @@ import numpy as np
 
 from medsrl.data.precedence import is_trap, shortcut_answer
 from medsrl.evaluation.tables import md_row
-from medsrl.methods.meds.clustering import fit_cluster_labels
+from medsrl.features.clustering import fit_cluster_labels
 from medsrl.study.stats import format_mean_std, mean_std
 
 GROUPS = ("trap", "other")

@@ -3,7 +3,7 @@
 The helpers find Lightning's ``WandbLogger`` among the trainer's loggers (``logger=wandb`` /
 ``logger=many``), log the plug-ins' histograms and text, say where the run writes, and finish it
 with the run's summary. ``wandb`` is optional: nothing here imports it unless a ``WandbLogger``
-is in use (``medsrl.config`` refuses ``logger=wandb`` without it).
+is in use (``medsrl.run_config`` refuses ``logger=wandb`` without it).
 """
 
 from __future__ import annotations

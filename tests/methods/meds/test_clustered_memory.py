@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from medsrl.features.clustering import fit_cluster_labels
 from medsrl.methods.meds.clustered_memory import ClusteredMemory
-from medsrl.methods.meds.clustering import fit_cluster_labels
 
 STORE = [("p", False)]
 

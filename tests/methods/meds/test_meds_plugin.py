@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -20,8 +21,24 @@ def _prompt(key: str) -> Prompt:
     return Prompt(key=key, text=f"<{key}>", problem=f"problem {key}", answer="1", source="t")
 
 
+class HandMadeStep(NamedTuple):
+    rollouts: StepRollouts
+    features: torch.Tensor  # [B, D], one per response: what the scoring forward would have read
+
+
+class HandMadeReader:
+    """Stands in for the plug-in's ``AnswerFeatureReader`` after the scoring forward: ``finish``
+    gives the step's features, every response with one."""
+
+    def __init__(self, features: torch.Tensor) -> None:
+        self.features = features
+
+    def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.features, torch.arange(len(self.features))
+
+
 def _step(step: int, groups: list[tuple[str, list[tuple[np.ndarray, bool]]]], stage: str = "A",
-          answers: list[str] | None = None) -> StepRollouts:
+          answers: list[str] | None = None) -> HandMadeStep:
     """One step: per group (prompt key, [(feature, correct), ...]); every response has a feature
     and the extracted answer ``answers[i]`` (default "1")."""
     prompts, gids, feats, acc = [], [], [], []
@@ -39,24 +56,27 @@ def _step(step: int, groups: list[tuple[str, list[tuple[np.ndarray, bool]]]], st
         grades=[SimpleNamespace(extracted=a) for a in answers], source=["sampled"] * len(acc), packed=None,
         acc=acc_t, reward=acc_t.clone(), scores=acc_t.clone(),
     )
-    r.features["test"] = torch.tensor(np.stack(feats), dtype=torch.float32)
-    return r
+    return HandMadeStep(r, torch.tensor(np.stack(feats), dtype=torch.float32))
 
 
 def _plugin(tmp_path, refit="sync", **settings):
-    """A MEDS plug-in fed hand-made features (every response has one) instead of a forward."""
+    """A MEDS plug-in fed hand-made features (every response has one) instead of a forward
+    (``_run`` gives it a :class:`HandMadeReader`)."""
     settings = {"panels_every_n_steps": 0, "snapshot_every_n_steps": 0, "mixed_groups_only": False, **settings}
     plugin = Meds(refit=refit, snapshot_dir=str(tmp_path), **settings)
     plugin.store.open()
     return plugin
 
 
-def _run(plugin: Meds, rollouts: StepRollouts, ctx: StepContext | None = None) -> torch.Tensor:
-    """One step through the plug-in's hooks, in the module's order, as one rank."""
+def _run(plugin: Meds, step: HandMadeStep, ctx: StepContext | None = None) -> torch.Tensor:
+    """One step through the plug-in's hooks, in the module's order, as one rank; the scoring
+    forward's features come from the plug-in's reader, here a hand-made one."""
+    rollouts = step.rollouts
     ctx = ctx or StepContext(rollouts.step, rollouts.stage, PhaseTimer(), len(rollouts.prompts),
                              run_dir=plugin.snapshot_dir)  # as rank 0
-    plugin.enter_stage(rollouts.stage)
-    plugin.use_features(rollouts, rollouts.features["test"], torch.arange(len(rollouts)), ctx)
+    plugin.enter_stage(rollouts.stage)  # what before_scoring does before the reader begins
+    plugin.reader = HandMadeReader(step.features)
+    plugin.after_scoring(rollouts, ctx)
     plugin.shape_rewards(rollouts, ctx)
     plugin.commit([plugin.step_additions(rollouts, ctx)], ctx)
     return rollouts.scores
@@ -85,7 +105,7 @@ def test_first_visit_only_fills_memory_then_sizes_give_the_penalty(tmp_path):
     queries = [(_blob(e1, 1, rng)[0], False), (_blob(e2, 1, rng)[0], False), (_blob(e1, 1, rng)[0], True)]
     step1 = _step(1, [("k", queries)])
     scores1 = _run(mem, step1)
-    torch.testing.assert_close(step1.terms["meds"], scores1 - step1.reward)  # GDPO's "meds" term
+    torch.testing.assert_close(step1.rollouts.terms["meds"], scores1 - step1.rollouts.reward)  # GDPO's "meds" term
     # near the 4-blob: 0.1 * ln(5); near the 2-blob: 0.1 * ln(3); the right answer: untouched
     assert scores1[0].item() == pytest.approx(-0.1 * math.log(5), abs=1e-6)
     assert scores1[1].item() == pytest.approx(-0.1 * math.log(3), abs=1e-6)
@@ -249,14 +269,14 @@ def test_gate_figures_are_logged_on_a_hand_made_step(tmp_path):
     step = _step(1, [("k", [(_blob(e1, 1, rng)[0], False), (_blob(e1, 1, rng)[0], False),
                             (_blob(e2, 1, rng)[0], False), (np.array([0, 0, 1], np.float32), True)])],
                  answers=["14", "14", "9", "5"])
-    ctx = _ctx(step)
+    ctx = _ctx(step.rollouts)
     _run(mem, step, ctx)
     m = ctx.metrics
     assert m["meds/gate/g1_distinct_penalty_groups"] == 1.0
     on_top = 2 * math.log(4) / (2 * math.log(4) + math.log(3))  # "14": 2 of the 3 wrong responses
     assert m["meds/gate/g3_top_answer_excess"] == pytest.approx(on_top - 2 / 3)
     assert m["meds/gate/g4_size_recurrence_corr"] == pytest.approx(1.0)
-    assert -step.scores[2].item() == pytest.approx(0.1 * math.log(3), abs=1e-6)
+    assert -step.rollouts.scores[2].item() == pytest.approx(0.1 * math.log(3), abs=1e-6)
     assert m["meds/clusters_per_key"] >= 1.0 and 0.0 <= m["meds/noise_fraction"] <= 1.0
 
 
@@ -271,12 +291,13 @@ def test_advantage_placement_subtracts_the_penalty_after_normalisation(tmp_path)
     _run(mem, _step(0, [("k", [(f, False) for f in _blob([1, 0], 3, rng)])]))
     step = _step(1, [("k", [(_blob([1, 0], 1, rng)[0], False), (_blob([1, 0], 1, rng)[0], False),
                             (np.array([0, 1], np.float32), True)])])
-    step.packed = SimpleNamespace(response_mask=torch.ones(3, 4))
-    ctx = _ctx(step)
+    rollouts = step.rollouts
+    rollouts.packed = SimpleNamespace(response_mask=torch.ones(3, 4))
+    ctx = _ctx(rollouts)
     _run(mem, step, ctx)
-    assert torch.equal(step.scores, step.reward)  # nothing before normalisation
-    raw = group_advantages(step.scores, step.group_ids)
-    shaped = mem.shape_advantages(step, raw, ctx)
+    assert torch.equal(rollouts.scores, rollouts.reward)  # nothing before normalisation
+    raw = group_advantages(rollouts.scores, rollouts.group_ids)
+    shaped = mem.shape_advantages(rollouts, raw, ctx)
     pen = math.log(4)  # size 3, alpha 1, cap 2
     torch.testing.assert_close(shaped, raw - torch.tensor([pen, pen, 0.0]), atol=1e-6, rtol=0)
     assert ctx.metrics["meds/gate/g2_advantage_rewritten"] > 0.5
@@ -294,7 +315,7 @@ def test_store_figures_are_the_same_with_background_and_sync_refits(tmp_path):
         logged[mode] = []
         for i, g in enumerate(steps):
             step = _step(i, g)
-            ctx = _ctx(step)
+            ctx = _ctx(step.rollouts)
             _run(mem, step, ctx)
             logged[mode].append({k: v for k, v in ctx.metrics.items() if "clusters" in k or "noise" in k or "gate" in k})
         mem.teardown(None, None, "fit")

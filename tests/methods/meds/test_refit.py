@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from medsrl.methods.meds.clustering import fit_cluster_labels
+from medsrl.features.clustering import fit_cluster_labels
 from medsrl.methods.meds.refit import BackgroundRefitter, RefitError
 
 

@@ -14,8 +14,8 @@ import functools
 
 import numpy as np
 
-from medsrl.methods.meds.clustering import fit_cluster_labels, top1_eigen_ratio
-from medsrl.methods.meds.memory import ErrorMemory, MemoryEntry
+from medsrl.features.clustering import fit_cluster_labels, top1_eigen_ratio
+from medsrl.methods.meds.error_memory import ErrorMemory, MemoryEntry
 from medsrl.methods.meds.refit import BackgroundRefitter
 
 Store = tuple[str, bool]  # (prompt key, correct)

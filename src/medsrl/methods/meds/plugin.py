@@ -1,10 +1,10 @@
 """MEDS as one plug-in: a wrong response that repeats a frequent past mistake of its prompt loses
 ``min(alpha * ln(|C| + 1), beta)`` of its score before group normalisation (docs/REFERENCE.md).
 
-Per step: read each response's answer feature in the scoring forward (``features.py``), predict
-its cluster from the labels stored for its ``(prompt key, correctness)`` (k-NN vote; the step's
-own responses do not count) and shape the score; then insert every rank's features into the
-replicated memory (``clustered_memory.py``). Settings: ``configs/plugins/meds.yaml``.
+Per step: read each response's answer feature in the scoring forward (``features/reader.py``),
+predict its cluster from the labels stored for its ``(prompt key, correctness)`` (k-NN vote; the
+step's own responses do not count) and shape the score; then insert every rank's features into
+the replicated memory (``clustered_memory.py``). Settings: ``configs/plugins/meds.yaml``.
 
 What the penalty can do (``gate.py``): with 0/1 rewards and group mean/std advantages the mean
 penalty of a group's wrong responses cancels, so only their spread moves the gradient; the gate
@@ -31,22 +31,17 @@ from medsrl.algo import (
     compute_advantages,
     keep_mask_by_group_spread,
 )
-from medsrl.methods.dynamic_sampling import DynamicSampling
-from medsrl.methods.meds.clustered_memory import ClusteredMemory
-from medsrl.methods.meds.clustering import (
+from medsrl.features.clustering import (
     NOISE,
     cluster_sizes,
     distinct_rows,
     predict_labels,
     single_cluster_sizes,
 )
+from medsrl.features.reader import FEATURE_LOGITS, AnswerFeatureReader, FeatureDtype, FeatureSpec
+from medsrl.methods.dynamic_sampling import DynamicSampling
+from medsrl.methods.meds.clustered_memory import ClusteredMemory
 from medsrl.methods.meds.diagnostics import cluster_answer_purity, penalty_on_top_answer
-from medsrl.methods.meds.features import (
-    FEATURE_LOGITS,
-    AnswerFeatureReader,
-    FeatureDtype,
-    FeatureSpec,
-)
 from medsrl.methods.meds.gate import (
     distinct_penalty_share,
     earlier_answer_counts,

@@ -26,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 
-from medsrl.methods.meds.clustering import fit_cluster_labels
+from medsrl.features.clustering import fit_cluster_labels
 from medsrl.utils.lifetime import exit_with_owner, this_owner, without_main_import
 
 FitFn = Callable[..., np.ndarray]

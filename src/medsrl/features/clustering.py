@@ -3,7 +3,7 @@
 Reference (docs/REFERENCE.md, steps 4-5): a new response's cluster is *predicted* by a k=3 cosine
 nearest-neighbour vote over the labels stored for its (prompt, correctness) key; its size is the
 number of stored points with that label. HDBSCAN re-fits the store for the key's *next* visit.
-No torch here: it runs in worker processes (``refit.py``).
+No torch here: it runs in worker processes (``methods/meds/refit.py``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from medsrl.methods.meds.answer_locator import locate_answer, locate_answers, token_pieces
+from medsrl.features.answer_locator import locate_answer, locate_answers, token_pieces
 from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.loading import load_tokenizer
 from shared_paths import require_shared

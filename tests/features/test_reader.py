@@ -1,4 +1,4 @@
-"""The MEDS feature (methods/meds/features.py): reference-style diffs, bf16 rounding, the shared reader."""
+"""The MEDS feature (features/reader.py): reference-style diffs, bf16 rounding, the shared reader."""
 
 from __future__ import annotations
 
@@ -6,8 +6,14 @@ import pytest
 import torch
 
 from logit_reference import hook_count, reference_features
-from medsrl.methods.meds.answer_locator import locate_answers
-from medsrl.methods.meds.features import (
+from medsrl.features.answer_locator import locate_answers
+from medsrl.features.logit_capture import (
+    LayerLogitCapture,
+    answer_targets,
+    find_decoder_layers,
+    select_layers,
+)
+from medsrl.features.reader import (
     AnswerFeatureReader,
     FeatureSpec,
     capture_layers,
@@ -15,12 +21,6 @@ from medsrl.methods.meds.features import (
     layer_diffs,
     resolve_feature_dtype,
     round_to_bfloat16,
-)
-from medsrl.methods.meds.logit_capture import (
-    LayerLogitCapture,
-    answer_targets,
-    find_decoder_layers,
-    select_layers,
 )
 from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.tiny import build_tiny_model

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from medsrl.methods.meds.memory import ErrorMemory, load_snapshot
+from medsrl.methods.meds.error_memory import ErrorMemory, load_snapshot
 from medsrl.utils import columnar
 
 

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from medsrl.methods.meds.clustering import (
+from medsrl.features.clustering import (
     cluster_sizes,
     fit_cluster_labels,
     normalize_rows,
@@ -171,7 +171,7 @@ def test_top1_eigen_ratio():
 def test_dedup_fits_the_distinct_rows_and_labels_every_copy():
     """One step's identical responses are one point: three copies of a row no longer make a
     dense cluster of their own, and each copy gets its distinct row's label."""
-    from medsrl.methods.meds.clustering import distinct_rows
+    from medsrl.features.clustering import distinct_rows
 
     rng = np.random.default_rng(0)
     a, b, c = np.eye(6)[0], np.eye(6)[1], np.eye(6)[2]

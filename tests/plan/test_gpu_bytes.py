@@ -1,7 +1,7 @@
 """The plan's arithmetic against what a CPU measures, at Qwen2.5-Math-1.5B's real width.
 
 Measured here: the bytes of weights, gradients and AdamW's states and temporaries (allocator
-events, ``utils/memory.py``), the tensors one decoder layer saves for backward under bf16
+events, ``utils/memory_tracking.py``), the tensors one decoder layer saves for backward under bf16
 autocast over fp32 weights (saved-tensor hooks), the KV cache HF keeps under that autocast, and
 the fused log-prob head's buffers at a 151,936-token vocabulary, with its backward's ``[V, H]``
 weight-gradient buffers. The plan must agree; what a CPU cannot show (the CUDA runtime,
@@ -20,7 +20,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 from medsrl.algo.logprobs import head_logprobs
 from medsrl.models.loading import random_model_like
-from medsrl.plan.memory import (
+from medsrl.plan.gpu_bytes import (
     RunShape,
     head_chunk_bytes,
     kv_cache_bytes,
@@ -28,7 +28,7 @@ from medsrl.plan.memory import (
     plan_memory,
 )
 from medsrl.plan.model_size import size_of
-from medsrl.utils.memory import track_memory
+from medsrl.utils.memory_tracking import track_memory
 
 # Qwen2.5-Math-1.5B's widths (configs/model/qwen2.5-math-1.5b.yaml)
 WIDTH = {"hidden_size": 1536, "num_attention_heads": 12, "num_key_value_heads": 2, "intermediate_size": 8960}

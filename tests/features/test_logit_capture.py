@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from logit_reference import hook_count, reference_features
-from medsrl.methods.meds.logit_capture import (
+from medsrl.features.logit_capture import (
     CaptureTargets,
     LayerLogitCapture,
     answer_targets,

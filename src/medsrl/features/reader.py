@@ -26,8 +26,8 @@ import torch
 from pydantic import ConfigDict
 from torch import nn
 
-from medsrl.methods.meds.answer_locator import locate_answers
-from medsrl.methods.meds.logit_capture import (
+from medsrl.features.answer_locator import locate_answers
+from medsrl.features.logit_capture import (
     DEFAULT_LAST_N,
     CaptureTargets,
     LayerLogitCapture,

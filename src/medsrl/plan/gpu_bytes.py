@@ -2,7 +2,7 @@
 
 What ``medsrl-plan`` prints (docs/GPU.md). Every figure is computed from the model's parameter
 counts (``plan/model_size.py``) and the run's batch, precision and sharding; what a CPU can
-measure is checked in ``tests/plan/test_memory_plan.py``, the rest (activations, KV cache, the
+measure is checked in ``tests/plan/test_gpu_bytes.py``, the rest (activations, KV cache, the
 engine) are estimates with their formulas. Phases, as ``module.py`` and the validation callback
 run them: the first weight sync (train start, vLLM only: the engine awake with its whole
 reservation, the weights streamed in), generation (HF: the policy gathered whole under FSDP and
@@ -240,7 +240,7 @@ def layer_forward_bytes(size: ModelSize, tokens: int, compute_bytes: int, resid_
 
 def layer_saved_bytes(size: ModelSize, tokens: int, compute_bytes: int) -> int:
     """What one decoder layer saves for its backward over ``tokens`` under autocast, as measured
-    on CPU (``tests/plan/test_memory_plan.py``): four fp32 ``H`` tensors (each norm's input and its
+    on CPU (``tests/plan/test_gpu_bytes.py``): four fp32 ``H`` tensors (each norm's input and its
     fp32 normalised output); six ``H``-wide casts (each of q/k/v/o/gate/up casts its input
     itself: autocast's cache is off); q, k, v; gate, up, act(gate) and their product. Without
     autocast (inputs already in the compute dtype) the casts are shared: an upper bound."""
@@ -321,7 +321,7 @@ def hf_generation_items(size: ModelSize, run: RunShape, rows: int, response_toke
     V, H = size.vocab_size, size.hidden_size
     T = run.prompt_tokens + response_tokens
     # K and V come out fp32 under autocast over fp32 weights (the rotary cos/sin follow the fp32
-    # residual stream): measured on CPU, tests/plan/test_memory_plan.py
+    # residual stream): measured on CPU, tests/plan/test_gpu_bytes.py
     kv = 4 if run.autocast else c
     items = []
     if run.sharded:
