@@ -333,15 +333,16 @@ def medsrl_optimizers(model, s: dict) -> tuple:
 
 def trl_side(cfg, steps: int, out: Path) -> TrlSide:
     """The TRL side's policy, prompts, tokenizer, grader (started) and arguments, from medsrl's config."""
-    from hydra.utils import instantiate
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from medsrl.data.datamodule import MathDataModule
     from medsrl.models.loading import load_tokenizer, resolve_dtype, stop_token_ids
     from medsrl.reward.grader import MathGrader
+    from medsrl.run_config import RunConfig
 
     s = settings(cfg)
     path = policy_dir(cfg)
-    datamodule = instantiate(cfg.data, _convert_="object")
+    datamodule = MathDataModule.from_config(RunConfig.parse(cfg).data)
     prompts = [p for step in range(steps) for p in datamodule.prompts_for_step(step)]
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     medsrl_tok = load_tokenizer(str(path))

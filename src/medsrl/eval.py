@@ -39,6 +39,7 @@ from medsrl.reward.grader import MathGrader
 from medsrl.rollout.factory import build_engine, engine_max_model_len, model_positions
 from medsrl.rollout.settings import RolloutConfig
 from medsrl.run_config import CONFIG_DIR, EvalRunConfig
+from medsrl.settings import parse
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,7 +158,9 @@ def feature_spec_for(model_path: str | Path, default: FeatureSpec | None) -> Fea
     if meds is None:
         log.info("features of %s: %s (eval's features)", model_path, default)
         return default
-    spec = FeatureSpec(**{field: meds[key] for field, key in _FEATURE_KEYS.items() if key in meds})
+    meds = OmegaConf.to_container(meds, resolve=True)
+    spec = parse(FeatureSpec, {field: meds[key] for field, key in _FEATURE_KEYS.items() if key in meds},
+                 f"{run_config}: the MEDS feature")
     log.info("features of %s: %s (the MEDS settings of its training run, %s)",
              model_path, spec, run_config)
     return spec

@@ -11,7 +11,7 @@ import inspect
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -20,7 +20,9 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     TypeAdapter,
     ValidationError,
     WrapValidator,
@@ -65,6 +67,17 @@ def one_of(options: Iterable[str] | Callable[[], Iterable[str]]) -> Any:
     return Annotated[str, AfterValidator(known), must(lambda: "one of " + ", ".join(map(repr, listed())))]
 
 
+def non_empty(what: str) -> AfterValidator:
+    """A list with at least one item (each item checked first, by its own key)."""
+
+    def check(value: list) -> list:
+        if not value:
+            raise PydanticCustomError("must", "must be {what}", {"what": what})
+        return value
+
+    return AfterValidator(check)
+
+
 def at_least(low: int) -> Any:
     """An int (not a bool, not a float such as 2.0) >= ``low``."""
     return Annotated[int, Field(ge=low), must(f"an int >= {low}")]
@@ -89,6 +102,16 @@ def below(alias: Any, other: str, or_equal: bool = False) -> Any:
     """``alias``, bounded above by another value: a sibling setting, or a dotted key of the run
     config; checked once each value has passed its own type (:func:`bound_problems`)."""
     return Annotated[alias, Bound(other, or_equal)]
+
+
+TAG = "kind:"
+
+
+def kind(pick: Callable[[Any], str], **kinds: Any) -> Any:
+    """A value of one of several ``kinds`` (name: type), the one ``pick(value)`` names: only
+    that one's checks apply, so a message names the value's own key."""
+    members = [Annotated[t, Tag(TAG + name)] for name, t in kinds.items()]
+    return Annotated[Union[tuple(members)], Discriminator(lambda v: TAG + pick(v))]  # noqa: UP007
 
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -182,7 +205,8 @@ def _known(schema: Any, path: tuple) -> list[str]:
 
 
 def _message(schema: Any, error: dict, prefix: str, owner: str) -> str:
-    key, loc = _dotted(prefix, *error["loc"]), error["loc"]
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith(TAG)))  # kind(): no key
+    key = _dotted(prefix, *loc)
     if error["type"] == "problems":  # a validator's own messages, keys included
         return error["msg"]
     if error["type"] == "must":

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from medsrl.callbacks.hparams import WandbRunConfig, log_final_hparams, run_config
 from medsrl.callbacks.pass_at_k import _NOT_LOGGED, PassAtKValidation
 from medsrl.callbacks.progress import StepProgressBar
+from medsrl.data.datamodule import MathDataModule
 from medsrl.data.sources import set_data_dir_default
 from medsrl.models.lora import target_problems
 from medsrl.models.policy import build_policy
@@ -149,7 +150,7 @@ def build_run(cfg: DictConfig) -> Run:
     L.seed_everything(run.seed, workers=True)
     torch.set_float32_matmul_precision("high")
 
-    datamodule = instantiate(cfg.data, _convert_="object")  # Hydra builds its sources
+    datamodule = MathDataModule.from_config(run.data)  # Hydra builds its sources
     policy, tokenizer = build_policy(warm_started(run.model, run.paths.cache_dir))
     datamodule.use_tokenizer(tokenizer)  # data.template.kind=chat renders with its chat template
     # prompts the engine can't take: dropped now

@@ -288,11 +288,11 @@ def stage(name, start, datasets=None):
         ([stage("A", 0), stage("B", 0)], {}, "strictly increasing"),
         ([stage("A", 0), stage("B", 10), stage("C", 5)], {}, "strictly increasing"),
         ([stage("A", 3)], {}, "must start at step 0"),
-        ([stage("A", 0, [])], {}, "no datasets"),
-        ([stage("A", 0, [{"name": "a", "weight": 0, "source": A}])], {}, "weight must be > 0"),
-        ([stage("A", 0, [{"name": "a", "weight": -1, "source": A}])], {}, "weight must be > 0"),
+        ([stage("A", 0, [])], {}, "non-empty list of datasets"),
+        ([stage("A", 0, [{"name": "a", "weight": 0, "source": A}])], {}, "weight must be a positive number"),
+        ([stage("A", 0, [{"name": "a", "weight": -1, "source": A}])], {}, "weight must be a positive number"),
         ([stage("A", 0, [{"name": "a", "weight": 1, "source": []}])], {}, "is empty"),
-        ([stage("A", 0, [{"name": "a", "weight": 1}])], {}, "needs a 'source'"),
+        ([stage("A", 0, [{"name": "a", "weight": 1}])], {}, "source must be set"),
         (
             [
                 stage(
@@ -307,7 +307,7 @@ def stage(name, start, datasets=None):
             {},
             "dataset names must be unique",
         ),
-        ([{"name": "A", "start_step": 0, "datasets": [], "oops": 1}], {}, "unknown keys"),
+        ([{"name": "A", "start_step": 0, "datasets": [], "oops": 1}], {}, "oops is not a setting of"),
         ([stage("A", 0)], {"prompts_per_step": 0}, "prompts_per_step"),
         ([stage("A", 0)], {"template": {"system": "x"}}, "template"),
         ([stage("A", 0)], {"val_size": 0}, "val_size"),

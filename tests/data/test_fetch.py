@@ -9,10 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hydra.utils import instantiate
 
 from medsrl.data import fetch
+from medsrl.data.datamodule import MathDataModule
 from medsrl.data.sources import MANIFEST, data_dir_default, set_data_dir_default
+from medsrl.run_config import RunConfig
 from run_helpers import ROOT, compose_train
 from shared_paths import require_shared
 
@@ -204,7 +205,7 @@ def test_a_clone_without_shared_reads_data_math_from_what_make_data_fetched(mirr
     set_data_dir_default(clone)  # the entry point, before Hydra composes
     cfg = compose_train(tmp_path / "out", ["data=math"], debug=None)
     assert Path(cfg.paths.data_dir) == clone / "data"
-    dm = instantiate(cfg.data, _convert_="object")
+    dm = MathDataModule.from_config(RunConfig.parse(cfg).data)
     loaded = {ds.name: len(ds.loaded) for stage in dm.stages for ds in stage.datasets}
     assert loaded == {"math_train": 7470, "dapo_math_17k": 17917, "math_l3_5": 8521}
     assert len(dm.prompts_for_step(0)) == len(dm.prompts_for_step(100)) == 512

@@ -10,7 +10,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from hydra.utils import instantiate
 
 from medsrl.data.datamodule import MathDataModule, prompt_token_counts
 from medsrl.data.example import MathExample, prompt_key
@@ -18,6 +17,7 @@ from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.loading import load_tokenizer
 from medsrl.rollout.factory import describe_prompt_token_limit, prompt_token_limit
 from medsrl.rollout.settings import RolloutConfig
+from medsrl.run_config import RunConfig
 from medsrl.settings import parse
 from run_helpers import compose_train
 from shared_paths import SHARED_DIR, require_shared
@@ -105,7 +105,7 @@ def test_losing_a_whole_dataset_fails_whatever_the_share():
     dm = module(max_dropped_prompt_share=1.0)
     with pytest.raises(ValueError, match=r"stage 'A' dataset 'short': 60 of 60 prompts \(100.00%\) longer than 5"):
         dm.limit_prompt_tokens(TOK, 5)
-    with pytest.raises(ValueError, match="max_dropped_prompt_share must be in"):
+    with pytest.raises(ValueError, match="max_dropped_prompt_share must be a number in"):
         module(max_dropped_prompt_share=1.5)
 
 
@@ -182,7 +182,7 @@ def test_step_100_of_data_math_fits_the_engine_after_the_filter(caplog):
         require_shared("data", *part.split("/"))
     cfg = composed("qwen2.5-math-1.5b_dapo")
     limit = limit_of(cfg)
-    dm = instantiate(cfg.data, _convert_="object")
+    dm = MathDataModule.from_config(RunConfig.parse(cfg).data)
     dm.use_tokenizer(tokenizer)
     assert dm.stage_at(100).name == "B" and dm.stage_at(99).name == "A"
     before = prompt_token_counts(tokenizer, [p.text for p in dm.prompts_for_step(100)])

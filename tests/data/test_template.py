@@ -123,8 +123,8 @@ def test_plain_completion_prompt():
 
 
 @pytest.mark.parametrize("values, message", [
-    ({"kind": "jinja"}, "data.template.kind='jinja'"),
-    ({"colour": "red"}, "unknown keys ['colour']"),
+    ({"kind": "jinja"}, "data.template.kind must be one of 'qwen_math', 'chat', 'plain', got 'jinja'"),
+    ({"colour": "red"}, "data.template.colour is not a setting of data.template"),
     ({"kind": "chat", "extra_empty_assistant_turn": True}, "kind=qwen_math only"),
     ({"enable_thinking": True}, "kind=chat only"),
 ])

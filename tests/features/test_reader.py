@@ -142,7 +142,7 @@ def test_resolve_feature_dtype():
 def test_feature_spec_validation():
     assert FeatureSpec() == FeatureSpec(layers=14, diff=False, final_norm=False, dtype="auto")
     assert FeatureSpec(layers=[2, 5]).layers == (2, 5) and hash(FeatureSpec(layers=[2, 5]))
-    with pytest.raises(ValueError, match="auto, float32, bfloat16"):
+    with pytest.raises(ValueError, match="must be one of 'auto', 'float32', 'bfloat16'"):
         FeatureSpec(dtype="fp16")
     with pytest.raises(ValueError, match="diff"):
         FeatureSpec(diff="yes")

@@ -53,7 +53,7 @@ def test_a_named_model_without_shape_says_what_to_add():
 
 def test_a_local_config_json_wins(tmp_path):
     random_model_like("qwen2", 500, hidden_size=32, num_hidden_layers=3).config.save_pretrained(tmp_path)
-    size = model_size({"name_or_path": str(tmp_path), "shape": {"hidden_size": 9999}})
+    size = model_size(_model({"name_or_path": str(tmp_path), "shape": {"hidden_size": 9999}}))
     assert (size.hidden_size, size.num_layers, size.vocab_size) == (32, 3, 500)
 
 

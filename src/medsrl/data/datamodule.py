@@ -30,7 +30,8 @@ import lightning
 import numpy as np
 
 from medsrl.data.example import MathExample, Prompt, prompt_key
-from medsrl.data.template import PromptTemplate
+from medsrl.data.settings import DataConfig, Dataset, Source
+from medsrl.settings import parse
 
 __all__ = [
     "DatasetSpec",
@@ -127,61 +128,24 @@ def _as_example(item: Any, dataset: str, i: int) -> MathExample:
     )
 
 
-def _plain(obj: Any) -> Any:
-    """An OmegaConf container -> plain python, leaving instantiated objects alone."""
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    if isinstance(obj, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(obj, resolve=True)
-    return obj
-
-
-def _check_unique(names: list[str], what: str) -> None:
-    if len(set(names)) != len(names):
-        raise ValueError(f"{what} must be unique, got {names}")
+def _as_mapping(item: Mapping[str, Any] | StageSpec | DatasetSpec) -> Any:
+    """A stage or dataset given as a spec, as the mapping :class:`DataConfig` parses."""
+    if isinstance(item, StageSpec):
+        return {"name": item.name, "start_step": item.start_step, "datasets": [_as_mapping(d) for d in item.datasets]}
+    if isinstance(item, DatasetSpec):
+        return {"name": item.name, "weight": item.weight, "source": item.source}
+    return item
 
 
-def _fields(obj: Any, where: str, what: str, keys: set[str]) -> dict[str, Any]:
-    """``obj`` as a dict, refusing anything but a mapping with known keys."""
-    if not isinstance(obj, Mapping):
-        raise ValueError(f"{where}: expected {what}, got {type(obj).__name__}")
-    unknown = set(obj) - keys
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
-    return dict(obj)
+def _spec(d: Dataset) -> DatasetSpec:
+    """A parsed dataset as the schedule's :class:`DatasetSpec`: a ``_target_`` source (a loader
+    or generator) built by Hydra, examples or a zero-arg callable as they are."""
+    source = d.source
+    if isinstance(source, Source):
+        from hydra.utils import instantiate
 
-
-def _dataset_spec(obj: Any, where: str) -> DatasetSpec:
-    if isinstance(obj, DatasetSpec):
-        return obj
-    d = _fields(obj, where, "a dataset mapping", {"name", "weight", "source"})
-    if "name" not in d:
-        raise ValueError(f"{where}: dataset needs a 'name'")
-    source = d.get("source")
-    if source is None:
-        raise ValueError(
-            f"{where} ({d['name']!r}): dataset needs a 'source' (examples or callable)"
-        )
-    source = _plain(source)
-    if isinstance(source, Mapping):
-        raise ValueError(
-            f"{where} ({d['name']!r}): 'source' is a mapping; was its _target_ instantiated?"
-        )
-    return DatasetSpec(name=str(d["name"]), weight=float(d.get("weight", 1.0)), source=source)
-
-
-def _stage_spec(obj: Any, i: int) -> StageSpec:
-    if isinstance(obj, StageSpec):
-        return obj
-    d = _fields(obj, f"stage {i}", "a mapping", {"name", "start_step", "datasets"})
-    for k in ("name", "start_step", "datasets"):
-        if k not in d:
-            raise ValueError(f"stage {i}: missing {k!r}")
-    if isinstance(d["datasets"], Mapping) or not isinstance(d["datasets"], Sequence):
-        raise ValueError(f"stage {d['name']!r}: 'datasets' must be a list")
-    where = f"stage {d['name']!r} dataset"
-    datasets = [_dataset_spec(ds, f"{where} {j}") for j, ds in enumerate(d["datasets"])]
-    return StageSpec(str(d["name"]), int(d["start_step"]), datasets)
+        source = instantiate(source.model_dump(exclude_unset=True), _convert_="object")
+    return DatasetSpec(name=d.name, weight=d.weight, source=source)
 
 
 def largest_remainder_quotas(weights: Sequence[float], total: int) -> list[int]:
@@ -285,37 +249,33 @@ class MathDataModule(lightning.LightningDataModule):
 
     def __init__(
         self,
-        stages: Sequence[Mapping[str, Any] | StageSpec],
+        stages: Sequence[Mapping[str, Any] | StageSpec] = (),
         val: Sequence[Mapping[str, Any] | DatasetSpec] | None = None,
         prompts_per_step: int = 16,
         val_size: int | None = 64,  # None: every held-out prompt
         template: Mapping[str, Any] | None = None,
         seed: int = 0,
         max_dropped_prompt_share: float = 0.01,
+        *,
+        config: DataConfig | None = None,
     ):
+        """The settings as keyword arguments (checked by :class:`DataConfig`), or ``config``:
+        the run's parsed ``data`` section (:meth:`from_config`)."""
         super().__init__()
-        share = float(max_dropped_prompt_share)
-        if not 0.0 <= share <= 1.0:
-            raise ValueError(f"data.max_dropped_prompt_share must be in [0, 1], got {max_dropped_prompt_share}")
-        self.max_dropped_prompt_share = share
+        if config is None:
+            config = parse(DataConfig, {
+                "stages": [_as_mapping(s) for s in stages], "prompts_per_step": prompts_per_step,
+                "val": None if val is None else [_as_mapping(d) for d in val], "val_size": val_size,
+                "template": template or {}, "seed": seed, "max_dropped_prompt_share": max_dropped_prompt_share}, "data")
+        self.max_dropped_prompt_share = config.max_dropped_prompt_share
         self.prompt_token_limit: int | None = None  # set by limit_prompt_tokens
         self.prompt_drops: list[PromptDrop] = []
-        if int(prompts_per_step) < 1:
-            raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
-        if val_size is not None and int(val_size) < 1:
-            raise ValueError(f"val_size must be >= 1 or None, got {val_size}")
-        self.prompts_per_step = int(prompts_per_step)
-        self.val_size = None if val_size is None else int(val_size)
-        self.seed = int(seed)
-
-        self.template = PromptTemplate.from_config(_plain(template))
+        self.prompts_per_step, self.val_size, self.seed = config.prompts_per_step, config.val_size, config.seed
+        self.template = config.template
         self.tokenizer = None  # the policy's, for kind=chat (use_tokenizer)
 
-        stages = _plain(stages)
-        if not stages or isinstance(stages, Mapping) or not isinstance(stages, Sequence):
-            raise ValueError("stages must be a non-empty list of stages")
-        self.stages: list[StageSpec] = [_stage_spec(s, i) for i, s in enumerate(stages)]
-        self._validate_stages()
+        self.stages = [StageSpec(s.name, s.start_step, [_spec(d) for d in s.datasets]) for s in config.stages]
+        self.val = None if config.val is None else [_spec(d) for d in config.val]
         self._quotas: dict[str, list[int]] = {}
         for s in self.stages:
             quotas = largest_remainder_quotas([d.weight for d in s.datasets], self.prompts_per_step)
@@ -324,43 +284,15 @@ class MathDataModule(lightning.LightningDataModule):
             if starved:
                 log.warning("stage %s: prompts_per_step=%d is too small to give datasets %s a slot",
                             s.name, self.prompts_per_step, starved)
-
-        val = _plain(val)
-        self.val: list[DatasetSpec] | None = None
-        if val is not None:
-            if isinstance(val, Mapping) or not isinstance(val, Sequence):
-                raise ValueError("val must be a list of datasets or None")
-            self.val = [_dataset_spec(d, f"val dataset {j}") for j, d in enumerate(val)]
-            _check_unique([d.name for d in self.val], "val dataset names")
-            for d in self.val:
-                if d.is_loaded:
-                    _ = d.examples  # eager sources: an empty one fails now, not at validation
+        for d in [d for s in self.stages for d in s.datasets] + (self.val or []):
+            if d.is_loaded:
+                _ = d.examples  # eager sources: an empty one fails now, not at its first step
         self._val_prompts: list[Prompt] | None = None
 
-    def _validate_stages(self) -> None:
-        _check_unique([s.name for s in self.stages], "stage names")
-        if self.stages[0].start_step != 0:
-            raise ValueError(
-                f"the first stage ({self.stages[0].name!r}) must start at step 0, "
-                f"got start_step={self.stages[0].start_step}"
-            )
-        for prev, cur in zip(self.stages, self.stages[1:], strict=False):
-            if cur.start_step <= prev.start_step:
-                raise ValueError(
-                    "stage start_steps must be strictly increasing: "
-                    f"{prev.name!r} starts at {prev.start_step}, {cur.name!r} at {cur.start_step}"
-                )
-        for s in self.stages:
-            if not s.datasets:
-                raise ValueError(f"stage {s.name!r} has no datasets")
-            _check_unique([d.name for d in s.datasets], f"stage {s.name!r}: dataset names")
-            for d in s.datasets:
-                if not (math.isfinite(d.weight) and d.weight > 0):
-                    raise ValueError(
-                        f"stage {s.name!r} dataset {d.name!r}: weight must be > 0, got {d.weight}"
-                    )
-                if d.is_loaded:
-                    _ = d.examples  # eager sources: check they are non-empty now
+    @classmethod
+    def from_config(cls, data: DataConfig) -> MathDataModule:
+        """From the run's parsed ``data`` section (run_config.RunConfig): nothing parsed again."""
+        return cls(config=data)
 
     def use_tokenizer(self, tokenizer) -> None:
         """The policy's tokenizer: ``template.kind=chat`` renders prompts with its chat template."""

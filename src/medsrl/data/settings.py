@@ -2,7 +2,8 @@
 Hydra instantiates the section (``MathDataModule``) and each dataset's ``source`` (a loader or
 generator): the keys named here are checked at start, with their dataset named."""
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
@@ -15,7 +16,9 @@ from medsrl.settings import (
     Seed,
     Settings,
     Text,
+    kind,
     must,
+    non_empty,
     nullable,
     one_of,
     raise_problems,
@@ -44,23 +47,25 @@ class Dataset(Settings):
     name: Text
     weight: Positive = 1.0
     """Its share of a stage's prompts (largest-remainder quotas)."""
-    source: Source
+    source: kind(lambda v: "node" if isinstance(v, dict) else "examples" if isinstance(v, list) else "callable",
+                  node=Source, examples=list, callable=Callable[[], Any])
+    """A loader or generator (_target_ and its arguments); from Python, examples or a callable."""
 
 
 class Stage(Settings):
     name: Text
     start_step: Annotated[int, Field(ge=0), must("an int >= 0")]
-    datasets: Annotated[list[Dataset], Field(min_length=1)]
+    datasets: Annotated[list[Dataset], non_empty("a non-empty list of datasets")]
 
 
-class DataConfig(Open):
+class DataConfig(Settings):
     """The prompts of each step, a pure function of ``(seed, step)`` (data/datamodule.py)."""
 
     prompts_per_step: PositiveInt = 16
     val_size: nullable(PositiveInt) = 64
     """Held-out prompts: the val datasets' union, shuffled with the seed and cut to this; null: all."""
     seed: Seed = 0
-    stages: Annotated[list[Stage], Field(min_length=1)]
+    stages: Annotated[list[Stage], non_empty("a non-empty list of stages")]
     val: list[Dataset] | None = None
     template: PromptTemplate = Field(default_factory=PromptTemplate)
     max_dropped_prompt_share: Annotated[Finite, Field(ge=0, le=1), must("a number in [0, 1]")] = 0.01
@@ -71,12 +76,12 @@ class DataConfig(Open):
     def _schedule(self) -> "DataConfig":
         found = _unique([s.name for s in self.stages], "data.stages: stage names")
         if self.stages[0].start_step != 0:
-            found.append(f"data.stages.0.start_step must be 0 (the first stage starts the run), "
+            found.append(f"data.stages.0.start_step must be 0 (the first stage must start at step 0), "
                          f"got {self.stages[0].start_step}")
         for i, (prev, cur) in enumerate(zip(self.stages, self.stages[1:], strict=False), 1):
             if cur.start_step <= prev.start_step:
-                found.append(f"data.stages.{i}.start_step must be above stage {prev.name!r}'s "
-                             f"({prev.start_step}), got {cur.start_step}")
+                found.append(f"data.stages.{i}.start_step must be above the previous stage's ({prev.start_step}): "
+                             f"start steps are strictly increasing, got {cur.start_step}")
         for i, s in enumerate(self.stages):
             found += _unique([d.name for d in s.datasets], f"data.stages.{i}: dataset names")
         found += _unique([d.name for d in self.val or []], "data.val: dataset names")
