@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from medsrl.reward.settings import MAX_GRADER_WORKERS, GraderConfig, grader_workers
+from run_helpers import ROOT
 
 
 def test_grader_workers_follow_the_cores_split_between_a_nodes_processes(monkeypatch):
@@ -35,18 +36,36 @@ def test_every_fsdp_experiment_checkpoints_in_shards():
     assert sorted(fsdp) == ["qwen2.5-math-7b_dapo", "qwen2.5-math-7b_meds", "qwen3-8b_dapo", "qwen3-8b_meds"]
 
 
-def test_the_defaults_files_are_the_schemas_defaults():
-    """``configs/<group>/_defaults.yaml`` are generated from the schemas: a default changed in
-    config.py and not regenerated would leave the presets on the old value."""
+def test_the_generated_files_are_current():
+    """``configs/<group>/_defaults.yaml``, ``configs/plugins/*.yaml`` and docs/SETTINGS.md are
+    written from the schemas: a default changed in code and not regenerated would leave the
+    presets on the old value, and the reference wrong."""
     from omegaconf import OmegaConf
 
-    from medsrl.run_config import DEFAULTS_SCHEMAS, WRITE_DEFAULTS, defaults_path, defaults_yaml
+    from medsrl.run_config import DEFAULTS_SCHEMAS, WRITE, defaults_path, generated_files
 
+    for path, text in generated_files().items():
+        assert path.is_file() and path.read_text() == text, f"{path} is out of date: regenerate it with `{WRITE}`"
     for group, schema in DEFAULTS_SCHEMAS.items():
-        path = defaults_path(group)
-        assert path.is_file() and path.read_text() == defaults_yaml(group), (
-            f"{path} is out of date with {schema.__name__}: regenerate it with `{WRITE_DEFAULTS}`")
-        assert OmegaConf.to_container(OmegaConf.load(path)) == schema().model_dump(mode="json"), path
+        assert OmegaConf.to_container(OmegaConf.load(defaults_path(group))) == schema().model_dump(mode="json")
+
+
+def test_presets_list_only_what_they_change():
+    """A preset that extends its section's defaults (not another preset) repeats none of them."""
+    from omegaconf import OmegaConf
+
+    from medsrl.run_config import DEFAULTS_SCHEMAS, defaults_path
+
+    repeated = []
+    for group in DEFAULTS_SCHEMAS:
+        defaults = OmegaConf.to_container(OmegaConf.load(defaults_path(group)))
+        for path in sorted((ROOT / "configs" / group).glob("[!_]*.yaml")):
+            preset = OmegaConf.to_container(OmegaConf.load(path))
+            if "_defaults" not in preset.get("defaults", []):
+                continue
+            repeated += [f"{path.name}: {k}" for k, v in preset.items()
+                         if k not in ("defaults", "name") and k in defaults and defaults[k] == v]
+    assert not repeated, repeated
 
 
 # Composes in a process that has imported hydra and tests/run_helpers only (no medsrl).

@@ -219,8 +219,7 @@ def test_the_engine_is_vllm_on_a_cuda_gpu_with_vllm_installed_unless_chosen(monk
     from medsrl.eval import choose_backend
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if installed else None)
-    rollout = OmegaConf.create({"vllm": {}} if chosen is None else {"backend": chosen, "vllm": {}})
-    backend, why = choose_backend(rollout, device)
+    backend, why = choose_backend(chosen, device)
     assert backend == want
     assert why.startswith(f"rollout={chosen}" if chosen else "no rollout chosen")
 

@@ -232,17 +232,27 @@ def no_model(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("override", "message"),
+    ("overrides", "message"),
     [
-        ("optim.lr=abc", "optim.lr must be a number >= 0, got 'abc'"),
-        ("rollout.n=0", "rollout.n must be an int >= 1, got 0"),
-        ("algorithm.plugins.overlong.buffer_length=-4", "algorithm.plugins.overlong.buffer_length must be an int >= 1"),
+        (["optim.lr=abc"], "optim.lr must be a number >= 0, got 'abc'"),
+        (["rollout.n=0"], "rollout.n must be an int >= 1, got 0"),
+        (["algorithm.plugins.overlong.buffer_length=-4"], "algorithm.plugins.overlong.buffer_length must be an int >= 1"),
+        # a misspelt option of the estimator, of the loss and of a plug-in: named at start, with what it has
+        (["+algorithm.advantage_options.epsilon=1e-6"],
+         "algorithm.advantage_options.epsilon is not a setting of advantage 'grpo' (known: eps)"),
+        (["algorithm.policy_loss=lp_reg", "+algorithm.policy_loss_options.tua=0.1"],
+         "algorithm.policy_loss_options.tua is not a setting of policy_loss 'lp_reg' (known: beta, bottom_frac, tau, "
+         "tau_relative)"),
+        (["algorithm.policy_loss=clip_cov", "+algorithm.policy_loss_options.clip_cov_ratio=2"],
+         "algorithm.policy_loss_options.clip_cov_ratio must be a number in (0, 1], got 2"),
+        (["algorithm=meds", "+algorithm.plugins.meds.alhpa=0.2"],
+         "algorithm.plugins.meds.alhpa is not a setting of Meds (known: alpha, beta, cap_per_key, "),
     ],
 )
-def test_medsrl_train_fails_in_check_config_before_the_model_is_built(tmp_path, no_model, override, message):
+def test_medsrl_train_fails_at_start_before_the_model_is_built(tmp_path, no_model, overrides, message):
     from medsrl.train import build_run
 
-    cfg = compose_train(tmp_path / "run", [override])
+    cfg = compose_train(tmp_path / "run", overrides)
     with pytest.raises(ValueError, match="training config") as err:
         build_run(cfg)
     assert message in str(err.value)
@@ -289,3 +299,82 @@ def test_lora_targets_of_a_real_architecture_are_checked_from_its_shape(tmp_path
                         debug=None)
     with pytest.raises(ValueError, match="'c_attn' matches no module of Qwen3ForCausalLM"):
         parse_run(cfg)
+
+
+# ---------------------------------------------------------------- parsed once, read typed
+
+# The entry layer: the modules that turn a composed config into a RunConfig (tests/test_import_layers.py's top layer).
+ENTRY_LAYER = ("train.py", "eval.py", "warmstart.py", "run_config.py", "plan/", "study/")
+# Keys that name a setting but are read from other mappings (each with what it reads)
+NOT_CONFIG = {("data/datamodule.py", "stages"): "the datamodule's checkpoint state",
+              ("models/loading.py", "model"): "a tokenizer.json's model section"}
+
+
+def _setting_names() -> set[str]:
+    """Every setting's name: the run config's sections, each plug-in's and each registered
+    estimator's and loss's options."""
+    from pydantic import BaseModel
+
+    from medsrl.algo.advantages import ADVANTAGE_OPTIONS
+    from medsrl.algo.policy_loss import POLICY_LOSS_OPTIONS
+    from medsrl.settings import settings_model
+
+    names, todo = set(), [RunConfig, EvalRunConfig, *ADVANTAGE_OPTIONS.values(), *POLICY_LOSS_OPTIONS.values()]
+    for path in (ROOT / "configs" / "plugins").glob("*.yaml"):
+        target = OmegaConf.load(path)["_target_"]
+        module, name = target.rsplit(".", 1)
+        todo.append(settings_model(getattr(__import__(module, fromlist=[name]), name)))
+    while todo:
+        model = todo.pop()
+        for name, field in model.model_fields.items():
+            names.add(name)
+            todo += [t for t in _models(field.annotation) if issubclass(t, BaseModel)]
+    return names
+
+
+def _models(hint) -> list:
+    from typing import get_args
+
+    return [hint] if isinstance(hint, type) else [m for a in get_args(hint) for m in _models(a)]
+
+
+def test_no_setting_is_read_with_a_default_below_the_entry_layer():
+    """Below the entry layer the settings arrive parsed: a ``.get("<setting>", <default>)`` there
+    is a second home for a default, which drifts (``rollout.n`` was 8 in the schema, 1 in the plan)."""
+    import re
+
+    names = _setting_names()
+    assert {"n", "lr", "alpha", "micro_batch_size", "gpu_memory_utilization", "tau"} <= names
+    found = []
+    src = ROOT / "src" / "medsrl"
+    for path in sorted(src.rglob("*.py")):
+        rel = path.relative_to(src).as_posix()
+        if rel.startswith(ENTRY_LAYER):
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            for key in re.findall(r"""\.get\(\s*["'](\w+)["']\s*,""", line):
+                if key in names and (rel, key) not in NOT_CONFIG:
+                    found.append(f"{rel}:{i}: {line.strip()}")
+    assert not found, found
+
+
+def test_a_run_parses_its_config_once(tmp_path):
+    """One training run (two steps, validation, a checkpoint, a resume's worth of state) builds
+    each settings class of its config once, at the start: nothing below re-parses a section."""
+    from medsrl import settings
+    from medsrl.train import train
+
+    cfg = compose_train(tmp_path / "run", ["algorithm=meds", "algorithm.plugins.dynamic_sampling=null",
+                                           "+callbacks.pass_at_k.features=null"])
+    settings.BUILT.clear()
+    RunConfig.parse(cfg)
+    at_start = dict(settings.BUILT)
+    settings.BUILT.clear()
+    train(cfg)
+    run = dict(settings.BUILT)
+    sections = {"RunConfig", "AlgorithmSection", "RolloutConfig", "VLLMConfig", "OptimConfig", "GraderConfig",
+                "ModelConfig", "LoraSettings", "DataConfig", "Stage", "Dataset", "PromptTemplate", "TrainerSettings",
+                "Meds", "OverlongPenalty", "PassAtKValidation"}
+    assert sections <= set(at_start), sorted(at_start)
+    assert {k: run[k] for k in sections if k in run} == {k: at_start[k] for k in sections if k in run}
+    assert run["RunConfig"] == 1 and "AlgorithmConfig" not in run

@@ -227,14 +227,15 @@ def test_a_gpu_run_sets_the_allocator_and_thread_settings_the_user_left_unset():
     """vLLM sets torch's intra-op threads to 1 for the whole process unless OMP_NUM_THREADS is set,
     and without expandable segments fragmentation can make the KV-cache wake fail; a CPU run is
     left alone, and what the user set is kept."""
+    from medsrl.run_config import TrainerSettings
     from medsrl.train import gpu_environment
 
     env: dict[str, str] = {}
-    assert gpu_environment({"accelerator": "cpu", "devices": 2}, env) == {} and env == {}
-    added = gpu_environment({"accelerator": "gpu", "devices": 2}, env)
+    assert gpu_environment(TrainerSettings(accelerator="cpu", devices=2), env) == {} and env == {}
+    added = gpu_environment(TrainerSettings(accelerator="gpu", devices=2), env)
     assert added == env and env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert int(env["OMP_NUM_THREADS"]) >= 1
     mine = {"OMP_NUM_THREADS": "7"}
-    assert gpu_environment({"accelerator": "gpu", "devices": [0, 1]}, mine) == {
+    assert gpu_environment(TrainerSettings(accelerator="gpu", devices=[0, 1]), mine) == {
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     assert mine["OMP_NUM_THREADS"] == "7"

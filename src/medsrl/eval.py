@@ -35,6 +35,7 @@ from medsrl.evaluation.store import GenerationStore
 from medsrl.evaluation.tables import plot_pass_at_k, write_csv, write_json, write_markdown
 from medsrl.features.reader import FeatureSpec
 from medsrl.models.loading import load_policy, load_tokenizer
+from medsrl.models.settings import ModelConfig
 from medsrl.reward.grader import MathGrader
 from medsrl.rollout.factory import build_engine, engine_max_model_len, model_positions
 from medsrl.rollout.settings import RolloutConfig
@@ -61,7 +62,8 @@ def load_for_eval(model_path: str, tokenizer: str | None, dtype: str):
             "evaluate the exported policy directory instead"
         )
     # the architecture from the run's config: the checkpoint holds every weight
-    policy, tok = build_policy(OmegaConf.to_container(OmegaConf.load(run_cfg).model, resolve=False))
+    model = OmegaConf.to_container(OmegaConf.load(run_cfg).model, resolve=False)
+    policy, tok = build_policy(parse(ModelConfig, model, f"{run_cfg}: model"))
     state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
     policy.load_state_dict({k.removeprefix("policy."): v for k, v in state.items()
                             if k.startswith("policy.")})

@@ -64,15 +64,21 @@ class TrainerSettings(Open):
     Lightning's to check. Defaults: the CPU preset's."""
 
     accelerator: Text = "cpu"
+    """Lightning's accelerator (cpu, gpu, auto)."""
     devices: Annotated[int | str | list[int], must("an int, 'auto' or a list of device indices")] = 1
+    """Devices per node: a count, auto, or a list of indices."""
     num_nodes: PositiveInt = 1
+    """Machines; the devices of each."""
     strategy: Any = "auto"
     """A name, or a node with a _target_ (trainer=fsdp)."""
     precision: Annotated[str | int, must("a Lightning precision (32-true, bf16-mixed, ...)")] = "32-true"
+    """Lightning precision: 32-true, or bf16-mixed over fp32 master weights (GPU presets)."""
     max_steps: Annotated[PositiveInt | Literal[-1], must("an int >= 1 or -1")] = -1
     """-1: no limit."""
     log_every_n_steps: PositiveInt = 1
+    """Logging interval in RL steps."""
     enable_progress_bar: Flag = True
+    """False: no progress bar at all."""
 
 
 class Paths(Open):
@@ -138,10 +144,12 @@ class RunConfig(Open):
     """The training config (configs/train.yaml and its groups)."""
 
     seed: Seed = 42
+    """The run's seed: sampling, data order, plug-ins and the model's initialisation."""
     resume_mode: one_of(("full", "weights")) = "full"
     """full: weights, optimiser, step, data position and plug-in state; weights: the policy
     weights (and plug-in state) only, with a fresh optimiser at step 0 (stage B from stage A)."""
     ckpt_path: nullable(Text) = None
+    """A Lightning checkpoint to start from (how: resume_mode); null: a fresh start."""
     export_policy: Flag = True
     """save_pretrained the final policy to <run>/policy."""
     skip_if_done: Flag = False
@@ -157,7 +165,9 @@ class RunConfig(Open):
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)
     grader: GraderConfig = Field(default_factory=GraderConfig)
     callbacks: dict[str, Any] | None = None
+    """Lightning callbacks by name ({_target_, settings}); medsrl's own are checked by their signatures."""
     logger: dict[str, Any] | None = None
+    """Lightning loggers by name (logger=tensorboard | csv | wandb | many)."""
     paths: Paths = Field(default_factory=Paths)
 
     _plugins: dict[str, tuple[type, BaseModel]] = PrivateAttr(default_factory=dict)
@@ -286,24 +296,36 @@ class EvalRunConfig(Open):
     """The evaluation config (configs/eval.yaml)."""
 
     model_path: Annotated[str | list | dict | None, must("a path, a list of paths, a {name: path} mapping or null")] = None
+    """The model(s) to evaluate: an HF directory or name, a .ckpt of a run, a list, or {row name: path}."""
     runs_dir: nullable(Text) = None
+    """A (multi)run directory: every run in it with a policy/ export or checkpoints/last.ckpt."""
     tokenizer: nullable(Text) = None
+    """The tokenizer; null: the model's own."""
     dtype: ModelDtype = "auto"
+    """The weights' dtype for evaluation; auto: the checkpoint's."""
     device: Text = "cpu"
+    """cpu, cuda, cuda:N or auto (a GPU when there is one)."""
     template: PromptTemplate = Field(default_factory=PromptTemplate)
     n: PositiveInt = 1
+    """Samples per problem (pass@k for k up to n)."""
     temperature: NonNegative = 0.0
     """0: greedy."""
     top_p: Fraction = 1.0
+    """Nucleus sampling."""
     max_new_tokens: PositiveInt = 256
+    """Tokens a response may have."""
     seed: Seed = 0
+    """The sampling seed."""
     batch_size: PositiveInt = 64
+    """Sequences per generation call (chunks of batch_size // n problems)."""
     limit: nullable(PositiveInt) = None
+    """The first N problems of each benchmark; null: all."""
     features: FeatureSpec | None = None
     """The MEDS feature of each response (diversity); a model trained with MEDS: its run's."""
     grader: GraderConfig = Field(default_factory=GraderConfig)
     rollout: EvalRollout = Field(default_factory=EvalRollout)
     benchmark: dict[str, Source] = {}
+    """The benchmarks by name (benchmark=paper | arithmetic | file ...), each a data source."""
 
     @classmethod
     def parse(cls, cfg: DictConfig | dict) -> EvalRunConfig:
@@ -327,15 +349,19 @@ def _benchmark_named(message: str, loc: tuple, values: dict) -> str:
     return message
 
 
-# --------------------------------------------------------------------------- generated presets
+# --------------------------------------------------------------------------- generated files
 
-# The schemas' defaults as the files ``configs/<group>/_defaults.yaml``, which the presets extend:
-# a preset lists only what it changes, and every setting stays overridable (``optim.lr=...``).
-# Files, not ConfigStore nodes registered on import: Hydra's compose API (a notebook, a benchmark)
-# then composes what the CLI does without importing medsrl first. tests/test_run_config.py fails
-# when one is out of date with its schema.
-DEFAULTS_SCHEMAS = {"algorithm": AlgorithmSection, "optim": OptimConfig, "rollout": RolloutConfig}
-WRITE_DEFAULTS = "python -m medsrl.run_config --write-defaults"
+# Written from the schemas, never by hand (tests/test_run_config.py fails when one is stale):
+# - configs/<group>/_defaults.yaml: a section's defaults, which its presets extend (`- _defaults`),
+#   so a preset lists only what it changes and every setting still overrides without `+`. Files,
+#   not ConfigStore nodes registered on import: Hydra's compose API (a notebook, a benchmark)
+#   composes what the CLI does without importing medsrl first.
+# - configs/plugins/<name>.yaml: a plug-in's `_target_` and its constructor's defaults.
+# - docs/SETTINGS.md: every setting with its default and help.
+DEFAULTS_SCHEMAS = {"algorithm": AlgorithmSection, "optim": OptimConfig, "rollout": RolloutConfig, "model": ModelConfig}
+WRITE = "python -m medsrl.run_config --write"
+REFERENCE = CONFIG_DIR.parent / "docs" / "SETTINGS.md"
+_NOTICE = "GENERATED from {what}, where each setting is described: do not edit.\n# Regenerate: {write}"
 
 
 def defaults_path(group: str, config_dir: Path = CONFIG_DIR) -> Path:
@@ -345,17 +371,113 @@ def defaults_path(group: str, config_dir: Path = CONFIG_DIR) -> Path:
 def defaults_yaml(group: str) -> str:
     """The text of ``configs/<group>/_defaults.yaml``: what it is, then the schema's defaults."""
     schema = DEFAULTS_SCHEMAS[group]
-    header = (f"# GENERATED from the defaults of {schema.__name__} ({schema.__module__}, where each setting is\n"
-              f"# described): do not edit. Change the schema, then regenerate: {WRITE_DEFAULTS}\n"
-              f"# Not a preset: the base the {group} presets extend (`- _defaults` in their defaults list).\n")
-    return header + OmegaConf.to_yaml(schema().model_dump(mode="json"))
+    what = f"the defaults of {schema.__name__} ({_home(schema)})"
+    return (f"# {_NOTICE.format(what=what, write=WRITE)}\n# Not a preset: the base the {group} presets extend "
+            f"(`- _defaults` in their defaults list).\n" + OmegaConf.to_yaml(schema().model_dump(mode="json")))
 
 
-def write_defaults(config_dir: Path = CONFIG_DIR) -> list[Path]:
-    """Write every ``<group>/_defaults.yaml`` under ``config_dir``; returns those whose text changed."""
+def plugin_yaml(target: str) -> str:
+    """The text of ``configs/plugins/<name>.yaml``: the plug-in's class and its defaults."""
+    cls = _class(target)
+    what = f"the signature of {cls.__name__} ({cls.__module__})"
+    values = {"_target_": target, **settings_model(cls)().model_dump(mode="json")}
+    return f"# {_NOTICE.format(what=what, write=WRITE)}\n" + OmegaConf.to_yaml(values)
+
+
+def _home(schema: type) -> str:
+    base = next(c for c in schema.__mro__ if c.__module__ != __name__ or c is schema)
+    module = base.__module__ if base.__module__ != "__main__" else "medsrl.run_config"
+    return module if schema.__module__ != "__main__" else "medsrl.run_config"
+
+
+def reference_md(config_dir: Path = CONFIG_DIR) -> str:
+    """docs/SETTINGS.md: each section's settings, their defaults and help."""
+    from medsrl.algo.advantages import ADVANTAGE_OPTIONS
+    from medsrl.algo.policy_loss import POLICY_LOSS_OPTIONS
+
+    what = "the schemas (src/medsrl/**/settings.py, plug-in and callback signatures)"
+    notice = _NOTICE.format(what=what, write=WRITE).replace("\n# ", " ")
+    out = ["# Settings", "", f"<!-- {notice} -->", "",
+           "Every setting of `medsrl-train` (configs/train.yaml) and `medsrl-eval` (configs/eval.yaml), with its "
+           "default and what it does. Override any on the command line: `medsrl-train rollout.n=16`.", ""]
+    top = {k: f for k, f in RunConfig.model_fields.items() if not _nested(f.annotation)}
+    out += _table("Run", "", RunConfig, top)
+    for name in ("model", "data", "rollout", "algorithm", "optim", "grader", "trainer"):
+        schema = _nested(RunConfig.model_fields[name].annotation)
+        out += _table(name, name, schema)
+    for kind, models in (("advantage", ADVANTAGE_OPTIONS), ("policy_loss", POLICY_LOSS_OPTIONS)):
+        for name, model in sorted(models.items()):
+            if model.model_fields:
+                out += _table(f"algorithm.{kind}={name}", f"algorithm.{kind}_options", model)
+    for path in sorted((Path(config_dir) / "plugins").glob("*.yaml")):
+        cls = _class(OmegaConf.load(path)["_target_"])
+        out += _table(f"plugins={path.stem} ({cls.__name__})", f"algorithm.plugins.{path.stem}", settings_model(cls))
+    callbacks = OmegaConf.load(Path(config_dir) / "callbacks" / "default.yaml")
+    for name, node in callbacks.items():
+        cls = _class(node["_target_"])
+        if cls.__module__.startswith("medsrl."):
+            out += _table(f"callbacks.{name} ({cls.__name__})", f"callbacks.{name}", settings_model(cls))
+    out += _table("Evaluation (configs/eval.yaml)", "", EvalRunConfig,
+                  {k: f for k, f in EvalRunConfig.model_fields.items() if k != "rollout"})
+    out += _table("Data sources (`source:` of a dataset, each benchmark)", "", Source)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _nested(hint: Any) -> type | None:
+    """The settings model inside an annotation (``X | None``, ``Annotated[...]``), if any."""
+    return _inner(hint)[0]
+
+
+def _inner(hint: Any) -> tuple[type | None, str]:
+    """``(the model inside hint, how it is held: "" one, "[]" a list, ".<name>" a mapping)``."""
+    from typing import get_args, get_origin
+
+    if isinstance(hint, type) and issubclass(hint, BaseModel):
+        return hint, ""
+    origin = get_origin(hint)
+    for arg in get_args(hint):
+        model, held = _inner(arg)
+        if model is not None:
+            return model, "[]" if origin is list else ".<name>" if origin is dict else held
+    return None, ""
+
+
+def _table(title: str, prefix: str, schema: type, fields: dict | None = None) -> list[str]:
+    return [f"## {title}", "", "| setting | default | |", "|---|---|---|", *_rows(prefix, schema, fields), ""]
+
+
+def _rows(prefix: str, schema: type, fields: dict | None = None) -> list[str]:
+    import json
+
+    rows = []
+    for name, field in (fields if fields is not None else schema.model_fields).items():
+        key = f"{prefix}.{name}" if prefix else name
+        sub, held = _inner(field.annotation)
+        if sub is Source:
+            rows.append(f"| `{key + held}` | | a data source: its `_target_` and arguments (Data sources, below) |")
+            continue
+        if sub is not None and sub is not schema and issubclass(sub, Settings):
+            rows += _rows(key + held, sub)
+            continue
+        default = "(required)" if field.is_required() else json.dumps(
+            field.get_default(call_default_factory=True), default=str)
+        rows.append(f"| `{key}` | `{default}` | {' '.join((field.description or '').split())} |")
+    return rows
+
+
+def generated_files(config_dir: Path = CONFIG_DIR) -> dict[Path, str]:
+    """Every generated file and its text."""
+    files = {defaults_path(group, config_dir): defaults_yaml(group) for group in DEFAULTS_SCHEMAS}
+    for path in sorted((Path(config_dir) / "plugins").glob("*.yaml")):
+        files[path] = plugin_yaml(OmegaConf.load(path)["_target_"])
+    files[REFERENCE] = reference_md(config_dir)
+    return files
+
+
+def write_generated(config_dir: Path = CONFIG_DIR) -> list[Path]:
+    """Write every generated file; returns those whose text changed."""
     changed = []
-    for group in DEFAULTS_SCHEMAS:
-        path, text = defaults_path(group, config_dir), defaults_yaml(group)
+    for path, text in generated_files(config_dir).items():
         if not path.is_file() or path.read_text() != text:
             path.write_text(text)
             changed.append(path)
@@ -366,10 +488,10 @@ if __name__ == "__main__":
     import argparse
 
     ap = argparse.ArgumentParser(description="The run config's generated files.")
-    ap.add_argument("--write-defaults", action="store_true", help="regenerate configs/<group>/_defaults.yaml")
-    if not ap.parse_args().write_defaults:
-        ap.error("nothing to do: pass --write-defaults")
+    ap.add_argument("--write", action="store_true", help="regenerate the _defaults, plug-in and reference files")
+    if not ap.parse_args().write:
+        ap.error("nothing to do: pass --write")
     from medsrl import run_config  # the schemas as medsrl names them, not as __main__'s
 
-    for path in run_config.write_defaults():
+    for path in run_config.write_generated():
         print(f"wrote {path}")

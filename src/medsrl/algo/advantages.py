@@ -7,14 +7,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import torch
 from pydantic import BaseModel
 from torch import Tensor
+from typing_extensions import Doc
 
 from medsrl.algo.logprobs import per_token
-from medsrl.settings import settings_model
+from medsrl.settings import Positive, settings_model
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -134,7 +135,7 @@ def gdpo_advantages(
 
 
 @register_advantage("grpo")
-def _grpo(inputs: AdvantageInputs, *, eps: float = 1e-6) -> Tensor:
+def _grpo(inputs: AdvantageInputs, *, eps: Annotated[Positive, Doc("added to the group std")] = 1e-6) -> Tensor:
     """GRPO: group mean/std normalisation of the shaped scores."""
     return group_advantages(inputs.scores, inputs.group_ids, norm_by_std=True, eps=eps)
 
@@ -153,7 +154,10 @@ def _rloo(inputs: AdvantageInputs) -> Tensor:
 
 @register_advantage("gdpo")
 def _gdpo(
-    inputs: AdvantageInputs, *, weights: dict[str, float] | None = None, eps: float = 1e-6
+    inputs: AdvantageInputs,
+    *,
+    weights: Annotated[dict[str, float] | None, Doc("each reward term's weight; null: all 1")] = None,
+    eps: Annotated[Positive, Doc("added to each std")] = 1e-6,
 ) -> Tensor:
     """GDPO on the named reward terms, whitened over all ranks via ``inputs.reduce_sum``."""
     return gdpo_advantages(

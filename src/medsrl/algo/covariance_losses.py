@@ -6,8 +6,11 @@ of those (docs/NEIGHBOURS.md).
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
+from typing_extensions import Doc
 
 from medsrl.algo.logprobs import masked_mean, per_token
 from medsrl.algo.lp_reg import lowest_fraction
@@ -39,10 +42,10 @@ def clip_cov_loss(
     clip_low: float,
     clip_high: float,
     dual_clip: float | None,
-    clip_cov_ratio: Fraction = 0.0002,
-    clip_cov_lb: Number = 1.0,
-    clip_cov_ub: Number = 5.0,
-    seed: Count = 0,
+    clip_cov_ratio: Annotated[Fraction, Doc("share of tokens whose gradient is cut")] = 0.0002,
+    clip_cov_lb: Annotated[Number, Doc("lower bound of the covariance of a candidate token")] = 1.0,
+    clip_cov_ub: Annotated[Number, Doc("upper bound of the covariance of a candidate token")] = 5.0,
+    seed: Annotated[Count, Doc("seed of the random pick among candidates")] = 0,
 ) -> PolicyLossOutput:
     """The clipped surrogate, with ``max(1, int(clip_cov_ratio * tokens))`` unclipped tokens of
     covariance in ``(clip_cov_lb, clip_cov_ub)`` drawn at random (seeded by ``seed`` and the
@@ -73,8 +76,8 @@ def kl_cov_loss(
     advantages: Tensor,
     mask: Tensor,
     *,
-    kl_cov_ratio: Fraction = 0.0002,
-    ppo_kl_coef: NonNegative = 0.1,
+    kl_cov_ratio: Annotated[Fraction, Doc("share of tokens (largest covariance) given the KL term")] = 0.0002,
+    ppo_kl_coef: Annotated[NonNegative, Doc("the KL term's coefficient")] = 0.1,
 ) -> PolicyLossOutput:
     """``-A * ratio`` (no clipping, as in verl: the KL term replaces it) plus
     ``ppo_kl_coef * |logp - old_logp|`` on the ``max(1, int(kl_cov_ratio * tokens))`` tokens of

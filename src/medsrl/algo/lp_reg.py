@@ -6,8 +6,11 @@ Lp-Reg pulls them towards ``pi_proxy``, the old policy renormalised over the tok
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
+from typing_extensions import Doc
 
 from medsrl.algo.kl import kl_estimate
 from medsrl.algo.logprobs import TokenReducer, _acc, _chunk_rows, masked_mean, per_token
@@ -38,7 +41,9 @@ def proxy_logprobs(logits: Tensor, labels: Tensor, tau: float, relative: bool = 
     return torch.cat(parts, dim=-1)
 
 
-def lp_reg_proxy(tau: Fraction = 0.02, tau_relative: Flag = False) -> TokenReducer:
+def lp_reg_proxy(tau: Annotated[Fraction, Doc("the proxy keeps tokens above this probability")] = 0.02,
+                 tau_relative: Annotated[Flag, Doc("tau times the top probability (min-p) instead")] = False,
+                 ) -> TokenReducer:
     """The scoring forward's reducer for ``lp_reg``'s ``proxy_logp`` (options from
     ``algorithm.policy_loss_options``)."""
     if not 0 < tau < 1:
@@ -68,8 +73,8 @@ def lp_reg_loss(
     clip_low: float,
     clip_high: float,
     dual_clip: float | None,
-    bottom_frac: Fraction = 0.01,
-    beta: NonNegative = 1.0,
+    bottom_frac: Annotated[Fraction, Doc("share of negative-advantage tokens (lowest log-prob) regularised")] = 0.01,
+    beta: Annotated[NonNegative, Doc("the regulariser's coefficient")] = 1.0,
 ) -> PolicyLossOutput:
     """The clipped surrogate, except on the lowest ``bottom_frac`` of negative-advantage tokens
     by current log-prob with ``logp < proxy_logp`` (never ``-inf``): those get

@@ -8,8 +8,10 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
+from typing import Annotated
 
 from lightning.pytorch.callbacks import Callback
+from typing_extensions import Doc
 
 from medsrl.models.loading import resolve_dtype
 from medsrl.models.settings import ModelDtype
@@ -22,7 +24,9 @@ class WeightMilestones(Callback):
     """Every ``every_n_steps`` RL steps (0: never), the policy in ``dtype`` under
     ``<dirpath>/step_<step>``, via a temporary folder so a crash mid-save leaves no half one."""
 
-    def __init__(self, every_n_steps: Count = 0, dtype: ModelDtype = "bfloat16", dirpath: nullable(Text) = None) -> None:
+    def __init__(self, every_n_steps: Annotated[Count, Doc("save the weights every N steps, all kept; 0: off")] = 0,
+                 dtype: Annotated[ModelDtype, Doc("their dtype (bfloat16: 2 bytes a parameter)")] = "bfloat16",
+                 dirpath: Annotated[nullable(Text), Doc("null: <run>/milestones")] = None) -> None:
         self.every_n_steps = every_n_steps
         self.dtype = resolve_dtype(dtype)
         self.dirpath = dirpath

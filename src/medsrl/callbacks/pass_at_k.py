@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from typing import Literal
+from typing import Annotated, Literal
 
 from lightning.pytorch.callbacks import Callback
+from typing_extensions import Doc
 
 from medsrl.callbacks.progress import set_progress_status
 from medsrl.evaluation.response_features import response_features
@@ -38,10 +39,23 @@ class PassAtKValidation(Callback):
     too, on the first ``num_problems`` held-out prompts (None: all): before the first step
     (``at_start``), every ``every_n_steps`` (0: off) and after the last."""
 
-    def __init__(self, every_n_steps: Count = 20, n: PositiveInt = 8, num_problems: nullable(PositiveInt) = None,
-                 at_start: Flag = True, temperature: NonNegative = 1.0, top_p: Fraction = 1.0,
-                 max_new_tokens: nullable(PositiveInt) = None, features: Literal["run"] | dict | None = "run",
-                 batch_size: PositiveInt = 128, seed: Seed = 1234) -> None:
+    def __init__(
+        self,
+        every_n_steps: Annotated[Count, Doc("validate every N steps, also before the first (at_start) and after "
+                                            "the last; 0: off")] = 20,
+        n: Annotated[PositiveInt, Doc("samples per problem")] = 8,
+        num_problems: Annotated[nullable(PositiveInt), Doc("the first N held-out prompts; null: all")] = None,
+        at_start: Annotated[Flag, Doc("validate before the first step too")] = True,
+        temperature: Annotated[NonNegative, Doc("sampling temperature; 0: greedy")] = 1.0,
+        top_p: Annotated[Fraction, Doc("nucleus sampling")] = 1.0,
+        max_new_tokens: Annotated[nullable(PositiveInt), Doc("null: rollout.max_new_tokens")] = None,
+        features: Annotated[Literal["run"] | dict | None, Doc(
+            "the diversity feature: run (the MEDS plug-in's when the run has one), a FeatureSpec mapping, "
+            "or null: none")] = "run",
+        batch_size: Annotated[PositiveInt, Doc("sequences per generation call (chunks of batch_size // n "
+                                               "problems)")] = 128,
+        seed: Annotated[Seed, Doc("the sampling seed (the same draws at every validation)")] = 1234,
+    ) -> None:
         self.every_n_steps = every_n_steps
         self.num_problems = num_problems
         self.at_start = at_start

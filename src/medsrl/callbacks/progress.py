@@ -10,10 +10,11 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from typing import Any
+from typing import Annotated, Any
 
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+from typing_extensions import Doc
 
 from medsrl.settings import Count, Flag, PositiveInt
 
@@ -27,8 +28,11 @@ class StepProgressBar(TQDMProgressBar):
     """``step <n>/<max_steps>`` with seconds per step (the mean of the last ``window``) and the
     ``prog_bar`` metrics."""
 
-    def __init__(self, refresh_rate: Count = 1, process_position: Count = 0, window: PositiveInt = 10,
-                 leave: Flag = True) -> None:
+    def __init__(self, refresh_rate: Annotated[Count, Doc("redraw every N steps; 0: no bar")] = 1,
+                 process_position: Annotated[Count, Doc("tqdm's line, for several bars")] = 0,
+                 window: Annotated[PositiveInt, Doc("s/step: the mean of the last N steps (validation not "
+                                                    "counted)")] = 10,
+                 leave: Annotated[Flag, Doc("keep the bar when done")] = True) -> None:
         super().__init__(refresh_rate=refresh_rate, process_position=process_position, leave=leave)
         self._step_times: deque[float] = deque(maxlen=window)
         self._step_start: float | None = None

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
 
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
+from typing_extensions import Doc
 
 from medsrl.settings import Count, PositiveInt
 from medsrl.utils.run_dir import run_log_dir
@@ -21,7 +23,10 @@ class SampleLogger(Callback):
     score): TensorBoard text ``samples``, ``samples.jsonl`` and, with a ``WandbLogger``, one W&B
     table ``samples`` for the run."""
 
-    def __init__(self, every_n_steps: Count = 10, num_samples: Count = 4, max_chars: PositiveInt = 2000) -> None:
+    def __init__(self, every_n_steps: Annotated[Count, Doc("log samples every N steps (TensorBoard text, "
+                                                          "samples.jsonl); 0: off")] = 10,
+                 num_samples: Annotated[Count, Doc("responses logged each time")] = 4,
+                 max_chars: Annotated[PositiveInt, Doc("each cut to this many characters")] = 2000) -> None:
         self.every_n_steps = every_n_steps
         self.num_samples = num_samples
         self.max_chars = max_chars

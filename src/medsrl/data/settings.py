@@ -30,21 +30,32 @@ class Source(Open):
     ``generate_arithmetic``, ...): its ``_target_`` and the arguments it takes."""
 
     path: nullable(Text) = None
+    """A JSON / JSONL / parquet file (load_math_file)."""
     hub: nullable(Text) = None
     """A hub data set (or "parquet" / "json" with data_files) instead of a path."""
     subset: nullable(Text) = None
+    """The hub data set's configuration."""
     revision: nullable(Text) = None
+    """The hub revision (a commit for a reproducible run)."""
     name: nullable(Text) = None
+    """The name its rows carry (default: from the file or hub name)."""
     num: PositiveInt = None  # the loader's own default when not given (defaults are not checked)
+    """Problems a generator makes."""
     limit: nullable(PositiveInt) = None
+    """The first N rows; null: all."""
     on_bad_row: one_of(("skip", "raise")) = None
+    """skip (counted and logged, the file and row named) or raise."""
     problem_field: nullable(Text) = None
+    """The problem's column when it is not a known one."""
     answer_field: nullable(Text) = None
+    """The answer's column when it is not a known one."""
     split: Text = None
+    """The split (hub data sets, generators)."""
 
 
 class Dataset(Settings):
     name: Text
+    """The dataset's name (Prompt.source; unique in its stage)."""
     weight: Positive = 1.0
     """Its share of a stage's prompts (largest-remainder quotas)."""
     source: kind(lambda v: "node" if isinstance(v, dict) else "examples" if isinstance(v, list) else "callable",
@@ -54,20 +65,27 @@ class Dataset(Settings):
 
 class Stage(Settings):
     name: Text
+    """The stage's name (unique)."""
     start_step: Annotated[int, Field(ge=0), must("an int >= 0")]
+    """The step it starts at: the first stage at 0, then strictly increasing."""
     datasets: Annotated[list[Dataset], non_empty("a non-empty list of datasets")]
+    """Its datasets, each drawn by its weight."""
 
 
 class DataConfig(Settings):
     """The prompts of each step, a pure function of ``(seed, step)`` (data/datamodule.py)."""
 
     prompts_per_step: PositiveInt = 16
+    """Prompts of each RL step (each sampled rollout.n times), split between a stage's datasets by weight."""
     val_size: nullable(PositiveInt) = 64
     """Held-out prompts: the val datasets' union, shuffled with the seed and cut to this; null: all."""
     seed: Seed = 0
+    """The schedule's seed (the run's seed by default): per-epoch permutations of each dataset."""
     stages: Annotated[list[Stage], non_empty("a non-empty list of stages")]
     val: list[Dataset] | None = None
+    """The held-out datasets (validation: callbacks.pass_at_k); null: none."""
     template: PromptTemplate = Field(default_factory=PromptTemplate)
+    """The prompt format (presets: prompt=r1_distill, qwen3_thinking, plain)."""
     max_dropped_prompt_share: Annotated[Finite, Field(ge=0, le=1), must("a number in [0, 1]")] = 0.01
     """The largest share of a dataset dropped as longer than the engine takes before the run
     refuses to start (MathDataModule.limit_prompt_tokens); 0: none may be dropped."""

@@ -55,6 +55,7 @@ class PromptTemplate(Settings):
     kind: one_of(TEMPLATE_KINDS) = "qwen_math"
     """qwen_math (hand-rendered ChatML), chat (the tokenizer's chat template) or plain."""
     system_prompt: nullable(Text) = QWEN_MATH_SYSTEM_PROMPT
+    """The system turn; null: none."""
     instruction: nullable(Text) = None
     """Appended to the problem in the user turn, after a space."""
     extra_empty_assistant_turn: Flag = False

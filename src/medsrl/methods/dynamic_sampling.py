@@ -6,6 +6,9 @@ until its batch is full or ``max_rounds`` ran (``plugins/rounds.py``). Dropped g
 from __future__ import annotations
 
 import logging
+from typing import Annotated
+
+from typing_extensions import Doc
 
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.settings import Count
@@ -20,7 +23,12 @@ class DynamicSampling(Plugin):
     name = "dynamic_sampling"
     reads_scoring_forward = False
 
-    def __init__(self, max_rounds: Count = 10) -> None:
+    def __init__(
+        self,
+        max_rounds: Annotated[Count, Doc(
+            "extra generation rounds per step at most, to refill the batch with trainable groups "
+            "(reference: 10)")] = 10,
+    ) -> None:
         self.max_rounds = max_rounds
 
     def transform_groups(self, groups: list[Group], ctx: StepContext) -> list[Group]:

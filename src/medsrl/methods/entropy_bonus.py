@@ -3,7 +3,10 @@ cap_ratio)``, with H the old policy's token entropy from the scoring forward (no
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
+from typing_extensions import Doc
 
 from medsrl.algo import masked_mean, per_token
 from medsrl.plugins.base import Plugin, StepContext
@@ -28,7 +31,14 @@ class EntropyBonus(Plugin):
     name = "entropy_bonus"
     token_stats = ("entropy",)
 
-    def __init__(self, coef: NonNegative = 0.4, cap_ratio: NonNegative = 0.5) -> None:
+    def __init__(
+        self,
+        coef: Annotated[NonNegative, Doc(
+            "scale of the token entropy in the bonus min(coef * H, |A| * cap_ratio); paper: 0.4")] = 0.4,
+        cap_ratio: Annotated[NonNegative, Doc(
+            "the bonus is at most |A| * cap_ratio (below 1 it never flips a negative advantage); "
+            "paper: |A| / 2")] = 0.5,
+    ) -> None:
         self.coef, self.cap_ratio = coef, cap_ratio
 
     def shape_advantages(self, rollouts: StepRollouts, advantages: torch.Tensor, ctx: StepContext) -> torch.Tensor:

@@ -11,9 +11,11 @@ novelty isolates *history*) or ``hidden_mean`` (the mean normed last hidden stat
 from __future__ import annotations
 
 import contextlib
+from typing import Annotated
 
 import torch
 from torch import Tensor
+from typing_extensions import Doc
 
 from medsrl.algo.logprobs import masked_mean
 from medsrl.features.logit_capture import find_final_norm
@@ -70,8 +72,25 @@ class NoveltyBonus(Plugin):
 
     name = "novelty"
 
-    def __init__(self, vectors: one_of(VECTORS) = "meds_features", layers: Layers = 14, diff: Flag = False,
-                 final_norm: Flag = False, feature_dtype: FeatureDtype = "auto") -> None:
+    def __init__(
+        self,
+        vectors: Annotated[one_of(VECTORS), Doc(
+            "meds_features (MEDS's logit features: the twin of MEDS) | hidden_mean (the mean normed "
+            "last hidden state; the paper embeds the text with an embedding model, none is loaded "
+            "here)")] = "meds_features",
+        layers: Annotated[Layers, Doc(
+            "meds_features: the last N decoder layers, \"half\", \"all\" or a list of 1-based layers "
+            "(as MEDS's layers)")] = 14,
+        diff: Annotated[Flag, Doc(
+            "meds_features: first differences over all layers, then keep the selected (as MEDS's "
+            "diff)")] = False,
+        final_norm: Annotated[Flag, Doc(
+            "meds_features: the final norm on intermediate layers too, logit lens (as MEDS's "
+            "final_norm)")] = False,
+        feature_dtype: Annotated[FeatureDtype, Doc(
+            "meds_features: auto (bf16-rounded when the policy computes in bf16) | float32 | "
+            "bfloat16 (as MEDS's feature_dtype)")] = "auto",
+    ) -> None:
         self.vectors = vectors
         self.spec = FeatureSpec(layers=layers, diff=diff, final_norm=final_norm, dtype=feature_dtype)
         self.reader: AnswerFeatureReader | None = None

@@ -6,7 +6,10 @@ the reward ramps down over the last ``buffer_length`` tokens before ``max_respon
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
+from typing_extensions import Doc
 
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.settings import NonNegative, PositiveInt, below
@@ -41,8 +44,14 @@ class OverlongPenalty(Plugin):
     name = "overlong"
     reads_scoring_forward = False
 
-    def __init__(self, buffer_length: below(PositiveInt, "rollout.max_new_tokens") = 512,
-                 penalty_factor: NonNegative = 1.0) -> None:
+    def __init__(
+        self,
+        buffer_length: Annotated[below(PositiveInt, "rollout.max_new_tokens"), Doc(
+            "the last tokens before rollout.max_new_tokens over which the penalty ramps from 0 down "
+            "to -penalty_factor; reference: 512 of a 3072-token budget")] = 512,
+        penalty_factor: Annotated[NonNegative, Doc(
+            "the penalty at max_new_tokens (the reward term's most negative value)")] = 1.0,
+    ) -> None:
         self.buffer_length = buffer_length
         self.penalty_factor = penalty_factor
         self.max_new_tokens: int | None = None

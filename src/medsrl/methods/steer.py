@@ -8,8 +8,11 @@ entropies, mapped linearly over the batch's tokens to ``[low, high]`` (the large
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from torch import Tensor
+from typing_extensions import Doc
 
 from medsrl.algo.logprobs import masked_mean, per_token
 from medsrl.plugins.base import Plugin, StepContext
@@ -47,7 +50,13 @@ class Steer(Plugin):
     name = "steer"
     token_stats = ("entropy",)
 
-    def __init__(self, low: below(NonNegative, "high", or_equal=True) = 0.8, high: NonNegative = 1.2) -> None:
+    def __init__(
+        self,
+        low: Annotated[below(NonNegative, "high", or_equal=True), Doc(
+            "loss weight of the token with the largest Omega (at most high); paper: 0.8")] = 0.8,
+        high: Annotated[NonNegative, Doc(
+            "loss weight of the token with the smallest Omega; paper: 1.2")] = 1.2,
+    ) -> None:
         self.low, self.high = low, high
 
     def shape_advantages(self, rollouts: StepRollouts, advantages: torch.Tensor, ctx: StepContext) -> torch.Tensor:

@@ -74,27 +74,39 @@ class WarmStartConfig(Settings):
     are the recipe measured in docs/WARMSTART.md; lr matters most (1.5e-3 and above stall)."""
 
     steps: PositiveInt = 1000
+    """Supervised steps."""
     batch_size: PositiveInt = 16
+    """Sequences per step."""
     lr: Positive = 1e-3
+    """Peak learning rate (1.5e-3 and above stall)."""
     warmup_steps: Count = 20
+    """Linear warm-up steps."""
     weight_decay: Annotated[Finite, Field(ge=0), must("a number >= 0")] = 0.0
+    """AdamW weight decay (not on norms and biases)."""
     min_lr_ratio: Annotated[Finite, Field(ge=0, le=1), must("a number in [0, 1]")] = 0.1
     """Cosine decay from lr to lr * min_lr_ratio."""
     grad_clip: Annotated[Finite, Field(ge=0), must("a number >= 0")] = 1.0
+    """Gradient-norm clip; 0: none."""
     level: PositiveInt = 1
+    """The arithmetic generator's level (task=arithmetic)."""
     num_examples: PositiveInt = 20000
+    """Worked solutions generated to learn from."""
     seed: Seed = 0
+    """Its seed (data, initialisation, batch order)."""
     system_prompt: nullable(Text) = QWEN_MATH_SYSTEM_PROMPT
+    """The prompt's system turn (the Qwen-Math template)."""
     max_length: PositiveInt = 320
     """Training sequences (prompt + solution) longer than this are dropped."""
     eval_examples: PositiveInt = 128
     """Val problems for the final sampled / greedy accuracy."""
     eval_max_new_tokens: PositiveInt = 96
+    """Tokens a response may have in that evaluation."""
     task: one_of(TASKS) = "arithmetic"
     """The problems it learns from: arithmetic (generate_arithmetic at level) or precedence (the
     study task: generate_precedence_mix with task_options, which holds its levels shares,
     shortcut_rate and trap_fraction; level is unused)."""
     task_options: dict[str, Any] = {}
+    """The task generator's options (task=precedence: levels, shortcut_rate, trap_fraction, wrong_routes)."""
 
 
 class ModelConfig(Settings):
@@ -117,14 +129,15 @@ class ModelConfig(Settings):
     gradient_checkpointing: Flag = False
     """Recompute each decoder layer's activations in the backward."""
     trust_remote_code: Flag = False
+    """Let transformers run the checkpoint's own model code."""
     random_init: Flag = False
     """True: architecture at shape with random weights (smoke runs: benchmarks/gpu_smoke.py)."""
     architecture: nullable(Text) = None
     """The model type (qwen2, qwen3, llama): tests and random_init build a small random model of it."""
-    shape: nullable(dict[str, Any]) = None
+    shape: dict[str, Any] | None = None
     """The checkpoint's config.json numbers, for medsrl-plan without the weights and for random
     models of this architecture (a local name_or_path's config.json wins in the plan)."""
-    tiny: nullable(dict[str, Any]) = None
+    tiny: dict[str, Any] | None = None
     """The tiny preset's Qwen2 config (hidden_size, num_hidden_layers, ...)."""
     warm_start: WarmStartConfig | None = None
     """The tiny preset's supervised warm start (cached under paths.cache_dir); null: none."""

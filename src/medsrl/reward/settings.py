@@ -12,6 +12,7 @@ class GraderConfig(Settings):
     """Math grading: hard per-answer timeout, in worker processes."""
 
     timeout_s: Positive = 5.0
+    """The hard limit on grading one answer (math-verify can hang on adversarial input)."""
     num_workers: nullable(Count) = None
     """None: grader_workers(), one per core of this process; 0: in-process, no timeout (debugging)."""
     reasoning_end: Annotated[NonEmpty | None, must("a non-empty tag such as '</think>', or null")] = None

@@ -16,6 +16,7 @@ class VLLMConfig(Settings):
     kv_cache_memory_bytes: nullable(PositiveInt) = None
     """Overrides gpu_memory_utilization when set."""
     tensor_parallel_size: PositiveInt = 1
+    """GPUs one engine spans."""
     enforce_eager: Flag = False
     """True: no CUDA graphs / torch.compile (faster start)."""
     enable_sleep_mode: Flag = False
@@ -32,10 +33,15 @@ class RolloutConfig(Settings):
     """Sampling settings for training rollouts (validation has its own: callbacks.pass_at_k)."""
 
     backend: one_of(BACKENDS) = "hf"
+    """The engine: hf (transformers generate, CPU and GPU) or vllm (GPU)."""
     n: PositiveInt = 8
+    """Responses per prompt (the GRPO group)."""
     temperature: Positive = 1.0
+    """Sampling temperature."""
     top_p: Fraction = 1.0
+    """Nucleus sampling."""
     max_new_tokens: PositiveInt = 256
+    """Tokens a response may have (DAPO's overlong penalty counts from it)."""
     max_batch_size: PositiveInt = 64
     """Sequences per generate call."""
     max_prompt_tokens: PositiveInt = 2048
@@ -44,4 +50,5 @@ class RolloutConfig(Settings):
     logprobs: Flag = False
     """Engine sampling log-probs, logged against the trainer's (train/engine/*)."""
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    """The vLLM engine's options."""
 

@@ -250,13 +250,12 @@ def _run(cmd: list[str]) -> None:
 
 def warm_start_dir(s: StudySettings) -> Path:
     """Build (or find) the study's cached warm start, as a training run would."""
-    from omegaconf import OmegaConf
-
     from medsrl.plan.cli import compose_train_config
+    from medsrl.run_config import RunConfig
     from medsrl.warmstart import warm_started
 
     cfg = compose_train_config([f"experiment=study_{method_base(s.methods[0])}", *_study_overrides(s)])
-    return Path(warm_started(OmegaConf.to_container(cfg.model, resolve=True), cfg.paths.cache_dir)["name_or_path"])
+    return Path(warm_started(RunConfig.parse(cfg).model, cfg.paths.cache_dir).name_or_path)
 
 
 def write_error_modes(eval_out: Path) -> dict:

@@ -21,9 +21,11 @@ import hashlib
 import logging
 import time
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import torch
+from typing_extensions import Doc
 
 from medsrl.algo import (
     AdvantageInputs,
@@ -81,32 +83,75 @@ class Meds(Plugin):
 
     def __init__(
         self,
-        alpha: NonNegative = 0.1,
-        beta: nullable(NonNegative) = None,
-        layers: Layers = 14,
-        diff: Flag = False,
-        final_norm: Flag = False,
-        feature_dtype: FeatureDtype = "auto",
-        feature_logits: one_of(FEATURE_LOGITS) = "answer",
-        target: one_of(TARGETS) = "wrong",
-        noise_is_cluster: Flag = True,
-        k: PositiveInt = 3,
-        min_cluster_size: at_least(2) = 2,
-        min_samples: PositiveInt = 1,
-        dedup: Flag = False,
-        cap_per_key: nullable(PositiveInt) = None,
-        mode: one_of(("cluster", "single", "answer")) = "cluster",
-        placement: one_of(("score", "advantage")) = "score",
-        refit: one_of(("background", "sync")) = "background",
-        refit_workers: PositiveInt = 1,
-        refit_growth: NonNegative = 0.0,
-        mixed_groups_only: Flag = True,
-        remember_dropped: Flag = False,
-        reset_on_stage_change: Flag = False,
-        snapshot_every_n_steps: Count = 20,
-        panels_every_n_steps: Count = 10,
-        panel_prompts: Count = 3,
-        snapshot_dir: nullable(Text) = None,
+        alpha: Annotated[NonNegative, Doc(
+            "penalty scale; paper: 0.1 (Qwen3-1.7B, Qwen2.5-Math-7B), 0.02 (Qwen3-8B)")] = 0.1,
+        beta: Annotated[nullable(NonNegative), Doc(
+            "cap of the penalty min(alpha * ln(|C| + 1), beta); null: 2 * alpha (reference)")] = None,
+        layers: Annotated[Layers, Doc(
+            "the feature's layers: the last N decoder layers, \"half\", \"all\" or a list of 1-based "
+            "layers; paper: the last half (14 of 28), the reference script: 14")] = 14,
+        diff: Annotated[Flag, Doc(
+            "first differences of the per-layer logits, as the reference's option takes them: over "
+            "all layers, then keep the selected")] = False,
+        final_norm: Annotated[Flag, Doc(
+            "apply the final norm to intermediate layers too (logit lens); reference: off")] = False,
+        feature_dtype: Annotated[FeatureDtype, Doc(
+            "auto: bf16-rounded when the policy computes in bf16 (the reference applies the LM head "
+            "under bf16 autocast); float32 | bfloat16 to force")] = "auto",
+        feature_logits: Annotated[one_of(FEATURE_LOGITS), Doc(
+            "answer: the answer token's logit per layer (reference) | digits: the ten digit tokens' "
+            "logits per layer (beyond the reference; study v3's audit)")] = "answer",
+        target: Annotated[one_of(TARGETS), Doc(
+            "the responses the penalty applies to: wrong (reference) | right | both | none")] = "wrong",
+        noise_is_cluster: Annotated[Flag, Doc(
+            "HDBSCAN's noise points count as one cluster (reference), so a prompt whose errors never "
+            "cluster still accumulates pressure; false: noise gets size 0")] = True,
+        k: Annotated[PositiveInt, Doc(
+            "neighbours in the k-NN vote (cosine) that predicts a response's cluster from the stored "
+            "labels")] = 3,
+        min_cluster_size: Annotated[at_least(2), Doc("HDBSCAN's min_cluster_size")] = 2,
+        min_samples: Annotated[PositiveInt, Doc("HDBSCAN's min_samples")] = 1,
+        dedup: Annotated[Flag, Doc(
+            "beyond the reference: HDBSCAN and the k-NN vote over a store's distinct rows (one step's "
+            "identical responses are one point; sizes count every copy)")] = False,
+        cap_per_key: Annotated[nullable(PositiveInt), Doc(
+            "rows kept per store (prompt key and correctness), oldest out; null: unbounded "
+            "(reference)")] = None,
+        mode: Annotated[one_of(("cluster", "single", "answer")), Doc(
+            "cluster (reference) | single (ablation: the whole history is one cluster; on 0/1 rewards "
+            "an exact no-op, docs/MEDS.md) | answer (beyond the reference: size = earlier count of the "
+            "same extracted answer for the prompt; study v3's D1 bound)")] = "cluster",
+        placement: Annotated[one_of(("score", "advantage")), Doc(
+            "score (reference: the penalty before group normalisation, where its group mean cancels) "
+            "| advantage (subtracted from wrong responses' advantages after normalisation, so the mean "
+            "penalty survives; needs target=wrong)")] = "score",
+        refit: Annotated[one_of(("background", "sync")), Doc(
+            "background (HDBSCAN re-fits in worker processes, off the step's critical path) | sync "
+            "(reference order); same penalties")] = "background",
+        refit_workers: Annotated[PositiveInt, Doc(
+            "worker processes for background re-fits")] = 1,
+        refit_growth: Annotated[NonNegative, Doc(
+            "0: re-fit a store after every add (reference); f: only once the rows added since its last "
+            "fit reach f x the rows fitted (large stores: docs/BENCHMARKS.md)")] = 0.0,
+        mixed_groups_only: Annotated[Flag, Doc(
+            "reference: groups all right / all wrong never reach MEDS (DAPO drops them); false: "
+            "without dynamic sampling, shape and remember them too")] = True,
+        remember_dropped: Annotated[Flag, Doc(
+            "beyond the reference: also remember the groups DAPO's filter drops (a no-grad forward "
+            "over them; never trained on), so an error a prompt makes in every sample costs when it "
+            "next gives a mixed group")] = False,
+        reset_on_stage_change: Annotated[Flag, Doc(
+            "empty the memory (and its answer counts) when the data's stage changes")] = False,
+        snapshot_every_n_steps: Annotated[Count, Doc(
+            "write the memory to <snapshot_dir>/memory/memory.npz every N steps (rank 0); "
+            "0: never")] = 20,
+        panels_every_n_steps: Annotated[Count, Doc(
+            "TensorBoard panels (cluster-size histogram, largest error clusters with two responses "
+            "each) every N steps; 0: never")] = 10,
+        panel_prompts: Annotated[Count, Doc(
+            "prompts shown in the largest-error-clusters panel")] = 3,
+        snapshot_dir: Annotated[nullable(Text), Doc(
+            "where memory snapshots go; null: the run's log dir")] = None,
     ) -> None:
         if placement == "advantage" and target != "wrong":
             raise ValueError(f"meds.placement=advantage penalises wrong responses only; got target={target!r}")

@@ -21,9 +21,11 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import torch
+from typing_extensions import Doc
 
 from medsrl.algo import per_token
 from medsrl.algo.engine_correction import truncated_is_weights
@@ -55,23 +57,36 @@ log = logging.getLogger(__name__)
 
 class ReplaySettings(Settings):
     enabled: Flag = True
-    k: nullable(PositiveInt) = None  # responses mixed in; None: n // 4 (at least 1)
+    """Whether replay (CCR) acts."""
+    k: nullable(PositiveInt) = None
+    """Stored opposite-outcome responses mixed in; null: n // 4, at least 1 (ours)."""
     alpha: NonNegative = 1.0
+    """A = (R - mean) / (alpha * std + lam) over the mixed group (ours: 1)."""
     lam: Positive = 1e-6
-    importance_cap: nullable(Positive) = None  # None: no importance weights (paper); e.g. 2.0
+    """The lam of that normalisation, which bounds A when the group's spread is tiny (ours)."""
+    importance_cap: nullable(Positive) = None
+    """Truncated importance weights min(pi_old / pi_behaviour, cap) on replayed responses; null:
+    off, as in the paper; 2.0 to turn them on (ours)."""
 
 
 class ReflectionSettings(Settings):
     enabled: Flag = True
-    tau: nullable(Number) = None  # stored mean reward below it triggers; None: 1 / n
+    """Whether reflection (ISR) acts."""
+    tau: nullable(Number) = None
+    """A stored mean reward below tau triggers it; null: 1 / rollout.n (ours)."""
     instruction: Text = DEFAULT_INSTRUCTION
-    max_prompts: nullable(Count) = None  # per step; None: one per qualifying prompt
+    """What the reflection prompt asks after showing a stored wrong response."""
+    max_prompts: nullable(Count) = None
+    """Cap on reflection prompts per step; null: no cap (one per qualifying prompt)."""
 
 
 class RankingSettings(Settings):
     enabled: Flag = True
-    p: Fraction = 0.2  # share of a response's tokens whose entropies make E_peak
-    r_max: NonNegative = 0.5  # reward of the best-ranked wrong response (below a correct one's 1)
+    """Whether ranking (SERR) acts (off: R3 asks the scoring forward for no token entropies)."""
+    p: Fraction = 0.2
+    """E_peak = mean of the top max(1, floor(p * L)) token entropies of a response (ours)."""
+    r_max: NonNegative = 0.5
+    """Reward of the best-ranked wrong response, below a right one's 1 (ours)."""
 
 
 class R3(Plugin):
@@ -81,16 +96,32 @@ class R3(Plugin):
 
     def __init__(
         self,
-        replay: ReplaySettings = ReplaySettings(),  # noqa: B008 - never mutated
-        reflection: ReflectionSettings = ReflectionSettings(),  # noqa: B008 - never mutated
-        ranking: RankingSettings = RankingSettings(),  # noqa: B008 - never mutated
-        cap_per_key: nullable(PositiveInt) = 16,
-        min_visits: Count = 1,
-        start_step: Count = 0,
-        snapshot_every_n_steps: Count = 20,
-        panels_every_n_steps: Count = 10,
-        snapshot_dir: nullable(Text) = None,
-        length_bonus: nullable(PositiveInt) = None,  # tokens
+        replay: Annotated[ReplaySettings, Doc(
+            "cross-context replay (CCR) into groups whose rewards are all equal"
+        )] = ReplaySettings(),  # noqa: B008 - never mutated
+        reflection: Annotated[ReflectionSettings, Doc(
+            "in-context self-reflection (ISR): one extra prompt per failing prompt"
+        )] = ReflectionSettings(),  # noqa: B008 - never mutated
+        ranking: Annotated[RankingSettings, Doc(
+            "structural entropy ranking reward (SERR) for all-wrong groups"
+        )] = RankingSettings(),  # noqa: B008 - never mutated
+        cap_per_key: Annotated[nullable(PositiveInt), Doc(
+            "stored responses per prompt, oldest out; null: unbounded (a checkpoint holds every "
+            "stored response's tokens and log-probs)")] = 16,
+        min_visits: Annotated[Count, Doc(
+            "act on a prompt once seen in this many earlier steps (paper: epoch 2)")] = 1,
+        start_step: Annotated[Count, Doc("and not before this step")] = 0,
+        snapshot_every_n_steps: Annotated[Count, Doc(
+            "write the history to <snapshot_dir>/r3/history.parquet (pandas.read_parquet) every N "
+            "steps (rank 0); 0: never")] = 20,
+        panels_every_n_steps: Annotated[Count, Doc(
+            "TensorBoard text of a reflection prompt and its response, at most every N steps; "
+            "0: never")] = 10,
+        snapshot_dir: Annotated[nullable(Text), Doc(
+            "where history snapshots go; null: the run's log dir")] = None,
+        length_bonus: Annotated[nullable(PositiveInt), Doc(
+            "correct answers earn max(0, 1 - length / this), lengths in tokens (paper: 32768 tokens; "
+            "experiment=r1-distill-1.5b_r3 sets it); null: off")] = None,
     ) -> None:
         # Hydra passes mappings: the same schema turns them into settings (config.plugin_problems)
         self.replay = ReplaySettings.model_validate(replay)
