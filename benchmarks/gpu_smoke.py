@@ -107,7 +107,7 @@ def overrides(args, out_dir: Path) -> list[str]:
         "algorithm.plugins.dynamic_sampling.max_rounds=1",
         f"trainer.max_steps={args.steps}", "trainer.devices=1",
         "model.random_init=true", f"model.tokenizer={tok}", "model.name_or_path=null",
-        "optim.warmup_steps=0",
+        "optim.scheduler.warmup_steps=0",
         "callbacks.pass_at_k=null", "callbacks.model_checkpoint=null", "callbacks.sample_logger=null",
         "callbacks.milestones=null", "logger=csv", "export_policy=false",
     ]

@@ -142,6 +142,9 @@ def settings(cfg) -> dict:
                       ("loss_agg_mode", "token-mean"), ("advantage", "grpo"), ("policy_loss", "vanilla")]:
         if getattr(algo, key) != want:
             problems.append(f"algorithm.{key}={getattr(algo, key)!r} (TRL side mirrors {want!r})")
+    if (optim.optimizer.target, optim.scheduler.target) != ("torch.optim.AdamW", "medsrl.step.lr_schedule.linear_warmup"):
+        problems.append(f"optim.optimizer / optim.scheduler {optim.optimizer.target} / {optim.scheduler.target} "
+                        "(TRL side mirrors AdamW with a linear warm-up)")
     rows = run.data.prompts_per_step * rollout.n
     if rows % algo.micro_batch_size:
         problems.append(f"{rows} responses a step do not split into micro-batches of {algo.micro_batch_size}")
@@ -161,11 +164,11 @@ def settings(cfg) -> dict:
         "clip_low": float(algo.clip_low),
         "clip_high": float(algo.clip_high),
         "kl_coef": float(algo.kl_coef),
-        "lr": float(optim.lr),
-        "betas": [float(b) for b in optim.betas],
-        "eps": float(optim.eps),
-        "weight_decay": float(optim.weight_decay),
-        "warmup_steps": int(optim.warmup_steps),
+        "lr": float(optim.optimizer.lr),
+        "betas": [float(b) for b in optim.optimizer.betas or (0.9, 0.999)],  # null: AdamW's own
+        "eps": float(optim.optimizer.eps or 1e-8),
+        "weight_decay": float(optim.optimizer.weight_decay),
+        "warmup_steps": int(optim.scheduler.warmup_steps),
         "grad_clip": float(optim.grad_clip),
         "overlong": None if overlong is None else {"buffer_length": int(overlong.buffer_length),
                                                    "penalty_factor": float(overlong.penalty_factor)},

@@ -34,7 +34,7 @@ SMALL = [
     "rollout.backend=hf",  # the experiments' vLLM is a GPU build (make test-vllm covers the engine)
     "data.prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=8", "rollout.max_batch_size=16",
     "algorithm.mini_batch_prompts=1", "algorithm.micro_batch_size=4",
-    "algorithm.plugins.overlong.buffer_length=4", "optim.warmup_steps=0",
+    "algorithm.plugins.overlong.buffer_length=4", "optim.scheduler.warmup_steps=0",
     "callbacks.pass_at_k.every_n_steps=0", "callbacks.pass_at_k.at_start=false",
     "callbacks.sample_logger.every_n_steps=0", "logger=csv", "export_policy=false",
     "callbacks.model_checkpoint=null", "trainer.enable_checkpointing=false",  # 12 bytes a parameter
@@ -131,7 +131,7 @@ def test_gpu_experiment_moves_every_weight_at_lr_1e6(tmp_path, monkeypatch, expe
     rollouts: list = []
     steps = 2 if experiment in COMPARED_WITH_FP32 else 1
     cfg, before, mixed = train_small(tmp_path / "mixed", experiment, [], monkeypatch, record=rollouts, steps=steps)
-    assert cfg.optim.lr == 1e-6 and cfg.model.dtype == "float32" and cfg.trainer.precision == "bf16-mixed"
+    assert cfg.optim.optimizer.lr == 1e-6 and cfg.model.dtype == "float32" and cfg.trainer.precision == "bf16-mixed"
     names = matrices(cfg, before)
     changed = changed_fraction(before, mixed, names)
     print(f"[{experiment}] matrix weights changed {changed:.4%}")

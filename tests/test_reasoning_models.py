@@ -30,7 +30,7 @@ SMALL = [
     "trainer.accelerator=cpu", "trainer.devices=1", "trainer.max_steps=2",
     "rollout.backend=hf", "rollout.logprobs=false", "algorithm.engine_is_cap=null",
     "data.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=64", "rollout.max_batch_size=16",
-    "algorithm.mini_batch_prompts=2", "algorithm.micro_batch_size=8", "optim.warmup_steps=0",
+    "algorithm.mini_batch_prompts=2", "algorithm.micro_batch_size=8", "optim.scheduler.warmup_steps=0",
     "grader.num_workers=1", "callbacks.pass_at_k.every_n_steps=0", "callbacks.pass_at_k.at_start=false",
     "callbacks.sample_logger.every_n_steps=0", "logger=csv", "export_policy=false",
 ]
@@ -87,7 +87,7 @@ def run_scripted(tmp_path, monkeypatch, experiment: str, extra: list[str]):
     assert summary["steps"] == 2
     # fp32 master weights under bf16 compute at lr 1e-6: every matrix weight moves (as the other
     # GPU experiments, tests/test_gpu_experiments.py)
-    assert cfg.optim.lr == 1e-6 and cfg.model.dtype == "float32" and cfg.trainer.precision == "bf16-mixed"
+    assert cfg.optim.optimizer.lr == 1e-6 and cfg.model.dtype == "float32" and cfg.trainer.precision == "bf16-mixed"
     after = {k: v.detach().float() for k, v in policy.named_parameters()}
     moved = changed_fraction(before, after, matrices(cfg, before))
     return cfg, read_metrics(tmp_path), seen, lengths, moved

@@ -37,14 +37,14 @@ def one_problem(values: dict) -> str:
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"optim": {"lr": "abc"}}, "optim.lr must be a number >= 0, got 'abc'"),
-        ({"optim": {"lr": "1e-5"}}, "optim.lr must be a number >= 0, got '1e-5'"),  # a quoted YAML number
-        ({"optim": {"lr": -1e-5}}, "optim.lr must be a number >= 0, got -1e-05"),
-        ({"optim": {"lr": float("nan")}}, "optim.lr must be a number >= 0, got nan"),
-        ({"optim": {"eps": 0}}, "optim.eps must be a positive number, got 0"),
-        ({"optim": {"betas": [0.9, 1.0]}}, "optim.betas must be a pair of numbers each in [0, 1), got [0.9, 1.0]"),
-        ({"optim": {"betas": [0.9]}}, "optim.betas must be a pair of numbers each in [0, 1), got [0.9]"),
-        ({"optim": {"warmup_steps": -1}}, "optim.warmup_steps must be an int >= 0, got -1"),
+        ({"optim": {"optimizer": {"lr": "abc"}}}, "optim.optimizer.lr must be a number >= 0, got 'abc'"),
+        ({"optim": {"optimizer": {"lr": "1e-5"}}}, "optim.optimizer.lr must be a number >= 0, got '1e-5'"),  # a quoted YAML number
+        ({"optim": {"optimizer": {"lr": -1e-5}}}, "optim.optimizer.lr must be a number >= 0, got -1e-05"),
+        ({"optim": {"optimizer": {"lr": float("nan")}}}, "optim.optimizer.lr must be a number >= 0, got nan"),
+        ({"optim": {"optimizer": {"eps": 0}}}, "optim.optimizer.eps must be a positive number or null, got 0"),
+        ({"optim": {"optimizer": {"betas": [0.9, 1.0]}}}, "optim.optimizer.betas must be a pair of numbers each in [0, 1) or null, got [0.9, 1.0]"),
+        ({"optim": {"optimizer": {"betas": [0.9]}}}, "optim.optimizer.betas must be a pair of numbers each in [0, 1) or null, got [0.9]"),
+        ({"optim": {"scheduler": {"warmup_steps": -1}}}, "optim.scheduler.warmup_steps must be an int >= 0, got -1"),
         ({"optim": {"grad_clip": None}}, "optim.grad_clip must be a number >= 0 (0: no clipping), got None"),
         ({"optim": {"max_param_norm_growth": 0.5}},
          "optim.max_param_norm_growth must be 0 (off) or a number > 1, got 0.5"),
@@ -91,8 +91,8 @@ def test_each_rule_names_the_key_the_expectation_and_the_value(values, message):
     "values",
     [
         {},  # keys a config does not have are skipped
-        {"optim": {"lr": 0.0, "betas": [0.0, 0.999], "grad_clip": 0.0}},  # lr 0: a weights-only start
-        {"optim": {"lr": 3}},  # an int is a number
+        {"optim": {"optimizer": {"lr": 0.0, "betas": [0.0, 0.999]}, "grad_clip": 0.0}},  # lr 0: a weights-only start
+        {"optim": {"optimizer": {"lr": 3}}},  # an int is a number
         {"rollout": {"top_p": 1, "n": 1}},
         {"algorithm": {"dual_clip": None, "mini_batch_prompts": None}},
         {"trainer": {"max_steps": -1}},  # Lightning: no limit
@@ -101,7 +101,7 @@ def test_each_rule_names_the_key_the_expectation_and_the_value(values, message):
         {"trainer": {"precision": "bf16-mixed"}, "model": {"dtype": "float32"}},
         # pure 16 bits when asked for by name; or nothing to lose (lr 0)
         {"trainer": {"precision": "bf16-true"}, "model": {"dtype": "bfloat16", "allow_16bit_weights": True}},
-        {"trainer": {"precision": "bf16-true"}, "model": {"dtype": "bfloat16"}, "optim": {"lr": 0.0}},
+        {"trainer": {"precision": "bf16-true"}, "model": {"dtype": "bfloat16"}, "optim": {"optimizer": {"lr": 0.0}}},
         {"callbacks": {"pass_at_k": {"_target_": PASS_AT_K, "temperature": 0.0, "every_n_steps": 0}}},  # greedy; off
     ],
 )
@@ -110,8 +110,8 @@ def test_good_and_boundary_values_pass(values):
 
 
 def test_every_problem_is_reported_at_once():
-    found = problems({"optim": {"lr": "abc", "eps": -1}, "rollout": {"n": 0}, "trainer": {"max_steps": "10"}})
-    assert [f.split(" must ")[0] for f in found] == ["optim.lr", "optim.eps", "rollout.n", "trainer.max_steps"]
+    found = problems({"optim": {"optimizer": {"lr": "abc", "eps": -1}}, "rollout": {"n": 0}, "trainer": {"max_steps": "10"}})
+    assert [f.split(" must ")[0] for f in found] == ["optim.optimizer.lr", "optim.optimizer.eps", "rollout.n", "trainer.max_steps"]
 
 
 def test_a_value_set_by_interpolation_is_checked_resolved():
@@ -234,7 +234,7 @@ def no_model(monkeypatch):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["optim.lr=abc"], "optim.lr must be a number >= 0, got 'abc'"),
+        (["optim.optimizer.lr=abc"], "optim.optimizer.lr must be a number >= 0, got 'abc'"),
         (["rollout.n=0"], "rollout.n must be an int >= 1, got 0"),
         (["algorithm.plugins.overlong.buffer_length=-4"], "algorithm.plugins.overlong.buffer_length must be an int >= 1"),
         # a misspelt option of the estimator, of the loss and of a plug-in: named at start, with what it has

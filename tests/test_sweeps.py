@@ -92,7 +92,7 @@ def sbatch_script(tmp_path: Path, monkeypatch, overrides: list[str]) -> str:
     monkeypatch.setattr(submitit.AutoExecutor, "map_array", capture)
     launcher = instantiate(cfg.hydra.launcher)
     launcher.config = cfg
-    launcher.launch([["optim.lr=1e-5"]], initial_job_idx=0)
+    launcher.launch([["optim.optimizer.lr=1e-5"]], initial_job_idx=0)
     (script,) = scripts
     return script
 

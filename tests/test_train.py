@@ -62,7 +62,7 @@ def test_weights_only_start_keeps_weights_and_resets_step(tmp_path):
     ckpt = first / "checkpoints" / "last.ckpt"
     second = tmp_path / "b"
     cfg = compose_train(second, ["trainer.max_steps=1", f"ckpt_path={ckpt}", "resume_mode=weights",
-                                 "optim.lr=0.0"])
+                                 "optim.optimizer.lr=0.0"])
     summary = train(cfg)
     assert summary["steps"] == 1  # a fresh step counter, not 1 + 1
     wa = torch.load(ckpt, weights_only=False)

@@ -127,12 +127,12 @@ SMALL_REAL = [
     "experiment=qwen2.5-math-1.5b_meds", "trainer=gpu", "trainer.accelerator=cpu", "trainer.devices=1",
     "rollout.backend=hf", "data.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=8",
     "rollout.max_batch_size=16", "algorithm.mini_batch_prompts=2", "algorithm.micro_batch_size=4",
-    "algorithm.plugins.overlong.buffer_length=4", "optim.warmup_steps=0",
+    "algorithm.plugins.overlong.buffer_length=4", "optim.scheduler.warmup_steps=0",
     "callbacks.pass_at_k.every_n_steps=0", "callbacks.pass_at_k.at_start=false",
     "callbacks.sample_logger.every_n_steps=0", "logger=csv", "export_policy=false",
     "model.random_init=true", "model.shape.num_hidden_layers=2", "model.shape.hidden_size=128",
     "model.shape.num_attention_heads=4", "model.shape.num_key_value_heads=2", "model.shape.head_dim=32",
-    "model.shape.intermediate_size=256", "optim.lr=1e-4", "callbacks.model_checkpoint.every_n_train_steps=1", *LORA,
+    "model.shape.intermediate_size=256", "optim.optimizer.lr=1e-4", "callbacks.model_checkpoint.every_n_train_steps=1", *LORA,
 ]
 
 

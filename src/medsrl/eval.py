@@ -91,7 +91,7 @@ def run_name(path: str | Path) -> str:
 def runs_in(runs_dir: str | Path) -> list[tuple[str, str]]:
     """``(name, model path)`` of every run (a directory with a ``policy/`` export or a
     ``checkpoints/last.ckpt``) under a (multi)run directory, in name order; its name carries the
-    Hydra overrides that distinguish it (``0: optim.lr=1e-5``)."""
+    Hydra overrides that distinguish it (``0: optim.optimizer.lr=1e-5``)."""
     found = []
     for d in sorted(Path(runs_dir).iterdir(), key=lambda p: (len(p.name), p.name)):
         if (d / "policy" / "config.json").exists():

@@ -149,7 +149,7 @@ class RLModule(L.LightningModule):
     def on_train_start(self) -> None:
         o, params = self.optim_cfg, [p for p in self.policy.parameters() if p.requires_grad]
         self.guard = RunawayGuard(float(o.max_param_norm_growth), param_norm(params, is_sharded(self.policy)),
-                                  o.lr, str(self.trainer.precision))
+                                  o.optimizer.lr, str(self.trainer.precision))
         # A resumed fit restores the weights after setup built the engine: serve those, not the base.
         self.sync_engine()
         ddp = self.trainer.strategy.model
@@ -184,11 +184,8 @@ class RLModule(L.LightningModule):
         checkpoint["prompt_visits"] = self.prompt_visits.state_dict()
 
     def configure_optimizers(self):
-        o = self.optim_cfg
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-        warmup = o.warmup_steps  # linear warm-up, then constant
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        """``optim.optimizer`` over the trained parameters, ``optim.scheduler`` stepped per RL step."""
+        opt, sched = self.optim_cfg.built([p for p in self.policy.parameters() if p.requires_grad])
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:

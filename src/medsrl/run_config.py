@@ -240,7 +240,7 @@ def precision_problems(run: dict) -> list[str]:
     AdamW's update at lr 1e-6 is far below one bf16 step of a weight of size 0.02, so pure bf16
     leaves most weights unchanged and nothing fails (docs/GPU.md): fp32 masters with
     ``trainer.precision=bf16-mixed`` compute in bf16 and keep every update."""
-    if lookup(run, "model.allow_16bit_weights") is True or lookup(run, "optim.lr") == 0:
+    if lookup(run, "model.allow_16bit_weights") is True or lookup(run, "optim.optimizer.lr") == 0:
         return []
     dtype = str(lookup(run, "model.dtype")).lower().removeprefix("torch.")
     precision = str(lookup(run, "trainer.precision")).lower()
@@ -373,7 +373,7 @@ def defaults_yaml(group: str) -> str:
     schema = DEFAULTS_SCHEMAS[group]
     what = f"the defaults of {schema.__name__} ({_home(schema)})"
     return (f"# {_NOTICE.format(what=what, write=WRITE)}\n# Not a preset: the base the {group} presets extend "
-            f"(`- _defaults` in their defaults list).\n" + OmegaConf.to_yaml(schema().model_dump(mode="json")))
+            f"(`- _defaults` in their defaults list).\n" + OmegaConf.to_yaml(schema().model_dump(mode="json", by_alias=True)))
 
 
 def plugin_yaml(target: str) -> str:

@@ -30,9 +30,8 @@ from medsrl.callbacks.progress import StepProgressBar
 from medsrl.data.datamodule import MathDataModule
 from medsrl.data.sources import set_data_dir_default
 from medsrl.models.lora import target_problems
-from medsrl.models.policy import build_policy
+from medsrl.models.policy import build_policy, meta_model
 from medsrl.module import RLModule
-from medsrl.plan.model_size import meta_model
 from medsrl.plugins import Plugin
 from medsrl.rollout.factory import describe_prompt_token_limit, prompt_token_limit
 from medsrl.run_config import CONFIG_DIR, RunConfig, TrainerSettings

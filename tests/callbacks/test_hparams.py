@@ -51,7 +51,7 @@ def test_a_run_logs_one_hparams_session_with_its_final_figures(tmp_path):
     hparams = start.session_start_info.hparams
     assert hparams["algorithm.name"].string_value == "meds"
     assert hparams["algorithm.plugins.meds.alpha"].number_value == pytest.approx(0.1)
-    assert hparams["optim.lr"].number_value == pytest.approx(1e-3)  # debug=fast's
+    assert hparams["optim.optimizer.lr"].number_value == pytest.approx(1e-3)  # debug=fast's
     assert hparams["trainer.max_steps"].number_value == 1
     assert hparams["algorithm.plugin_names"].string_value == "overlong,meds"
     assert hparams["data.prompts_per_step"].number_value == 4

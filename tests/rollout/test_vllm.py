@@ -349,7 +349,7 @@ TRAIN_VLLM = [
     f"rollout.vllm.kv_cache_memory_bytes={64 * 2**20}",
     "model.tiny.num_attention_heads=1",  # head_dim 32 (see ARCH)
     "algorithm=grpo",
-    "optim.lr=0.05",
+    "optim.optimizer.lr=0.05",
 ]
 STEP_METRICS = [
     "train/reward",
@@ -366,7 +366,7 @@ STEP_METRICS = [
 def test_training_with_vllm_resumes_like_an_uninterrupted_run(tmp_path):
     """Step 3 after a resume samples from the restored weights: its metrics match a straight run.
 
-    ``optim.lr`` is large so that two steps move the weights enough to change what is sampled.
+    ``optim.optimizer.lr`` is large so that two steps move the weights enough to change what is sampled.
     The straight run also asks for the engine's log-probs: after every weight sync they must
     agree with the trainer's (a stale engine would show a large gap), and asking for them must
     not change a single sample (the resumed run does not ask).

@@ -116,7 +116,7 @@ def test_overrides_are_not_swallowed_by_a_list_option():
 def test_a_method_variant_is_its_experiment_with_overrides_in_a_directory_of_its_own(tmp_path):
     spec = "meds@alpha=1.0,beta=2.0"
     assert runner.method_overrides(spec) == ["algorithm.plugins.meds.alpha=1.0", "algorithm.plugins.meds.beta=2.0"]
-    assert runner.method_overrides("meds@optim.lr=1e-4") == ["optim.lr=1e-4"]
+    assert runner.method_overrides("meds@optim.optimizer.lr=1e-4") == ["optim.optimizer.lr=1e-4"]
     assert runner.method_dir(spec) == "meds_alpha1.0_beta2.0" and runner.method_label(spec) == "MEDS (alpha 1.0, cap 2.0)"
     s = StudySettings(methods=["dapo", spec], seeds=[0])
     s.check()

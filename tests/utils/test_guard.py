@@ -1,5 +1,5 @@
 """The runaway guard: the pure checks, the sampling error, the checkpoint refusal, and real
-``debug=fast`` runs with ``optim.lr=1e30`` that must stop at their step with no bad checkpoint."""
+``debug=fast`` runs with ``optim.optimizer.lr=1e30`` that must stop at their step with no bad checkpoint."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_runaway_reason(norm, start, growth, broken):
 def test_the_message_names_step_cause_and_settings():
     msg = str(RunawayGuard(100.0, 10.0, 1e30, "16-mixed").error(7, runaway_reason(1e33, 10.0, 100.0)))
     assert msg.startswith("step 7: runaway update: the policy's parameter norm grew from 10 to 1e+33")
-    for part in ("learning rate", "optim.lr=1e+30", "fp16", "trainer.precision=16-mixed", "no checkpoint"):
+    for part in ("learning rate", "optim.optimizer.lr=1e+30", "fp16", "trainer.precision=16-mixed", "no checkpoint"):
         assert part in msg
 
 
@@ -109,10 +109,10 @@ def test_lr_1e30_stops_at_the_first_step_and_writes_no_checkpoint(tmp_path):
 
     out = tmp_path / "run"
     with pytest.raises(RunawayError) as err:
-        train(compose_train(out, ["optim.lr=1e30", "trainer.max_steps=3"]))
+        train(compose_train(out, ["optim.optimizer.lr=1e30", "trainer.max_steps=3"]))
     msg = str(err.value)
     assert msg.startswith("step 0: runaway update: the policy's parameter norm is inf"), msg
-    assert "(update 1/1)" in msg and "optim.lr=1e+30" in msg and "learning rate" in msg
+    assert "(update 1/1)" in msg and "optim.optimizer.lr=1e+30" in msg and "learning rate" in msg
     assert _checkpoint_peaks(out) == {}  # before the guard: step_000001 and last, weights ~1e30
 
 
@@ -134,7 +134,7 @@ def test_a_runaway_at_step_1_keeps_step_0s_good_checkpoint(tmp_path, monkeypatch
     monkeypatch.setattr(RLModule, "configure_optimizers", jump_at_step_1)
     out = tmp_path / "run"
     with pytest.raises(RunawayError, match=r"^step 1: runaway update: .*\(update 1/1\)"):
-        train(compose_train(out, ["optim.lr=1e30", "trainer.max_steps=3"]))
+        train(compose_train(out, ["optim.optimizer.lr=1e30", "trainer.max_steps=3"]))
     peaks = _checkpoint_peaks(out)
     assert sorted(peaks) == ["last.ckpt", "step_000001.ckpt"], peaks
     assert all(math.isfinite(p) and p < 100 for p in peaks.values()), peaks
@@ -148,5 +148,5 @@ def test_the_growth_bound_is_the_config_key(tmp_path):
     from run_helpers import compose_train
 
     with pytest.raises(RunawayError, match=r"^step 0: runaway update: .* grew from .* more than 1\.5x"):
-        train(compose_train(tmp_path / "bounded", ["optim.lr=10", "optim.max_param_norm_growth=1.5",
-                                                  "optim.warmup_steps=0", "trainer.max_steps=1"]))
+        train(compose_train(tmp_path / "bounded", ["optim.optimizer.lr=10", "optim.max_param_norm_growth=1.5",
+                                                  "optim.scheduler.warmup_steps=0", "trainer.max_steps=1"]))

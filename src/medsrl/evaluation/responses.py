@@ -40,7 +40,8 @@ class EvalSettings:
         return max(1, self.batch_size // self.n)
 
     def fingerprint(self, run_source: str, benchmark: str) -> str:
-        return settings_fingerprint({**asdict(self), "model": run_source, "benchmark": benchmark})
+        features = None if self.features is None else self.features.model_dump()
+        return settings_fingerprint({**asdict(self), "features": features, "model": run_source, "benchmark": benchmark})
 
 
 def problems_from(examples, template: dict[str, Any], tokenizer=None) -> list[Prompt]:

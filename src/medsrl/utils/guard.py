@@ -17,7 +17,7 @@ import torch
 from medsrl.utils.distributed import all_reduce_sum
 
 LIKELY_CAUSES = (
-    "Likely causes: a learning rate far too high (optim.lr) or an overflow of the training "
+    "Likely causes: a learning rate far too high (optim.optimizer.lr) or an overflow of the training "
     "precision (fp16: use bf16 or 32-bit)"
 )
 
@@ -69,7 +69,7 @@ class RunawayGuard:
 
     def error(self, step: int, what: str) -> RunawayError:
         """The error of a runaway at ``step``: what broke, that the run stops, the likely causes."""
-        settings = {"optim.lr": self.lr, "trainer.precision": self.precision}
+        settings = {"optim.optimizer.lr": self.lr, "trainer.precision": self.precision}
         named = ", ".join(f"{k}={v}" for k, v in settings.items() if v is not None)
         return RunawayError(f"step {step}: runaway update: {what}; stopping the run here (no checkpoint of this "
                             f"step is written). {LIKELY_CAUSES}" + (f"; this run has {named}" if named else ""))
