@@ -8,7 +8,8 @@ Runs ``benchmarks/step_profile.py`` of each tree in its own process (that tree's
 ``configs``, this venv), alternating the trees round by round so that the machine's drift hits
 both alike. The same seed makes both trees sample the same responses when the change keeps the
 numbers (check ``mean_response_length``). The last line printed is one JSON object: per tree the
-mean step time of each round (and each phase's mean over the rounds), and the ratio this/other per round with its mean and spread.
+mean step time of each round (and each phase's mean over the rounds), and the ratio this/other
+per round with its mean and spread.
 """
 
 from __future__ import annotations

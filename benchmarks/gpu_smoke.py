@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> dict:
         steps = step_records(out_dir / "csv", changes.per_step)
         module = run.module
 
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.toy else platform.processor() or "cpu"
+    on_gpu = torch.cuda.is_available() and not args.toy
+    device = torch.cuda.get_device_name(0) if on_gpu else platform.processor() or "cpu"
     result = {
         "what": "benchmarks/gpu_smoke.py: MEDS steps of experiment=qwen2.5-math-1.5b_meds, random weights, "
                 "every third response graded right",

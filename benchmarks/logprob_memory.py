@@ -70,7 +70,8 @@ def computed_gpu(tokens: int = 8 * 3072, chunk: int = CHUNK_TOKENS) -> dict[str,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--hidden", type=int, default=256, help="the memory is the vocabulary's: 1536 (Qwen2.5-Math-1.5B) only slows it")
+    ap.add_argument("--hidden", type=int, default=256,
+                    help="the memory is the vocabulary's: 1536 (Qwen2.5-Math-1.5B) only slows it")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     g = torch.Generator().manual_seed(0)

@@ -55,7 +55,8 @@ QUIET = {  # no snapshots or panels inside the timed steps
 }
 PLUGINS_OF = {"meds": ["meds"], "r3": ["r3"], "meds_r3": ["meds", "r3"]}
 # DAPO's filter without extra rounds: the same generation work as the runs without it
-FILTER_ONLY = "algorithm.plugins.dynamic_sampling={_target_: medsrl.methods.dynamic_sampling.DynamicSampling, max_rounds: 0}"
+FILTER_ONLY = ("algorithm.plugins.dynamic_sampling="
+               "{_target_: medsrl.methods.dynamic_sampling.DynamicSampling, max_rounds: 0}")
 VARIANTS = {  # name -> (algorithm preset, overrides); compare meds_dropped with meds_filter
     # DAPO with the no-grad scoring forward that MEDS reads its features from. Plain DAPO skips it
     # (one epoch, one mini-batch: RLModule.scoring_forward_needed); naming the mini-batch of all
@@ -69,7 +70,8 @@ VARIANTS = {  # name -> (algorithm preset, overrides); compare meds_dropped with
     "meds_256_growth": ("meds", ["algorithm.plugins.meds.refit_growth=0.1"]),
     "meds_2048_growth": ("meds", ["algorithm.plugins.meds.refit_growth=0.1"]),
 }
-PREFILL = {"meds_256": 256, "meds_2048": 2048, "meds_256_growth": 256, "meds_2048_growth": 2048}  # rows per key at step 0
+# rows per key at step 0
+PREFILL = {"meds_256": 256, "meds_2048": 2048, "meds_256_growth": 256, "meds_2048_growth": 2048}
 FIRED = ["train/r3/replay/rescued_groups", "train/r3/replay/rows", "train/r3/ranking/groups",
          "train/r3/reflection/prompts", "train/meds/penalised_frac", "train/meds/dropped_rows_remembered",
          "train/meds/dropped_pass_s", "train/lp_reg/reg_frac", "train/clip_cov/cov_clipped_frac",

@@ -37,8 +37,9 @@ The forwards are the same too: with ``num_iterations=1`` and generation aligned 
 step, TRL skips the no-grad old-log-prob forward (its ratio is exactly 1), and so does medsrl
 here (``RLModule.scoring_forward_needed``: one epoch, one mini-batch, no plug-in reading it).
 What the two do not share: medsrl runs each prompt once for its ``n`` rows (prefill, training
-forward), TRL every row whole; TRL's training forward also computes token entropies; group std + 1e-4 (TRL) vs 1e-6 (medsrl); TRL shuffles the 128 rows before splitting
-them into micro-batches. Sampling differs (two RNG streams), so responses differ, but lengths
+forward), TRL every row whole; TRL's training forward also computes token entropies; group
+std + 1e-4 (TRL) vs 1e-6 (medsrl); TRL shuffles the 128 rows before splitting them into
+micro-batches. Sampling differs (two RNG streams), so responses differ, but lengths
 and rewards must be in the same range (checked, with a warning past 15 % in length).
 
 Timing: medsrl's ``train/time/step`` (its whole ``training_step``: generate, grade, scoring
@@ -114,7 +115,8 @@ def policy_dir(cfg) -> Path:
     if model.name_or_path:
         return Path(model.name_or_path)
     if model.warm_start is None:
-        raise SystemExit("peer_trl: model.warm_start is null and no model.name_or_path: nothing on disk for TRL to load")
+        raise SystemExit("peer_trl: model.warm_start is null and no model.name_or_path: "
+                         "nothing on disk for TRL to load")
     from medsrl.warmstart import warm_started
 
     return Path(warm_started(model, cfg.paths.cache_dir).name_or_path)
@@ -142,7 +144,8 @@ def settings(cfg) -> dict:
                       ("loss_agg_mode", "token-mean"), ("advantage", "grpo"), ("policy_loss", "vanilla")]:
         if getattr(algo, key) != want:
             problems.append(f"algorithm.{key}={getattr(algo, key)!r} (TRL side mirrors {want!r})")
-    if (optim.optimizer.target, optim.scheduler.target) != ("torch.optim.AdamW", "medsrl.step.lr_schedule.linear_warmup"):
+    mirrored_optim = ("torch.optim.AdamW", "medsrl.step.lr_schedule.linear_warmup")
+    if (optim.optimizer.target, optim.scheduler.target) != mirrored_optim:
         problems.append(f"optim.optimizer / optim.scheduler {optim.optimizer.target} / {optim.scheduler.target} "
                         "(TRL side mirrors AdamW with a linear warm-up)")
     rows = run.data.prompts_per_step * rollout.n
@@ -560,10 +563,12 @@ def main() -> None:
     print("\nround  medsrl s/step  TRL s/step  medsrl/TRL")
     for r in range(args.rounds):
         print(f"{r:>5}  {med['medsrl'][r]:>13.3f}  {med['trl'][r]:>10.3f}  {ratios[r]:>10.3f}")
-    print(f"median step: medsrl {statistics.median(pooled['medsrl']):.3f} s, TRL {statistics.median(pooled['trl']):.3f} s; "
+    print(f"median step: medsrl {statistics.median(pooled['medsrl']):.3f} s, "
+          f"TRL {statistics.median(pooled['trl']):.3f} s; "
           f"ratio medsrl/TRL {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})")
     if intervals["medsrl"] and intervals["trl"]:
-        print(f"between step starts (framework overhead included): medsrl {statistics.median(intervals['medsrl']):.3f} s, "
+        print("between step starts (framework overhead included): "
+              f"medsrl {statistics.median(intervals['medsrl']):.3f} s, "
               f"TRL {statistics.median(intervals['trl']):.3f} s")
     for side in sides:
         p = per_side[side]
@@ -575,8 +580,10 @@ def main() -> None:
     if threads["medsrl"] != threads["trl"]:
         print(f"WARNING: torch threads differ: medsrl {threads['medsrl']}, TRL {threads['trl']}", file=sys.stderr)
 
-    medsrl_phases = {k: round(statistics.median([v for run in runs["medsrl"] for v in run["phases"][k][args.warmup:]]), 4)
-                     for k in runs["medsrl"][0]["phases"]}
+    medsrl_phases = {
+        k: round(statistics.median([v for run in runs["medsrl"] for v in run["phases"][k][args.warmup:]]), 4)
+        for k in runs["medsrl"][0]["phases"]
+    }
     print(json.dumps({
         "benchmark": "peer_trl",
         "machine": f"{platform.machine()} {os.cpu_count()} cores",
@@ -596,7 +603,8 @@ def main() -> None:
         "ratio_medsrl_over_trl": _spread(ratios),
         "medsrl_phase_seconds_median": medsrl_phases,
         "trl_own_step_time_median": round(statistics.median(
-            [t for run in runs["trl"] for t in run["trl_step_time"][args.warmup:] if t is not None] or [float("nan")]), 4),
+            [t for run in runs["trl"] for t in run["trl_step_time"][args.warmup:] if t is not None]
+            or [float("nan")]), 4),
         "mean_response_length": {side: p["response_length"] for side, p in per_side.items()},
         "mean_reward": {side: p["reward"] for side, p in per_side.items()},
         "mean_accuracy": {side: p["acc"] for side, p in per_side.items()},

@@ -110,7 +110,8 @@ def train_in_subprocess(out: Path, cache: Path, overrides: list[str], timeout_s:
         *overrides,
     ]
     # tests/ too: a run may take a test's callback (+callbacks.x={_target_: fsdp_probe.GatherProbe})
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,
@@ -168,7 +169,8 @@ def assert_matches_one_process(one: Path, two: Path, two_metrics: dict[int, dict
     assert ha.keys() == hb.keys() and ha.num_responses() == hb.num_responses() > 0
     for k in ha.keys():
         for x, y in zip(ha.responses(k), hb.responses(k), strict=True):
-            assert (x.token_ids, x.correct, x.step, x.reward) == (y.token_ids, y.correct, y.step, pytest.approx(y.reward))
+            assert ((x.token_ids, x.correct, x.step, x.reward)
+                    == (y.token_ids, y.correct, y.step, pytest.approx(y.reward)))
             assert (x.logprobs is None) == (y.logprobs is None)
             if x.logprobs is not None:
                 # float rounding only: a rank's shared-prompt forward runs 2 prompts where one

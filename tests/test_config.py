@@ -47,7 +47,8 @@ def test_the_generated_files_are_current():
     for path, text in generated_files().items():
         assert path.is_file() and path.read_text() == text, f"{path} is out of date: regenerate it with `{WRITE}`"
     for group, schema in DEFAULTS_SCHEMAS.items():
-        assert OmegaConf.to_container(OmegaConf.load(defaults_path(group))) == schema().model_dump(mode="json", by_alias=True)
+        assert (OmegaConf.to_container(OmegaConf.load(defaults_path(group)))
+                == schema().model_dump(mode="json", by_alias=True))
 
 
 def test_presets_list_only_what_they_change():

@@ -39,7 +39,8 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path, one_proces
     else:
         first = tmp_path / "first"
         full = "trainer.strategy.state_dict_type=full"  # one file of whole tensors, checked below
-        train_in_subprocess(first, cache, [*TWO_RANK_RUN, f"trainer={strategy}", *CPU_TWO_PROCESSES, full, "trainer.max_steps=2"])
+        train_in_subprocess(first, cache,
+                            [*TWO_RANK_RUN, f"trainer={strategy}", *CPU_TWO_PROCESSES, full, "trainer.max_steps=2"])
         ckpt = torch.load(first / "checkpoints" / "last.ckpt", weights_only=False)
         policy = {k: v for k, v in ckpt["state_dict"].items() if k.startswith("policy.")}
         shapes = {k: tuple(v.shape) for k, v in policy.items()}
@@ -49,9 +50,8 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path, one_proces
         opt, plain_opt = ckpt["optimizer_states"][0]["state"], plain["optimizer_states"][0]["state"]
         assert opt.keys() == plain_opt.keys()  # whole AdamW states, in the plain layout
         assert all(opt[i]["exp_avg"].shape == plain_opt[i]["exp_avg"].shape for i in opt)
-        train_in_subprocess(
-            two, cache, [*TWO_RANK_RUN, f"trainer={strategy}", *CPU_TWO_PROCESSES, full, f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}"]
-        )
+        resume_from = f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}"
+        train_in_subprocess(two, cache, [*TWO_RANK_RUN, f"trainer={strategy}", *CPU_TWO_PROCESSES, full, resume_from])
 
     b = read_metrics(first if strategy == "fsdp" else two)
     if strategy == "fsdp":

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.slow
 def trained_run(tmp_path_factory, micro_cache):
     """A 1-step run of the micro preset (warm-started: it writes boxed, mostly wrong answers)."""
     run = tmp_path_factory.mktemp("eval") / "run"
-    run_cfg = compose_train(run, ["export_policy=true", "trainer.max_steps=1", *MICRO_WARM_START], cache_dir=micro_cache)
+    run_cfg = compose_train(run, ["export_policy=true", "trainer.max_steps=1", *MICRO_WARM_START],
+                            cache_dir=micro_cache)
     train(run_cfg)
     # A Hydra run saves its config here (compose_train runs without Hydra); .ckpt loading reads it.
     (run / ".hydra").mkdir(exist_ok=True)
@@ -213,7 +214,9 @@ def test_a_file_benchmark_is_named_after_its_file_or_its_name_key(tmp_path, trai
     (None, "cuda", True, "vllm"), (None, "cuda:1", True, "vllm"), (None, "cuda", False, "hf"),
     (None, "cpu", True, "hf"), ("hf", "cuda", True, "hf"), ("vllm", "cpu", False, "vllm"),
 ])
-def test_the_engine_is_vllm_on_a_cuda_gpu_with_vllm_installed_unless_chosen(monkeypatch, chosen, device, installed, want):
+def test_the_engine_is_vllm_on_a_cuda_gpu_with_vllm_installed_unless_chosen(
+    monkeypatch, chosen, device, installed, want
+):
     import importlib.util
 
     from medsrl.eval import choose_backend
@@ -253,7 +256,9 @@ def tiny_policy(tmp_path_factory):
     ["rollout=hf", "max_new_tokens=1000"],
     ["rollout=vllm", "rollout.vllm.max_model_len=60"],  # refused before vLLM is imported
 ], ids=["hf-positions", "vllm-max_model_len"])
-def test_a_prompt_the_engine_cannot_take_is_refused_before_sampling_naming_it(tmp_path, tiny_policy, monkeypatch, engine):
+def test_a_prompt_the_engine_cannot_take_is_refused_before_sampling_naming_it(
+    tmp_path, tiny_policy, monkeypatch, engine
+):
     """Every problem is evaluated: a prompt that leaves no room for max_new_tokens (the model's
     1,024 positions; or rollout.vllm.max_model_len) stops the run at start, naming the benchmark,
     the problem, the setting and the largest max_new_tokens that fits every prompt."""

@@ -33,7 +33,8 @@ def _module_name(path: Path) -> str:
 def _imports(path: Path) -> set[str]:
     """The ``medsrl`` modules ``path`` imports, outside ``if TYPE_CHECKING:`` blocks."""
     tree = ast.parse(path.read_text())
-    skipped = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+    skipped = {id(n) for block in ast.walk(tree)
+               if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
                for n in ast.walk(block)}
     found = set()
     for node in ast.walk(tree):

@@ -82,7 +82,8 @@ def test_sigkill_leaves_no_worker_behind(tmp_path):
             time.sleep(0.05)
         left = {ref.pid: names[ref.pid] for ref in tree if is_running(ref)}
         assert not left, f"alive 10 s after the trainer was killed: {left}"
-        print(f"{len(tree)} descendants, all gone {time.monotonic() - t0:.2f} s after the kill: {sorted(names.values())}")
+        print(f"{len(tree)} descendants, all gone {time.monotonic() - t0:.2f} s after the kill: "
+              f"{sorted(names.values())}")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # our own process group only

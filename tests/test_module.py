@@ -54,7 +54,8 @@ def test_real_model_config_takes_one_training_step(tmp_path, model_cfg):
     assert policy.config.model_type == cfg.model.architecture
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     module = RLModule(policy, tok, algorithm=AlgorithmConfig(**SMALL_ALGO),
-                      rollout=RolloutConfig(**{"n": 2, "max_new_tokens": 6}), optim=OptimConfig(optimizer={"lr": 1e-2}, scheduler={"warmup_steps": 0}))
+                      rollout=RolloutConfig(**{"n": 2, "max_new_tokens": 6}),
+                      optim=OptimConfig(optimizer={"lr": 1e-2}, scheduler={"warmup_steps": 0}))
     dm = _datamodule()
     prompt = dm.prompts_for_step(0)[0].text
     assert tok(prompt)["input_ids"][0] == tok.convert_tokens_to_ids("<|im_start|>")
@@ -72,7 +73,8 @@ def test_nonfinite_loss_skips_the_update_and_keeps_the_weights(monkeypatch, capl
                               num_key_value_heads=1, intermediate_size=32)
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     module = RLModule(policy, tok, algorithm=AlgorithmConfig(**{**SMALL_ALGO, "kl_coef": 0.0}),
-                      rollout=RolloutConfig(**{"n": 2, "max_new_tokens": 4}), optim=OptimConfig(optimizer={"lr": 1e-1}, scheduler={"warmup_steps": 0}))
+                      rollout=RolloutConfig(**{"n": 2, "max_new_tokens": 4}),
+                      optim=OptimConfig(optimizer={"lr": 1e-1}, scheduler={"warmup_steps": 0}))
     import medsrl.step.update as update
 
     real = update.micro_loss
@@ -112,8 +114,10 @@ def test_engine_logprobs_are_carried_and_compared_with_the_trainers(dynamic_samp
                                   num_key_value_heads=1, intermediate_size=32)
         algo = {**SMALL_ALGO, "kl_coef": 0.0}
         plugins = [DynamicSampling(max_rounds=2)] if dynamic_sampling else []
-        module = RLModule(policy, tok, algorithm=AlgorithmConfig(**algo), optim=OptimConfig(optimizer={"lr": 1e-2}, scheduler={"warmup_steps": 0}), plugins=plugins,
-                          rollout=RolloutConfig(**{"n": 4, "max_new_tokens": 6, "temperature": temperature, "logprobs": True}))
+        module = RLModule(policy, tok, algorithm=AlgorithmConfig(**algo),
+                          optim=OptimConfig(optimizer={"lr": 1e-2}, scheduler={"warmup_steps": 0}), plugins=plugins,
+                          rollout=RolloutConfig(**{"n": 4, "max_new_tokens": 6, "temperature": temperature,
+                                                   "logprobs": True}))
         trainer = _fit(module, _datamodule(4))
         r = module.last_rollouts
         assert r.engine_logp is not None and r.engine_logp.shape == r.old_logp.shape
@@ -132,7 +136,8 @@ def test_truncated_is_runs_in_a_step_and_needs_plain_sampling_with_engine_logpro
     not measure the engine are refused, naming them."""
     tok = build_char_tokenizer()
     algo = {**SMALL_ALGO, "kl_coef": 0.0, "engine_is_cap": 2.0}
-    module = RLModule(_tiny_policy(), tok, algorithm=AlgorithmConfig(**algo), optim=OptimConfig(optimizer={"lr": 1e-2}, scheduler={"warmup_steps": 0}),
+    module = RLModule(_tiny_policy(), tok, algorithm=AlgorithmConfig(**algo),
+                      optim=OptimConfig(optimizer={"lr": 1e-2}, scheduler={"warmup_steps": 0}),
                       rollout=RolloutConfig(**{"n": 4, "max_new_tokens": 6, "logprobs": True}))
     metrics = {k: float(v) for k, v in _fit(module, _datamodule(2)).callback_metrics.items()}
     assert metrics["train/engine_is/weight_mean"] == pytest.approx(1.0, abs=1e-4)
@@ -140,7 +145,8 @@ def test_truncated_is_runs_in_a_step_and_needs_plain_sampling_with_engine_logpro
     with pytest.raises(ValueError, match="rollout.logprobs=true"):
         RLModule(_tiny_policy(), tok, algorithm=AlgorithmConfig(**algo), rollout=RolloutConfig(**{"logprobs": False}))
     with pytest.raises(ValueError, match="temperature=0.6"):
-        RLModule(_tiny_policy(), tok, algorithm=AlgorithmConfig(**algo), rollout=RolloutConfig(**{"logprobs": True, "temperature": 0.6}))
+        RLModule(_tiny_policy(), tok, algorithm=AlgorithmConfig(**algo),
+                 rollout=RolloutConfig(**{"logprobs": True, "temperature": 0.6}))
 
 
 def _tiny_policy():
@@ -156,7 +162,8 @@ def test_which_steps_need_the_scoring_forward():
     on_policy = {**SMALL_ALGO, "kl_coef": 0.0, "entropy_coef": 0.0}
 
     def needed(algo=on_policy, plugins=(), rollout=None):
-        return RLModule(_tiny_policy(), tok, algorithm=AlgorithmConfig(**algo), plugins=list(plugins), rollout=rollout).scoring_forward_needed
+        return RLModule(_tiny_policy(), tok, algorithm=AlgorithmConfig(**algo), plugins=list(plugins),
+                        rollout=rollout).scoring_forward_needed
 
     assert not needed()
     assert not needed(plugins=[DynamicSampling(max_rounds=2), OverlongPenalty(buffer_length=4)])
@@ -183,7 +190,8 @@ def test_an_on_policy_step_without_the_scoring_forward_makes_the_same_update(mon
             monkeypatch.setattr(RLModule, "scoring_forward_needed", property(lambda self: True))
         policy = _tiny_policy()
         module = RLModule(policy, tok, algorithm=AlgorithmConfig(**{**SMALL_ALGO, "kl_coef": 0.0, "entropy_coef": 0.0}),
-                          rollout=RolloutConfig(**{"n": 4, "max_new_tokens": 6}), optim=OptimConfig(optimizer={"lr": 1e-2}, scheduler={"warmup_steps": 0}))
+                          rollout=RolloutConfig(**{"n": 4, "max_new_tokens": 6}),
+                          optim=OptimConfig(optimizer={"lr": 1e-2}, scheduler={"warmup_steps": 0}))
         _fit(module, _datamodule(2), steps=2)
         weights[forced] = {k: v.clone() for k, v in policy.state_dict().items()}
         assert len(calls) == (2 if forced else 0)
@@ -201,8 +209,10 @@ def test_gradients_are_freed_after_the_last_optimiser_step_of_a_step():
             seen.append(all(p.grad is None for p in pl_module.policy.parameters()))
 
     tok = build_char_tokenizer()
-    module = RLModule(_tiny_policy(), tok, algorithm=AlgorithmConfig(**{**SMALL_ALGO, "kl_coef": 0.0, "mini_batch_prompts": 1}),
-                      rollout=RolloutConfig(**{"n": 2, "max_new_tokens": 4}), optim=OptimConfig(optimizer={"lr": 1e-2}, scheduler={"warmup_steps": 0}))
+    module = RLModule(_tiny_policy(), tok,
+                      algorithm=AlgorithmConfig(**{**SMALL_ALGO, "kl_coef": 0.0, "mini_batch_prompts": 1}),
+                      rollout=RolloutConfig(**{"n": 2, "max_new_tokens": 4}),
+                      optim=OptimConfig(optimizer={"lr": 1e-2}, scheduler={"warmup_steps": 0}))
     before = {k: v.clone() for k, v in module.policy.state_dict().items()}
     trainer = L.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,

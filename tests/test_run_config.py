@@ -38,12 +38,15 @@ def one_problem(values: dict) -> str:
     ("values", "message"),
     [
         ({"optim": {"optimizer": {"lr": "abc"}}}, "optim.optimizer.lr must be a number >= 0, got 'abc'"),
-        ({"optim": {"optimizer": {"lr": "1e-5"}}}, "optim.optimizer.lr must be a number >= 0, got '1e-5'"),  # a quoted YAML number
+        # a quoted YAML number
+        ({"optim": {"optimizer": {"lr": "1e-5"}}}, "optim.optimizer.lr must be a number >= 0, got '1e-5'"),
         ({"optim": {"optimizer": {"lr": -1e-5}}}, "optim.optimizer.lr must be a number >= 0, got -1e-05"),
         ({"optim": {"optimizer": {"lr": float("nan")}}}, "optim.optimizer.lr must be a number >= 0, got nan"),
         ({"optim": {"optimizer": {"eps": 0}}}, "optim.optimizer.eps must be a positive number or null, got 0"),
-        ({"optim": {"optimizer": {"betas": [0.9, 1.0]}}}, "optim.optimizer.betas must be a pair of numbers each in [0, 1) or null, got [0.9, 1.0]"),
-        ({"optim": {"optimizer": {"betas": [0.9]}}}, "optim.optimizer.betas must be a pair of numbers each in [0, 1) or null, got [0.9]"),
+        ({"optim": {"optimizer": {"betas": [0.9, 1.0]}}},
+         "optim.optimizer.betas must be a pair of numbers each in [0, 1) or null, got [0.9, 1.0]"),
+        ({"optim": {"optimizer": {"betas": [0.9]}}},
+         "optim.optimizer.betas must be a pair of numbers each in [0, 1) or null, got [0.9]"),
         ({"optim": {"scheduler": {"warmup_steps": -1}}}, "optim.scheduler.warmup_steps must be an int >= 0, got -1"),
         ({"optim": {"grad_clip": None}}, "optim.grad_clip must be a number >= 0 (0: no clipping), got None"),
         ({"optim": {"max_param_norm_growth": 0.5}},
@@ -71,12 +74,15 @@ def one_problem(values: dict) -> str:
         ({"grader": {"num_workers": -1}}, "grader.num_workers must be an int >= 0 or null, got -1"),
         ({"grader": {"reasoning_end": ""}}, "grader.reasoning_end must be a non-empty tag such as '</think>', or null"),
         ({"data": {"template": {"kind": "jinja"}}}, "data.template.kind must be one of 'qwen_math', 'chat', 'plain'"),
-        ({"data": {"template": {"enable_thinking": "yes"}}}, "data.template.enable_thinking must be true or false or null"),
-        ({"callbacks": {"pass_at_k": {"_target_": PASS_AT_K, "n": 0}}}, "callbacks.pass_at_k.n must be an int >= 1, got 0"),
+        ({"data": {"template": {"enable_thinking": "yes"}}},
+         "data.template.enable_thinking must be true or false or null"),
+        ({"callbacks": {"pass_at_k": {"_target_": PASS_AT_K, "n": 0}}},
+         "callbacks.pass_at_k.n must be an int >= 1, got 0"),
         ({"callbacks": {"pass_at_k": {"_target_": PASS_AT_K, "every_n_steps": -1}}},
          "callbacks.pass_at_k.every_n_steps must be an int >= 0"),
         ({"resume_mode": "some"}, "resume_mode must be one of 'full', 'weights', got 'some'"),
-        ({"callbacks": {"milestones": {"_target_": "medsrl.callbacks.milestones.WeightMilestones", "every_n_steps": -1}}},
+        ({"callbacks": {"milestones": {"_target_": "medsrl.callbacks.milestones.WeightMilestones",
+                                       "every_n_steps": -1}}},
          "callbacks.milestones.every_n_steps must be an int >= 0"),
         ({"hardware": {"name": "8x H100", "gpu_memory_gib": 0}}, "hardware.gpu_memory_gib must be a positive number"),
         ({"model": {"dtype": "bfloat16"}}, "model.dtype=bfloat16 keeps the master weights and AdamW states in 16 bits"),
@@ -110,8 +116,10 @@ def test_good_and_boundary_values_pass(values):
 
 
 def test_every_problem_is_reported_at_once():
-    found = problems({"optim": {"optimizer": {"lr": "abc", "eps": -1}}, "rollout": {"n": 0}, "trainer": {"max_steps": "10"}})
-    assert [f.split(" must ")[0] for f in found] == ["optim.optimizer.lr", "optim.optimizer.eps", "rollout.n", "trainer.max_steps"]
+    found = problems({"optim": {"optimizer": {"lr": "abc", "eps": -1}}, "rollout": {"n": 0},
+                      "trainer": {"max_steps": "10"}})
+    assert [f.split(" must ")[0] for f in found] == ["optim.optimizer.lr", "optim.optimizer.eps",
+                                                     "rollout.n", "trainer.max_steps"]
 
 
 def test_a_value_set_by_interpolation_is_checked_resolved():
@@ -236,7 +244,8 @@ def no_model(monkeypatch):
     [
         (["optim.optimizer.lr=abc"], "optim.optimizer.lr must be a number >= 0, got 'abc'"),
         (["rollout.n=0"], "rollout.n must be an int >= 1, got 0"),
-        (["algorithm.plugins.overlong.buffer_length=-4"], "algorithm.plugins.overlong.buffer_length must be an int >= 1"),
+        (["algorithm.plugins.overlong.buffer_length=-4"],
+         "algorithm.plugins.overlong.buffer_length must be an int >= 1"),
         # a misspelt option of the estimator, of the loss and of a plug-in: named at start, with what it has
         (["+algorithm.advantage_options.epsilon=1e-6"],
          "algorithm.advantage_options.epsilon is not a setting of advantage 'grpo' (known: eps)"),

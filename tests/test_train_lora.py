@@ -132,7 +132,8 @@ SMALL_REAL = [
     "callbacks.sample_logger.every_n_steps=0", "logger=csv", "export_policy=false",
     "model.random_init=true", "model.shape.num_hidden_layers=2", "model.shape.hidden_size=128",
     "model.shape.num_attention_heads=4", "model.shape.num_key_value_heads=2", "model.shape.head_dim=32",
-    "model.shape.intermediate_size=256", "optim.optimizer.lr=1e-4", "callbacks.model_checkpoint.every_n_train_steps=1", *LORA,
+    "model.shape.intermediate_size=256", "optim.optimizer.lr=1e-4",
+    "callbacks.model_checkpoint.every_n_train_steps=1", *LORA,
 ]
 
 
@@ -159,7 +160,8 @@ def test_lora_on_a_real_architecture_trains_adapters_and_resumes_exactly(tmp_pat
 
     resumed = tmp_path / "resumed"
     _resume_from_step_1(straight, resumed, overrides, debug=None)
-    _assert_resumed_equals_straight(straight, resumed, 1, ["train/reward", "train/pg_loss", "train/kl", "train/grad_norm"])
+    _assert_resumed_equals_straight(straight, resumed, 1,
+                                    ["train/reward", "train/pg_loss", "train/kl", "train/grad_norm"])
 
 
 def test_lora_under_fsdp_matches_one_process(tmp_path):

@@ -59,7 +59,8 @@ def test_remember_dropped_puts_the_filtered_groups_into_memory(tmp_path, cache_d
     """DAPO's filter drops the groups without spread; with the option their features enter the
     memory too, and nothing else about the first step changes."""
     dapo = ["algorithm=meds", "trainer.max_steps=2",
-            "algorithm.plugins.dynamic_sampling={_target_: medsrl.methods.dynamic_sampling.DynamicSampling, max_rounds: 3}"]
+            "algorithm.plugins.dynamic_sampling="
+            "{_target_: medsrl.methods.dynamic_sampling.DynamicSampling, max_rounds: 3}"]
     runs = {}
     for flag in ("false", "true"):
         out = tmp_path / flag

@@ -214,7 +214,8 @@ class RLModule(L.LightningModule):
 
         rollouts = StepRollouts.from_groups(groups, step, ctx.stage, self.tokenizer.pad_token_id, self.device)
         packed = rollouts.packed
-        budget = dict(micro_batch_size=self.algorithm.micro_batch_size, max_tokens=self.algorithm.max_tokens_per_microbatch)
+        budget = dict(micro_batch_size=self.algorithm.micro_batch_size,
+                      max_tokens=self.algorithm.max_tokens_per_microbatch)
         ctx.metrics.update(padding_metrics(packed, **budget))
         policy = self.policy  # under FSDP its wrapper, as in the update: the same log-probs
         with timer("logprob"):
@@ -331,5 +332,6 @@ def _scoring_reducers(host: PluginHost, algo: AlgorithmConfig) -> dict:
     own = policy_loss_reducers(algo.policy_loss, algo.policy_loss_options)
     both = sorted(set(own) & set(host.reducers))
     if both:
-        raise ValueError(f"token stats {both} are asked for by algorithm.policy_loss={algo.policy_loss!r} and a plug-in")
+        raise ValueError(f"token stats {both} are asked for by algorithm.policy_loss={algo.policy_loss!r} "
+                         "and a plug-in")
     return {**host.reducers, **own}

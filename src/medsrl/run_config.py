@@ -295,7 +295,9 @@ class EvalRollout(Settings):
 class EvalRunConfig(Open):
     """The evaluation config (configs/eval.yaml)."""
 
-    model_path: Annotated[str | list | dict | None, must("a path, a list of paths, a {name: path} mapping or null")] = None
+    model_path: Annotated[
+        str | list | dict | None, must("a path, a list of paths, a {name: path} mapping or null")
+    ] = None
     """The model(s) to evaluate: an HF directory or name, a .ckpt of a run, a list, or {row name: path}."""
     runs_dir: nullable(Text) = None
     """A (multi)run directory: every run in it with a policy/ export or checkpoints/last.ckpt."""
@@ -373,7 +375,8 @@ def defaults_yaml(group: str) -> str:
     schema = DEFAULTS_SCHEMAS[group]
     what = f"the defaults of {schema.__name__} ({_home(schema)})"
     return (f"# {_NOTICE.format(what=what, write=WRITE)}\n# Not a preset: the base the {group} presets extend "
-            f"(`- _defaults` in their defaults list).\n" + OmegaConf.to_yaml(schema().model_dump(mode="json", by_alias=True)))
+            f"(`- _defaults` in their defaults list).\n"
+            + OmegaConf.to_yaml(schema().model_dump(mode="json", by_alias=True)))
 
 
 def plugin_yaml(target: str) -> str:

@@ -127,8 +127,9 @@ def test_a_mask_mode_zeroes_the_whole_sequence_over_the_cap():
     assert tok[1, 0].item() == pytest.approx(e(0.5), rel=1e-6) and tok[1, 1].item() == 0.0
     # a ratio exactly at the cap is kept (TRL and verl mask only what is above it)
     at_cap = torch.tensor([[math.log(2.0)]], dtype=torch.float64)
+    same_logp = torch.zeros(1, 1, dtype=torch.float64)
     for mode in ("token_mask", "sequence_mask"):
-        assert engine_is_weights(at_cap, torch.zeros(1, 1, dtype=torch.float64), torch.ones(1, 1), 2.0, mode).item() == 2.0
+        assert engine_is_weights(at_cap, same_logp, torch.ones(1, 1), 2.0, mode).item() == 2.0
 
 
 @pytest.mark.parametrize("mode", ["sequence_truncate", "sequence_mask"])

@@ -99,7 +99,8 @@ def test_lp_reg_uses_the_unclipped_ratio_on_regularised_tokens():
     out = compute_policy_loss("lp_reg", logp, old, ADV, torch.ones(2, 1), proxy_logp=proxy,
                               clip_low=0.2, clip_high=0.2, dual_clip=None, bottom_frac=1.0, beta=0.0)
     assert out.loss_mat[1, 0].item() == pytest.approx(math.exp(-1.0))  # -A * r, not -A * 0.8
-    plain = compute_policy_loss("vanilla", logp, old, ADV, torch.ones(2, 1), clip_low=0.2, clip_high=0.2, dual_clip=None)
+    plain = compute_policy_loss("vanilla", logp, old, ADV, torch.ones(2, 1),
+                                clip_low=0.2, clip_high=0.2, dual_clip=None)
     assert plain.loss_mat[1, 0].item() == pytest.approx(0.8)
 
 

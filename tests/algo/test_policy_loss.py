@@ -48,7 +48,8 @@ def test_asymmetric_clip_values_and_fractions():
 
 
 def test_symmetric_clip_clips_1_25():
-    out = clipped_surrogate(_logp(RATIOS), torch.zeros(2, 4), ADV, torch.ones(2, 4), clip_low=0.2, clip_high=0.2, dual_clip=None)
+    out = clipped_surrogate(_logp(RATIOS), torch.zeros(2, 4), ADV, torch.ones(2, 4),
+                            clip_low=0.2, clip_high=0.2, dual_clip=None)
     # with clip_high = .2, ratio 1.25 with A>0 is clipped to 1.2
     assert out.loss_mat[0, 2].item() == pytest.approx(-1.2)
     torch.testing.assert_close(out.clipfrac_high, torch.tensor(2 / 8))
@@ -56,7 +57,8 @@ def test_symmetric_clip_clips_1_25():
 
 def test_clipped_tokens_have_zero_gradient():
     logp = _logp(RATIOS)
-    out = clipped_surrogate(logp, torch.zeros(2, 4), ADV, torch.ones(2, 4), clip_high=0.28, clip_low=0.2, dual_clip=None)
+    out = clipped_surrogate(logp, torch.zeros(2, 4), ADV, torch.ones(2, 4),
+                            clip_high=0.28, clip_low=0.2, dual_clip=None)
     out.loss_mat.sum().backward()
     # d(-A r)/d logp = -A r where unclipped, 0 where clipped
     expected = torch.tensor([[-0.5, -1.1, -1.25, 0.0], [0.0, 0.9, 0.0, 1.5]])
@@ -74,7 +76,8 @@ def test_dual_clip():
     out.loss_mat.sum().backward()
     # dual-clipped token and high-clipped token: zero gradient; ratio 2.5 with A=-1: grad 2.5
     torch.testing.assert_close(logp.grad, torch.tensor([[0.0, 2.5], [0.0, -1.0]]))
-    no_dual = clipped_surrogate(logp, torch.zeros(2, 2), adv, torch.ones(2, 2), clip_low=0.2, clip_high=0.2, dual_clip=None)
+    no_dual = clipped_surrogate(logp, torch.zeros(2, 2), adv, torch.ones(2, 2),
+                                clip_low=0.2, clip_high=0.2, dual_clip=None)
     assert no_dual.loss_mat[0, 0].item() == pytest.approx(4.0)
     with pytest.raises(ValueError):
         clipped_surrogate(logp, torch.zeros(2, 2), adv, torch.ones(2, 2), dual_clip=1.0, clip_low=0.2, clip_high=0.2)
@@ -97,7 +100,8 @@ def test_broadcast_advantages_equal_expanded():
 def test_log_ratio_clamped_before_exp():
     # log-ratio 100 would overflow fp32 (e^100 = inf); it is clamped to 20 before exp
     logp = torch.tensor([[100.0, -100.0]], requires_grad=True)
-    out = clipped_surrogate(logp, torch.zeros(1, 2), torch.tensor([-1.0]), torch.ones(1, 2), clip_low=0.2, clip_high=0.2, dual_clip=None)
+    out = clipped_surrogate(logp, torch.zeros(1, 2), torch.tensor([-1.0]), torch.ones(1, 2),
+                            clip_low=0.2, clip_high=0.2, dual_clip=None)
     assert torch.isfinite(out.loss_mat).all()
     assert out.loss_mat[0, 0].item() == pytest.approx(math.exp(20.0), rel=1e-5)
     out.loss_mat.sum().backward()

@@ -79,7 +79,8 @@ def test_seconds_per_step_are_the_logged_step_time_averaged_over_the_window(caps
 def test_without_max_steps_the_bar_counts_without_a_total(capsys):
     _fit([StepProgressBar()], max_steps=-1, max_epochs=1)  # the 8 batches of one epoch
     lines = _lines(capsys.readouterr().out)
-    assert any(re.match(r"step 8 \[\d\d:\d\d, [\d.]+s/step, reward=2\.000, acc=0\.500\]$", line) for line in lines), lines
+    assert any(re.match(r"step 8 \[\d\d:\d\d, [\d.]+s/step, reward=2\.000, acc=0\.500\]$", line)
+               for line in lines), lines
     assert not any("Epoch" in line for line in lines)
 
 

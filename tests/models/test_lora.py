@@ -76,7 +76,8 @@ def test_only_the_adapters_train_and_their_count_is_known_on_meta():
     assert is_lora(policy) and isinstance(policy, PeftModel)
     trainable = {n for n, p in policy.named_parameters() if p.requires_grad}
     assert trainable and all("lora_A" in n or "lora_B" in n for n in trainable)
-    wrapped = {n.split(".base_layer")[0].rsplit(".", 1)[-1] for n, _ in policy.named_parameters() if ".base_layer." in n}
+    wrapped = {n.split(".base_layer")[0].rsplit(".", 1)[-1]
+               for n, _ in policy.named_parameters() if ".base_layer." in n}
     assert wrapped == set(DEFAULT_TARGETS)
     with torch.device("meta"):
         meta = _tiny()

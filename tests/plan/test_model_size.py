@@ -69,7 +69,8 @@ def test_with_lora_only_the_adapters_have_gradients_and_adamw_states():
     assert model_size(_model({**OmegaConf.to_container(cfg), "lora": {"r": 16}})).trainable_params == 40_370_176
 
     def bytes_of(overrides):
-        plan = plan_for(compose_train_config(["experiment=qwen2.5-math-7b_meds", "algorithm.kl_coef=0.001", *overrides]))
+        plan = plan_for(compose_train_config(
+            ["experiment=qwen2.5-math-7b_meds", "algorithm.kl_coef=0.001", *overrides]))
         return {(p.name, i.name): i.bytes for p in plan.phases for i in p.items}, plan.notes
 
     full, _ = bytes_of([])

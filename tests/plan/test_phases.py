@@ -98,7 +98,8 @@ def test_streamed_weight_sync_is_far_below_the_whole_fp32_policy(experiment, old
         assert items["gathered unit"] == unit * 4
     sync = next(p for p in plan.phases if p.name == "weight sync")
     whole = size.params * 4
-    kept = sync.total - _items(plan, "weight sync")["gathered unit"] - _items(plan, "weight sync")["engine-dtype copies"]
+    sync_items = _items(plan, "weight sync")
+    kept = sync.total - sync_items["gathered unit"] - sync_items["engine-dtype copies"]
     assert sync.total < kept + whole - 20 * GIB  # the old phase: the same holders and the whole policy
     assert sync.total / GIB < old_gib - 20
 

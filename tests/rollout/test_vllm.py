@@ -319,7 +319,8 @@ def test_a_sync_that_leaves_a_parameter_of_the_engine_unloaded_fails_naming_it(e
 
 def test_a_prompt_longer_than_the_engine_is_sized_for_is_refused_by_name(engine, tok):
     long = _prompts()[0] + " pad" * 100
-    with pytest.raises(ValueError, match="prompt 1 has .* max_model_len 256 .*rollout.max_prompt_tokens.* dropped at load"):
+    with pytest.raises(ValueError,
+                       match="prompt 1 has .* max_model_len 256 .*rollout.max_prompt_tokens.* dropped at load"):
         engine.generate([_prompts()[0], long], GREEDY)
 
 
@@ -402,7 +403,8 @@ def test_training_a_lora_policy_with_vllm_syncs_the_merged_weights_after_every_u
     from medsrl.train import build_run, train
     from run_helpers import compose_train, read_metrics
 
-    cfg = compose_train(tmp_path / "run", TRAIN_VLLM + ["model.lora.r=8", "trainer.max_steps=3", "rollout.logprobs=true"])
+    cfg = compose_train(tmp_path / "run",
+                        TRAIN_VLLM + ["model.lora.r=8", "trainer.max_steps=3", "rollout.logprobs=true"])
     run = build_run(cfg)
     assert train(cfg, run)["steps"] == 3
     m = read_metrics(tmp_path / "run")
@@ -410,7 +412,8 @@ def test_training_a_lora_policy_with_vllm_syncs_the_merged_weights_after_every_u
     assert len(gaps) == 3 and max(gaps) < 1e-3, gaps
     assert m[2]["train/kl"] > 0  # the adapters moved the policy away from the base
     module, prompts = run.module, _prompts()
-    assert module.engine.generate(prompts, GREEDY).response_ids == _hf(module.policy, module.tokenizer, prompts).response_ids
+    assert (module.engine.generate(prompts, GREEDY).response_ids
+            == _hf(module.policy, module.tokenizer, prompts).response_ids)
 
 
 def _engine_overrides() -> list[str]:

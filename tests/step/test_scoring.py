@@ -79,7 +79,8 @@ def test_meds_features_are_read_at_the_same_tokens_from_trimmed_forwards():
 # --- the shared-prompt forward: groups of responses to one prompt run that prompt once ----------
 
 GROUP_PROMPTS = ["1+2=", "1+2=", "1+2=", "what is 7*6? Think first.", "what is 7*6? Think first.", "9-4", "1+2="]
-GROUP_RESPONSES = ["so \\boxed{3}", "3", "\\boxed{4} no", "7*6 = \\boxed{42}", "42", "\\boxed{5} ok", "it is \\boxed{3}"]
+GROUP_RESPONSES = ["so \\boxed{3}", "3", "\\boxed{4} no", "7*6 = \\boxed{42}", "42", "\\boxed{5} ok",
+                   "it is \\boxed{3}"]
 
 
 def _groups():

@@ -157,5 +157,6 @@ def test_the_update_runs_on_explicit_inputs_without_lightning():
     assert stepper.steps == [False, True] and out["lr"] == 1e-2 and out["nonfinite_updates"] == 0.0
     assert any(not torch.equal(p, b) for p, b in zip(policy.parameters(), before, strict=True))
     tiny_start = RunawayGuard(1.5, start_norm=1e-3, lr=1e-2)
-    with pytest.raises(RunawayError, match=r"^step 3: runaway update: .* grew from .*\(update 1/2\).*optim.optimizer.lr=0.01"):
+    with pytest.raises(RunawayError,
+                       match=r"^step 3: runaway update: .* grew from .*\(update 1/2\).*optim.optimizer.lr=0.01"):
         policy_update(policy, TorchStepper(policy.parameters(), lr=1e-2), r, adv, cfg, tiny_start)

@@ -54,7 +54,8 @@ def test_no_records_gives_nan_not_an_error():
 def test_render_reads_the_precheck_and_each_method(tmp_path):
     import json
 
-    rep = error_mode_report([_rec("Compute 3 + 4 * 2.", "11", ["11", "14"]), _rec("Compute 2 * 8 + 9.", "25", ["25", "25"])], features=False)
+    rep = error_mode_report([_rec("Compute 3 + 4 * 2.", "11", ["11", "14"]),
+                             _rec("Compute 2 * 8 + 9.", "25", ["25", "25"])], features=False)
     for d in ("precheck", "eval/warm_start/seed0", "eval/meds/seed0", "eval/meds/seed1"):
         (tmp_path / d).mkdir(parents=True)
         (tmp_path / d / "error_modes.json").write_text(json.dumps(rep))

@@ -12,7 +12,8 @@ from medsrl.study import runner
 from medsrl.study.runner import StudySettings, pending_evals, pending_runs, run_dir
 
 MICRO = [  # a micro model with a few warm-start steps, tiny batches: the plumbing, not the numbers
-    "model.tiny={hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 1, intermediate_size: 64}",
+    "model.tiny={hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 1, "
+    "intermediate_size: 64}",
     "model.warm_start.steps=3",
     "+model.warm_start.num_examples=64",
     "+model.warm_start.eval_examples=4",
@@ -117,7 +118,8 @@ def test_a_method_variant_is_its_experiment_with_overrides_in_a_directory_of_its
     spec = "meds@alpha=1.0,beta=2.0"
     assert runner.method_overrides(spec) == ["algorithm.plugins.meds.alpha=1.0", "algorithm.plugins.meds.beta=2.0"]
     assert runner.method_overrides("meds@optim.optimizer.lr=1e-4") == ["optim.optimizer.lr=1e-4"]
-    assert runner.method_dir(spec) == "meds_alpha1.0_beta2.0" and runner.method_label(spec) == "MEDS (alpha 1.0, cap 2.0)"
+    assert (runner.method_dir(spec) == "meds_alpha1.0_beta2.0"
+            and runner.method_label(spec) == "MEDS (alpha 1.0, cap 2.0)")
     s = StudySettings(methods=["dapo", spec], seeds=[0])
     s.check()
     (a,) = runner.train_command(tmp_path, s, "A", [(spec, 0)])

@@ -29,7 +29,8 @@ def _audit(*rows):
 
 def test_d1_rule_takes_the_best_feature_memory_or_else_the_answer_keyed_one():
     choose = report_v3.chosen_memory
-    assert choose(_audit(("reference", "reference", 0.01, 0.05), ("-", "answer", 0.3, 1.0))) == ("answer", ["mode=answer"])
+    assert (choose(_audit(("reference", "reference", 0.01, 0.05), ("-", "answer", 0.3, 1.0)))
+            == ("answer", ["mode=answer"]))
     rows = [("reference", "reference", 0.02, 0.35), ("diff", "dedup", 0.05, 0.5), ("bf16", "reference", -0.1, 0.8)]
     assert choose(_audit(*rows)) == ("diff feature, dedup store", ["diff=true", "dedup=true"])
     with pytest.raises(SystemExit, match="not a MEDS plug-in setting"):

@@ -56,7 +56,8 @@ def test_the_message_names_step_cause_and_settings():
 def test_the_guard_checks_growth_from_its_start_norm_and_names_where():
     guard = RunawayGuard(max_growth=10.0, start_norm=2.0, lr=0.5, precision="16-mixed")
     guard.check([torch.full((4,), 9.0)], False, 4, "update 1/1")  # 18 <= 10 x 2
-    with pytest.raises(RunawayError, match=r"^step 4: .* grew from 2 to 22, .*\(update 2/2\).*trainer.precision=16-mixed"):
+    with pytest.raises(RunawayError,
+                       match=r"^step 4: .* grew from 2 to 22, .*\(update 2/2\).*trainer.precision=16-mixed"):
         guard.check([torch.full((4,), 11.0)], False, 4, "update 2/2")
 
 

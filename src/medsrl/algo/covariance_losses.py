@@ -51,7 +51,8 @@ def clip_cov_loss(
     covariance in ``(clip_cov_lb, clip_cov_ub)`` drawn at random (seeded by ``seed`` and the
     candidate count) and given zero loss and gradient."""
     if clip_cov_ratio <= 0 or clip_cov_lb >= clip_cov_ub:
-        raise ValueError(f"clip_cov needs clip_cov_ratio > 0 and lb < ub, got {clip_cov_ratio}, {clip_cov_lb}, {clip_cov_ub}")
+        raise ValueError(f"clip_cov needs clip_cov_ratio > 0 and lb < ub, "
+                         f"got {clip_cov_ratio}, {clip_cov_lb}, {clip_cov_ub}")
     base = clipped_surrogate(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high,
                              dual_clip=dual_clip)
     with torch.no_grad():

@@ -103,7 +103,8 @@ class PassAtKValidation(Callback):
         with trainer.precision_plugin.forward_context():
             pl_module.sync_engine(stale_only=True)
             with pl_module.policy_for_generation():  # HF under FSDP: the policy gathered for sampling
-                sampled = [sample_chunk(engine, pl_module.grader, problems, idx, settings) for idx in chunks[first:last]]
+                sampled = [sample_chunk(engine, pl_module.grader, problems, idx, settings)
+                           for idx in chunks[first:last]]
             engine.release()  # every rank: its engine's memory goes to the feature pass and the update
             feats = [None] * sum(len(c.rollout) for c in sampled)
             if settings.features is not None:

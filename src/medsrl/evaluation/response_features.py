@@ -40,7 +40,8 @@ def response_features(
         for rows in batches:
             start, end = packed.columns_start(rows), packed.columns_end(rows)
             with reader.microbatch(rows, end):
-                policy(input_ids=packed.input_ids[rows, start:end], attention_mask=packed.attention_mask[rows, start:end],
+                policy(input_ids=packed.input_ids[rows, start:end],
+                       attention_mask=packed.attention_mask[rows, start:end],
                        position_ids=packed.position_ids[rows, start:end], use_cache=False, logits_to_keep=1)
         for _ in range(passes - len(batches)):
             idle_forward(policy)

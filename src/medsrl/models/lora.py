@@ -104,7 +104,8 @@ def mismatch_message(missing: Sequence[str], unexpected: Sequence[str], lora: bo
     """Why a checkpoint does not fit the policy, saying so plainly when one side has LoRA
     adapters and the other not (a full fine-tune's checkpoint into a LoRA run, or back)."""
     base = f"checkpoint does not match the policy: missing {list(missing)[:5]}, unexpected {list(unexpected)[:5]}"
-    if lora and unexpected and not any(is_adapter_key(k) for k in unexpected) and all(is_adapter_key(k) for k in missing):
+    if (lora and unexpected and not any(is_adapter_key(k) for k in unexpected)
+            and all(is_adapter_key(k) for k in missing)):
         return (f"{base}. This run trains LoRA adapters (model.lora.r > 0) but the checkpoint holds full "
                 "weights (a run with model.lora.r=0): resume it with model.lora.r=0, or export its "
                 "policy and start a LoRA run from it (model.name_or_path=<run>/policy)")

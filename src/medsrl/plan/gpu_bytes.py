@@ -516,10 +516,12 @@ def format_plan(plan: MemoryPlan) -> str:
     lines = [
         f"model: {size.params / 1e9:.2f}B params ({size.num_layers} layers of {size.layer_params:,}, "
         f"root {size.root_params:,}), vocabulary {size.vocab_size:,}",
-        f"run: {run.devices} {'GPU(s)' if run.on_gpu else 'CPU process(es)'}{' FSDP per layer' if run.sharded else ' DDP' if run.ddp else ''}, "
+        f"run: {run.devices} {'GPU(s)' if run.on_gpu else 'CPU process(es)'}"
+        f"{' FSDP per layer' if run.sharded else ' DDP' if run.ddp else ''}, "
         f"master {run.master_bytes} B / compute {run.compute_bytes} B, {run.backend} rollouts, "
         f"{run.sequences_per_rank} responses per rank of <= {run.prompt_tokens} + {run.response_tokens} tokens, "
-        f"micro-batch {run.micro_batch}{'' if run.max_tokens is None else f' rows / {run.max_tokens} tokens'}, gradient checkpointing {'on' if run.gradient_checkpointing else 'off'}",
+        f"micro-batch {run.micro_batch}{'' if run.max_tokens is None else f' rows / {run.max_tokens} tokens'}, "
+        f"gradient checkpointing {'on' if run.gradient_checkpointing else 'off'}",
         "every figure is computed (arithmetic below), per device",
         "",
     ]
@@ -531,7 +533,8 @@ def format_plan(plan: MemoryPlan) -> str:
     lines += [f"note: {n}" for n in plan.notes]
     peak = plan.peak
     if plan.fits is None:
-        lines.append(f"peak: {peak.name}, {gib(peak.total)} per GPU; no hardware declared (hardware.gpu_memory_gib): not checked")
+        lines.append(f"peak: {peak.name}, {gib(peak.total)} per GPU; "
+                     "no hardware declared (hardware.gpu_memory_gib): not checked")
     else:
         usable = plan.usable_bytes
         verdict = "FITS" if plan.fits else "DOES NOT FIT"

@@ -41,7 +41,8 @@ class StepContext:
     # the groups a filter took out of the batch (DAPO's zero-spread groups): never trained on,
     # but a later plug-in may learn from them
     dropped: list[Group] = field(default_factory=list)
-    scoring_policy: Any = None  # the policy the scoring pass runs, while it runs (under FSDP its wrapper: an own forward is a collective)
+    # the policy the scoring pass runs, while it runs (under FSDP its wrapper: an own forward is a collective)
+    scoring_policy: Any = None
 
     @classmethod
     def for_trainer(cls, trainer, step: int, stage: str | None, timer: PhaseTimer, num_prompts: int) -> StepContext:

@@ -47,7 +47,8 @@ class UpdateSchedule:
         total = sum(group_counts)
         updates = -(-total // per_update) if per_update else min(total, 1)
         local = torch.arange(group_counts[rank])
-        self.mini_batches: list[torch.Tensor] = [local[k::updates] for k in range(updates)]  # this rank's groups, per update
+        # this rank's groups, per update
+        self.mini_batches: list[torch.Tensor] = [local[k::updates] for k in range(updates)]
 
     @classmethod
     def for_this_rank(

@@ -87,7 +87,8 @@ ANSWER_FEATURE = "-"  # the answer-keyed store reads no feature
 class StoreSpec:
     """One way to keep a prompt's wrong responses: ``features`` (the plug-in's store: HDBSCAN
     over feature rows; ``dedup``: the plug-in's ``meds.dedup``, HDBSCAN and the vote over the
-    distinct rows, sizes counting every copy) or ``answer`` (a count per extracted answer, no features: the upper bound)."""
+    distinct rows, sizes counting every copy) or ``answer`` (a count per extracted answer, no
+    features: the upper bound)."""
 
     name: str
     kind: str = "features"
@@ -377,7 +378,9 @@ def gate_figures(samples: Samples, rep: Replay, alpha: float, beta: float | None
     }
 
 
-def cluster_figures(memories: dict[int, FeatureMemory | AnswerMemory], visits_per_checkpoint: int = 1) -> dict[str, Any]:
+def cluster_figures(
+    memories: dict[int, FeatureMemory | AnswerMemory], visits_per_checkpoint: int = 1
+) -> dict[str, Any]:
     """After the last visit: clusters per prompt (mean over prompts with a stored row), the share
     of clusters whose rows all come from one visit, the mean number of visits a cluster spans
     (both pooled over every prompt's clusters), the same per checkpoint (two visits of one
@@ -413,7 +416,8 @@ def twin_share(keys: Sequence[Any], visit: np.ndarray, prompt: np.ndarray) -> fl
     if not len(keys):
         return None
     count = Counter(zip(visit.tolist(), prompt.tolist(), keys, strict=True))
-    return float(np.mean([count[(v, p, k)] >= 2 for v, p, k in zip(visit.tolist(), prompt.tolist(), keys, strict=True)]))
+    return float(np.mean([count[(v, p, k)] >= 2
+                          for v, p, k in zip(visit.tolist(), prompt.tolist(), keys, strict=True)]))
 
 
 def recurring_share(keys: Sequence[Any], visit: np.ndarray, prompt: np.ndarray) -> float | None:
@@ -719,7 +723,9 @@ def save_visit(out: Path, step: int, vi: int, arrays: dict, records: list[dict])
     _write_atomic(npz, write_npz)
 
 
-def sample_visit(policy, tok, prompts: list, texts: list[str], s: AuditSettings, seed: int, grader) -> tuple[dict, list[dict]]:
+def sample_visit(
+    policy, tok, prompts: list, texts: list[str], s: AuditSettings, seed: int, grader
+) -> tuple[dict, list[dict]]:
     """One visit: ``n`` samples of every prompt, graded, with every feature variant."""
     from medsrl.rollout.base import SamplingParams
     from medsrl.rollout.hf import HFRolloutEngine
@@ -784,7 +790,8 @@ def sample_all(s: AuditSettings, checkpoints: list[dict], prompts: list, templat
             for vi in todo:
                 t1 = time.perf_counter()
                 with torch.no_grad():
-                    arrays, records = sample_visit(policy, tok, prompts, texts, s, visit_seed(s.seed, ck["step"], vi), grader)
+                    arrays, records = sample_visit(policy, tok, prompts, texts, s,
+                                                   visit_seed(s.seed, ck["step"], vi), grader)
                 save_visit(out, ck["step"], vi, arrays, records)
                 acc = float(arrays["correct"].mean())
                 print(f"[audit] checkpoint {ci + 1}/{len(checkpoints)} (step {ck['step']}), visit {vi + 1}/{s.visits}: "
@@ -831,7 +838,8 @@ def sampling_summary(samples: Samples, prompts: list, trap: Sequence[bool]) -> l
             "visit": int(v), "accuracy": float(samples.correct[rows].mean()),
             "trap_accuracy": float(samples.correct[rows][trap[samples.prompt[rows]]].mean()) if trap.any() else None,
             "wrong": int((~samples.correct[rows]).sum()),
-            "shortcut_share_of_trap_errors": float(np.mean([samples.answers[i] == short[samples.prompt[i]] for i in wrong_trap]))
+            "shortcut_share_of_trap_errors": float(np.mean([samples.answers[i] == short[samples.prompt[i]]
+                                                            for i in wrong_trap]))
             if wrong_trap else None,
         })
     return out
@@ -842,12 +850,14 @@ def sampling_summary(samples: Samples, prompts: list, trap: Sequence[bool]) -> l
 
 COLUMNS = (  # (key, header, caption)
     ("G1", "G1", "share of (visit, prompt) groups whose wrong responses carry >= 2 distinct penalties"),
-    ("G3", "G3", "penalty share on each group's most frequent wrong answer minus its share of wrong responses (mean over visits)"),
+    ("G3", "G3", "penalty share on each group's most frequent wrong answer minus its share of wrong responses "
+                 "(mean over visits)"),
     ("G4", "G4", "within-group Spearman of cluster size vs earlier count of the same answer"),
     ("clusters_per_prompt", "clusters/prompt", "clusters per prompt's store after the last visit"),
     ("single_visit_share", "1-visit clusters", "share of clusters whose rows all come from one visit"),
     ("visits_per_cluster", "visits/cluster", "mean visits a cluster's rows span"),
-    ("single_checkpoint_share", "1-ckpt clusters", "share of clusters whose rows all come from one checkpoint (one set of weights)"),
+    ("single_checkpoint_share", "1-ckpt clusters",
+     "share of clusters whose rows all come from one checkpoint (one set of weights)"),
     ("twin_share", "twins", "share of stored wrong rows with a bit-identical same-visit twin"),
     ("recurring_share", "recurring", "share of a prompt's distinct feature vectors seen again at a later checkpoint"),
     ("recurring_same_weights_share", "recurring (same ckpt)", "... at a later visit of the same checkpoint"),

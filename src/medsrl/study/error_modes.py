@@ -132,11 +132,13 @@ def render_error_modes(root, methods: list[tuple[str, str]], seeds: list[int]) -
             f"the most frequent wrong answer of a problem is {100 * t['top_wrong_share']:.1f} % of its wrong "
             f"answers on traps against {100 * o['top_wrong_share']:.1f} % on the others; "
             f"{t['distinct_wrong']:.2f} against {o['distinct_wrong']:.2f} distinct wrong answers per problem "
-            f"(of {t.get('wrong_per_problem', math.nan):.1f} against {o.get('wrong_per_problem', math.nan):.1f} wrong samples); "
+            f"(of {t.get('wrong_per_problem', math.nan):.1f} against "
+            f"{o.get('wrong_per_problem', math.nan):.1f} wrong samples); "
             f"and in MEDS's clustering of the wrong answers' features the largest cluster holds "
             f"{100 * t['largest_cluster_share']:.1f} % of them on traps against "
             f"{100 * o['largest_cluster_share']:.1f} % on the others, "
-            f"{t.get('largest_cluster_size', math.nan):.1f} against {o.get('largest_cluster_size', math.nan):.1f} samples "
+            f"{t.get('largest_cluster_size', math.nan):.1f} against "
+            f"{o.get('largest_cluster_size', math.nan):.1f} samples "
             "(shares of one or two wrong samples are high by construction; MEDS's penalty grows with the size).",
             "",
         ]

@@ -32,8 +32,8 @@ GATE: tuple[tuple[str, str, float], ...] = (  # (curve tag, column, scale)
 )
 THRESHOLDS = {"g1": 0.25, "g2": 0.01, "g3": 0.0, "g4": 0.2}  # the protocol's gate, fixed before the runs
 # D1's variants that are settings of the MEDS plug-in: (feature, store) -> its settings
-FEATURE_SETTINGS = {"reference": [], "bf16": ["feature_dtype=bfloat16"], "diff": ["diff=true"], "digits": ["feature_logits=digits"],
-                    "final_norm": ["final_norm=true"]}
+FEATURE_SETTINGS = {"reference": [], "bf16": ["feature_dtype=bfloat16"], "diff": ["diff=true"],
+                    "digits": ["feature_logits=digits"], "final_norm": ["final_norm=true"]}
 STORE_SETTINGS = {"reference": [], "dedup": ["dedup=true"], "min_samples=2": ["min_samples=2"],
                   "min_samples=3": ["min_samples=3"]}
 
@@ -275,7 +275,8 @@ def outcome_table(study: Study, agg: dict[str, Any]) -> list[str]:
     cols = ("pass@1", "pass@16", "pass@32", "distinct_wrong")
     out = [md_row(["arm", *cols, "top wrong answer, % of trap errors"]), "|---|" + "---:|" * (len(cols) + 1)]
     for m in agg["methods"]:
-        cells = [format_mean_std(m["metrics"][c]["mean"], m["metrics"][c]["std"], 1.0 if c == "distinct_wrong" else 100.0)
+        cells = [format_mean_std(m["metrics"][c]["mean"], m["metrics"][c]["std"],
+                                 1.0 if c == "distinct_wrong" else 100.0)
                  if c in m["metrics"] else "-" for c in cols]
         top = [r["trap"]["top_wrong_share"] for r in seed_reports(study.root, "eval", m["name"], study.seeds)]
         out.append(md_row([m["label"], *cells, format_mean_std(*mean_std(top), 100.0)]))

@@ -278,13 +278,16 @@ def precheck(root: Path, s: StudySettings, warm_start: Path) -> dict:
 
 def _machine() -> str:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{platform.machine()}, {cores} cores, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+    return (f"{platform.machine()}, {cores} cores, {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}")
 
 
 def _commit() -> str:
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                             cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

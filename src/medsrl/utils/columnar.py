@@ -91,7 +91,8 @@ def _as_list(value: Any, col: Column) -> list:
     if not col.ragged:
         return value if col.dtype is str else value.tolist()
     values, ends = value.values.tolist(), value.offsets.tolist()
-    return [tuple(values[a:b]) if p else None for a, b, p in zip(ends[:-1], ends[1:], value.present.tolist(), strict=True)]
+    return [tuple(values[a:b]) if p else None
+            for a, b, p in zip(ends[:-1], ends[1:], value.present.tolist(), strict=True)]
 
 
 def pack(columns: Mapping[str, Any], *, as_tensors: bool) -> dict[str, Any]:

@@ -38,7 +38,8 @@ def test_a_store_refits_once_it_grew_by_the_fraction():
     assert _fitted(mem) == (8, 11)  # 3 < 0.5 x 8: the new rows wait, unlabelled
     entry = mem.labels_for("p", False)
     assert (entry.labels[8:] == -1).all()
-    assert np.array_equal(entry.fitted_labels, fit_cluster_labels(entry.features[:8], min_cluster_size=2, min_samples=1))
+    assert np.array_equal(entry.fitted_labels,
+                          fit_cluster_labels(entry.features[:8], min_cluster_size=2, min_samples=1))
     mem.insert(_rows(rng, 1), step=2)
     assert _fitted(mem) == (12, 12)  # 4 >= 4: re-fit over all rows
 

@@ -317,7 +317,8 @@ def test_store_figures_are_the_same_with_background_and_sync_refits(tmp_path):
             step = _step(i, g)
             ctx = _ctx(step.rollouts)
             _run(mem, step, ctx)
-            logged[mode].append({k: v for k, v in ctx.metrics.items() if "clusters" in k or "noise" in k or "gate" in k})
+            logged[mode].append({k: v for k, v in ctx.metrics.items()
+                                 if "clusters" in k or "noise" in k or "gate" in k})
         mem.teardown(None, None, "fit")
     assert logged["sync"] == logged["background"]
     assert any("meds/clusters_per_key" in m for m in logged["sync"])

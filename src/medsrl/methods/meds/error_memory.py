@@ -22,7 +22,9 @@ MemoryKey = tuple[str, bool]  # (prompt key, response was correct)
 
 FORMAT = Format("ErrorMemory", "medsrl.error_memory", 1)
 _STORE = (Column("features", np.float32, ndim=2), Column("steps", np.int64), Column("labels", np.int64))
-_SNAPSHOT_STORES = (Column("store_correct", np.bool_), Column("store_rows", np.int64), Column("store_fitted_upto", np.int64))
+_SNAPSHOT_STORES = (
+    Column("store_correct", np.bool_), Column("store_rows", np.int64), Column("store_fitted_upto", np.int64)
+)
 _SNAPSHOT_ROWS = (Column("features", np.float32, ndim=2), Column("step", np.int64), Column("label", np.int64))
 
 
@@ -145,7 +147,8 @@ class ErrorMemory:
         """Exact plain python + numpy copy of the memory; ``as_tensors=True`` gives CPU tensors,
         which ``torch.load(weights_only=True)`` accepts (``load_state_dict`` takes both)."""
         entries = [
-            {"key": key, "correct": correct, **pack({c.name: getattr(e, c.name) for c in _STORE}, as_tensors=as_tensors),
+            {"key": key, "correct": correct,
+             **pack({c.name: getattr(e, c.name) for c in _STORE}, as_tensors=as_tensors),
              "fitted_upto": int(e.fitted_upto)}
             for (key, correct), e in self._stores.items()
         ]  # fmt: skip

@@ -64,7 +64,9 @@ def earlier_answer_counts(
     return [0 if a is None else int(history.get(k, {}).get(a, 0)) for k, a in zip(keys, answers, strict=True)]
 
 
-def size_recurrence_correlation(group_ids: Sequence[int], sizes: Sequence[float], counts: Sequence[float]) -> float | None:
+def size_recurrence_correlation(
+    group_ids: Sequence[int], sizes: Sequence[float], counts: Sequence[float]
+) -> float | None:
     """G4: Spearman's rank correlation between cluster size and earlier count of the same answer,
     within each group where both vary, averaged over those groups weighted by their rows (within
     a group: a prompt visited more often has both larger stores and larger counts, which a pooled

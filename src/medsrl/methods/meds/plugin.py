@@ -172,7 +172,9 @@ class Meds(Plugin):
         self._stage: str | None = None
         self._feats = torch.zeros(0, 0)
         self._rows = torch.zeros(0, dtype=torch.long)
-        self._dropped: tuple[list[tuple[str, bool]], np.ndarray, list[str | None]] = ([], np.zeros((0, 0), np.float32), [])
+        self._dropped: tuple[list[tuple[str, bool]], np.ndarray, list[str | None]] = (
+            [], np.zeros((0, 0), np.float32), []
+        )
         self._read_sizes: list[int] = []  # sizes of the stores read this step (mechanism figures)
         self._read_labels: list[np.ndarray] = []  # fitted labels of the wrong stores read this step
         self._pen = torch.zeros(0)  # this step's penalty per response (placement=advantage)
@@ -300,7 +302,8 @@ class Meds(Plugin):
         if self.placement == "advantage":
             wrong = (rollouts.acc <= 0.5).to(advantages.device)
             base = advantages
-            advantages = advantages - torch.where(wrong, pen, torch.zeros_like(pen)).view(-1, *[1] * (advantages.dim() - 1))
+            wrong_pen = torch.where(wrong, pen, torch.zeros_like(pen))
+            advantages = advantages - wrong_pen.view(-1, *[1] * (advantages.dim() - 1))
         else:
             base = self._advantages_without_meds(rollouts)
         ctx.log(self, {"gate/g2_advantage_rewritten": advantage_change_fraction(

@@ -253,7 +253,8 @@ class R3(Plugin):
         """The length bonus of correct responses (a reward term), then ranking (SERR)."""
         if self.length_bonus is not None:
             lengths = torch.tensor([len(r) for r in rollouts.response_ids])
-            rollouts.add_reward("length_bonus", correct_length_bonus(lengths, rollouts.acc.cpu() > 0.5, self.length_bonus))
+            length_reward = correct_length_bonus(lengths, rollouts.acc.cpu() > 0.5, self.length_bonus)
+            rollouts.add_reward("length_bonus", length_reward)
         if not self.ranking.enabled:
             return
         bonus = torch.zeros(len(rollouts), dtype=torch.float64)
