@@ -373,7 +373,7 @@ def defaults_path(group: str, config_dir: Path = CONFIG_DIR) -> Path:
 def defaults_yaml(group: str) -> str:
     """The text of ``configs/<group>/_defaults.yaml``: what it is, then the schema's defaults."""
     schema = DEFAULTS_SCHEMAS[group]
-    what = f"the defaults of {schema.__name__} ({_home(schema)})"
+    what = f"the defaults of {schema.__name__} ({schema.__module__})"
     return (f"# {_NOTICE.format(what=what, write=WRITE)}\n# Not a preset: the base the {group} presets extend "
             f"(`- _defaults` in their defaults list).\n"
             + OmegaConf.to_yaml(schema().model_dump(mode="json", by_alias=True)))
@@ -385,12 +385,6 @@ def plugin_yaml(target: str) -> str:
     what = f"the signature of {cls.__name__} ({cls.__module__})"
     values = {"_target_": target, **settings_model(cls)().model_dump(mode="json")}
     return f"# {_NOTICE.format(what=what, write=WRITE)}\n" + OmegaConf.to_yaml(values)
-
-
-def _home(schema: type) -> str:
-    base = next(c for c in schema.__mro__ if c.__module__ != __name__ or c is schema)
-    module = base.__module__ if base.__module__ != "__main__" else "medsrl.run_config"
-    return module if schema.__module__ != "__main__" else "medsrl.run_config"
 
 
 def reference_md(config_dir: Path = CONFIG_DIR) -> str:

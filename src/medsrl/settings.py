@@ -6,7 +6,6 @@ schema next to its code (``rollout/settings.py``, ``models/settings.py``, ...); 
 numbers here, nor bools ints.
 """
 
-import importlib
 import inspect
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -134,13 +133,6 @@ Layers = Annotated[
 ]
 
 
-def imported(path: str, sort: bool = False) -> Callable[[], tuple[str, ...]]:
-    """The names at ``module.attr``, imported when a value is checked: config.py stays light, and
-    a registry then includes what plug-ins registered."""
-    module, attr = path.rsplit(".", 1)
-    return lambda: tuple((sorted if sort else list)(getattr(importlib.import_module(module), attr)))
-
-
 
 # --------------------------------------------------------------------------- sections
 
@@ -151,7 +143,7 @@ BUILT: Counter[str] = Counter()
 
 class Settings(BaseModel):
     """A section the code owns: strict types, finite numbers, no unknown key. A field's
-    docstring is its help (the generated reference, configs/REFERENCE.md)."""
+    docstring is its help (docs/SETTINGS.md, generated)."""
 
     model_config = STRICT
 
