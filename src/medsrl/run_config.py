@@ -389,8 +389,8 @@ def plugin_yaml(target: str) -> str:
 
 def reference_md(config_dir: Path = CONFIG_DIR) -> str:
     """docs/SETTINGS.md: each section's settings, their defaults and help."""
-    from medsrl.algo.advantages import ADVANTAGE_OPTIONS
-    from medsrl.algo.policy_loss import POLICY_LOSS_OPTIONS
+    from medsrl.algo.advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_OPTIONS
+    from medsrl.algo.policy_loss import POLICY_LOSS_OPTIONS, POLICY_LOSSES
 
     what = "the schemas (src/medsrl/**/settings.py, plug-in and callback signatures)"
     notice = _NOTICE.format(what=what, write=WRITE).replace("\n# ", " ")
@@ -402,8 +402,9 @@ def reference_md(config_dir: Path = CONFIG_DIR) -> str:
     for name in ("model", "data", "rollout", "algorithm", "optim", "grader", "trainer"):
         schema = _nested(RunConfig.model_fields[name].annotation)
         out += _table(name, name, schema)
-    for kind, models in (("advantage", ADVANTAGE_OPTIONS), ("policy_loss", POLICY_LOSS_OPTIONS)):
-        for name, model in sorted(models.items()):
+    for kind, models, names in (("advantage", ADVANTAGE_OPTIONS, ADVANTAGE_ESTIMATORS),
+                                ("policy_loss", POLICY_LOSS_OPTIONS, POLICY_LOSSES)):
+        for name, model in sorted((n, models[n]) for n in names):
             if model.model_fields:
                 out += _table(f"algorithm.{kind}={name}", f"algorithm.{kind}_options", model)
     for path in sorted((Path(config_dir) / "plugins").glob("*.yaml")):

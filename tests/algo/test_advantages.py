@@ -12,6 +12,7 @@ from medsrl.algo import (
     register_advantage,
     rloo_advantages,
 )
+from medsrl.algo.advantages import ADVANTAGE_OPTIONS
 
 
 def test_single_group_hand_computed():
@@ -190,10 +191,11 @@ def test_gdpo_reduce_sum_whitens_over_all_ranks():
 
 @pytest.fixture
 def restore_estimators():
-    saved = dict(ADVANTAGE_ESTIMATORS)
+    saved = dict(ADVANTAGE_ESTIMATORS), dict(ADVANTAGE_OPTIONS)
     yield
-    ADVANTAGE_ESTIMATORS.clear()
-    ADVANTAGE_ESTIMATORS.update(saved)
+    for registry, before in zip((ADVANTAGE_ESTIMATORS, ADVANTAGE_OPTIONS), saved, strict=True):
+        registry.clear()
+        registry.update(before)
 
 
 def _inputs(reduce_sum=None):
