@@ -22,8 +22,7 @@ from medsrl.features.reader import FeatureSpec
 from medsrl.models.settings import ModelConfig, ModelDtype
 from medsrl.plugins import Plugin
 from medsrl.reward.settings import GraderConfig
-from medsrl.rollout.settings import BACKENDS, VLLMConfig
-from medsrl.rollout.settings import RolloutConfig as RolloutConfig
+from medsrl.rollout.settings import BACKENDS, RolloutConfig, VLLMConfig
 from medsrl.settings import (
     Flag,
     Fraction,
@@ -34,9 +33,9 @@ from medsrl.settings import (
     Seed,
     Settings,
     Text,
-    _message,
     bound_problems,
     lookup,
+    message,
     must,
     nullable,
     one_of,
@@ -121,7 +120,7 @@ def instantiated(node: dict, where: str, run: dict, base: type | None = None) ->
     try:
         settings = schema.model_validate(values)
     except ValidationError as err:
-        return None, [_message(schema, e, where, cls.__name__) for e in err.errors()]
+        return None, [message(schema, e, where, cls.__name__) for e in err.errors()]
     return (cls, settings), bound_problems(settings, where, run)
 
 
@@ -203,7 +202,7 @@ class RunConfig(Open):
         try:
             run = cls.model_validate(values)
         except ValidationError as err:
-            found += [_dataset_named(_message(cls, e, "", ""), e["loc"], values) for e in err.errors()]
+            found += [_dataset_named(message(cls, e, "", ""), e["loc"], values) for e in err.errors()]
         if run is not None and not found:
             for check in checks:
                 found += check(run)
@@ -338,7 +337,7 @@ class EvalRunConfig(Open):
         try:
             run = cls.model_validate(values)
         except ValidationError as err:
-            found += [_benchmark_named(_message(cls, e, "", ""), e["loc"], values) for e in err.errors()]
+            found += [_benchmark_named(message(cls, e, "", ""), e["loc"], values) for e in err.errors()]
         _raise(found, "evaluation")
         return run
 

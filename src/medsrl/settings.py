@@ -168,7 +168,7 @@ def parse(cls: type[BaseModel], values: Any, section: str) -> Any:
             values = OmegaConf.to_container(values, resolve=True)
         return cls.model_validate(dict(values or {}))
     except ValidationError as err:
-        raise ValueError("; ".join(_message(cls, e, section, "") for e in err.errors())) from None
+        raise ValueError("; ".join(message(cls, e, section, "") for e in err.errors())) from None
 
 # --------------------------------------------------------------------------- messages
 
@@ -196,7 +196,7 @@ def _known(schema: Any, path: tuple) -> list[str]:
     return sorted(_fields(schema))
 
 
-def _message(schema: Any, error: dict, prefix: str, owner: str) -> str:
+def message(schema: Any, error: dict, prefix: str, owner: str) -> str:
     loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith(TAG)))  # kind(): no key
     key = _dotted(prefix, *loc)
     if error["type"] == "problems":  # a validator's own messages, keys included
@@ -212,7 +212,7 @@ def _message(schema: Any, error: dict, prefix: str, owner: str) -> str:
 
 
 def raise_problems(found: list[str]) -> None:
-    """From a model validator: its messages, each naming its key, as they are (:func:`_message`)."""
+    """From a model validator: its messages, each naming its key, as they are (:func:`message`)."""
     if found:
         raise PydanticCustomError("problems", "{text}", {"text": "; ".join(found)})
 
@@ -223,7 +223,7 @@ def problems(schema: Any, values: Any, prefix: str = "", owner: str = "") -> lis
     try:
         TypeAdapter(schema).validate_python(values, strict=True)
     except ValidationError as err:
-        return [_message(schema, e, prefix, owner) for e in err.errors()]
+        return [message(schema, e, prefix, owner) for e in err.errors()]
     return []
 
 
