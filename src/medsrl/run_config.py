@@ -34,6 +34,7 @@ from medsrl.settings import (
     Settings,
     Text,
     bound_problems,
+    help_of,
     lookup,
     message,
     must,
@@ -458,7 +459,8 @@ def _rows(prefix: str, schema: type, fields: dict | None = None) -> list[str]:
             continue
         default = "(required)" if field.is_required() else json.dumps(
             field.get_default(call_default_factory=True), default=str)
-        rows.append(f"| `{key}` | `{default}` | {' '.join((field.description or '').split())} |")
+        help_ = help_of(field).replace("|", "\\|")  # a table cell
+        rows.append(f"| `{key}` | `{default}` | {help_} |")
     return rows
 
 

@@ -275,16 +275,16 @@ def settings_model(target: Callable, skip: Iterable[str] = ()) -> type[BaseModel
         hints = get_type_hints(fn, include_extras=True)
     except NameError:  # an annotation only a type checker resolves: those settings go unchecked
         hints = {}
-    fields = {p.name: (hints.get(p.name, Any), Field(... if p.default is p.empty else p.default,
-                                                     description=_doc(hints.get(p.name))))
+    fields = {p.name: (hints.get(p.name, Any), ... if p.default is p.empty else p.default)
               for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in skip}
     # **kwargs: what it does not name is its own to check
     return create_model(getattr(target, "__name__", "Options"), __base__=Open if takes_any else Settings, **fields)
 
 
-def _doc(hint: Any) -> str | None:
-    """A setting's help: the ``Doc("...")`` (PEP 727) of its annotation."""
-    return next((m.documentation for m in getattr(hint, "__metadata__", ()) if hasattr(m, "documentation")), None)
+def help_of(field: Any) -> str:
+    """A setting's help: its docstring, else the ``Doc("...")`` (PEP 727) of its annotation."""
+    doc = next((m.documentation for m in field.metadata if hasattr(m, "documentation")), "")
+    return " ".join((field.description or doc).split())
 
 
 def bound_problems(settings: BaseModel, prefix: str, run: dict) -> list[str]:

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from pydantic import ConfigDict
 from torch import nn
+from typing_extensions import Doc
 
 from medsrl.features.answer_locator import locate_answers
 from medsrl.features.logit_capture import (
@@ -40,6 +41,21 @@ from medsrl.settings import Flag, Layers, Settings, one_of
 FEATURE_DTYPES = ("auto", "float32", "bfloat16")
 FEATURE_LOGITS = ("answer", "digits")
 FeatureDtype = one_of(FEATURE_DTYPES)
+# The feature's settings with their help, one home for FeatureSpec and the plug-ins that read the
+# feature (MEDS, the novelty bonus), whose constructors take them flat
+FeatureLayers = Annotated[Layers, Doc(
+    "the feature's layers: the last N decoder layers, \"half\", \"all\" or a list of 1-based layers; paper: the "
+    "last half (14 of 28), the reference script: 14")]
+FeatureDiff = Annotated[Flag, Doc(
+    "first differences of the per-layer logits, as the reference's option takes them: over all layers, then keep "
+    "the selected")]
+FeatureFinalNorm = Annotated[Flag, Doc("apply the final norm to intermediate layers too (logit lens); reference: off")]
+FeatureLogits = Annotated[one_of(FEATURE_LOGITS), Doc(
+    "answer: the answer token's logit per layer (reference) | digits: the ten digit tokens' logits per layer "
+    "(beyond the reference; study v3's audit)")]
+FeatureDtypeSetting = Annotated[FeatureDtype, Doc(
+    "auto: bf16-rounded when the policy computes in bf16 (the reference applies the LM head under bf16 autocast); "
+    "float32 | bfloat16 to force")]
 
 
 class FeatureSpec(Settings):
@@ -47,17 +63,11 @@ class FeatureSpec(Settings):
 
     model_config = ConfigDict(frozen=True)
 
-    layers: Layers = DEFAULT_LAST_N
-    """The last N decoder layers, "half", "all", or a list of 1-based layers."""
-    diff: Flag = False
-    """Reference-style first differences over all layers, then keep the selected."""
-    final_norm: Flag = False
-    """The final norm on intermediate layers too (logit lens)."""
-    dtype: FeatureDtype = "auto"
-    """auto: bf16-rounded when the policy computes in bf16 (as the reference's LM head); float32 |
-    bfloat16 to force."""
-    logits: one_of(FEATURE_LOGITS) = "answer"
-    """answer: the answer token's logit per layer (reference) | digits: the ten digit tokens'."""
+    layers: FeatureLayers = DEFAULT_LAST_N
+    diff: FeatureDiff = False
+    final_norm: FeatureFinalNorm = False
+    dtype: FeatureDtypeSetting = "auto"
+    logits: FeatureLogits = "answer"
 
 
 def capture_layers(selected: Sequence[int], diff: bool) -> list[int]:

@@ -19,9 +19,16 @@ from typing_extensions import Doc
 
 from medsrl.algo.logprobs import masked_mean
 from medsrl.features.logit_capture import find_final_norm
-from medsrl.features.reader import AnswerFeatureReader, FeatureDtype, FeatureSpec
+from medsrl.features.reader import (
+    AnswerFeatureReader,
+    FeatureDiff,
+    FeatureDtypeSetting,
+    FeatureFinalNorm,
+    FeatureLayers,
+    FeatureSpec,
+)
 from medsrl.plugins.base import Plugin, StepContext
-from medsrl.settings import Flag, Layers, one_of
+from medsrl.settings import one_of
 from medsrl.step.rollouts import StepRollouts
 
 
@@ -78,18 +85,10 @@ class NoveltyBonus(Plugin):
             "meds_features (MEDS's logit features: the twin of MEDS) | hidden_mean (the mean normed "
             "last hidden state; the paper embeds the text with an embedding model, none is loaded "
             "here)")] = "meds_features",
-        layers: Annotated[Layers, Doc(
-            "meds_features: the last N decoder layers, \"half\", \"all\" or a list of 1-based layers "
-            "(as MEDS's layers)")] = 14,
-        diff: Annotated[Flag, Doc(
-            "meds_features: first differences over all layers, then keep the selected (as MEDS's "
-            "diff)")] = False,
-        final_norm: Annotated[Flag, Doc(
-            "meds_features: the final norm on intermediate layers too, logit lens (as MEDS's "
-            "final_norm)")] = False,
-        feature_dtype: Annotated[FeatureDtype, Doc(
-            "meds_features: auto (bf16-rounded when the policy computes in bf16) | float32 | "
-            "bfloat16 (as MEDS's feature_dtype)")] = "auto",
+        layers: FeatureLayers = 14,  # the feature's settings apply to vectors=meds_features
+        diff: FeatureDiff = False,
+        final_norm: FeatureFinalNorm = False,
+        feature_dtype: FeatureDtypeSetting = "auto",
     ) -> None:
         self.vectors = vectors
         self.spec = FeatureSpec(layers=layers, diff=diff, final_norm=final_norm, dtype=feature_dtype)

@@ -40,7 +40,15 @@ from medsrl.features.clustering import (
     predict_labels,
     single_cluster_sizes,
 )
-from medsrl.features.reader import FEATURE_LOGITS, AnswerFeatureReader, FeatureDtype, FeatureSpec
+from medsrl.features.reader import (
+    AnswerFeatureReader,
+    FeatureDiff,
+    FeatureDtypeSetting,
+    FeatureFinalNorm,
+    FeatureLayers,
+    FeatureLogits,
+    FeatureSpec,
+)
 from medsrl.methods.dynamic_sampling import DynamicSampling
 from medsrl.methods.meds.clustered_memory import ClusteredMemory
 from medsrl.methods.meds.diagnostics import cluster_answer_purity, penalty_on_top_answer
@@ -61,7 +69,6 @@ from medsrl.plugins.base import Plugin, StepContext
 from medsrl.settings import (
     Count,
     Flag,
-    Layers,
     NonNegative,
     PositiveInt,
     Text,
@@ -87,20 +94,11 @@ class Meds(Plugin):
             "penalty scale; paper: 0.1 (Qwen3-1.7B, Qwen2.5-Math-7B), 0.02 (Qwen3-8B)")] = 0.1,
         beta: Annotated[nullable(NonNegative), Doc(
             "cap of the penalty min(alpha * ln(|C| + 1), beta); null: 2 * alpha (reference)")] = None,
-        layers: Annotated[Layers, Doc(
-            "the feature's layers: the last N decoder layers, \"half\", \"all\" or a list of 1-based "
-            "layers; paper: the last half (14 of 28), the reference script: 14")] = 14,
-        diff: Annotated[Flag, Doc(
-            "first differences of the per-layer logits, as the reference's option takes them: over "
-            "all layers, then keep the selected")] = False,
-        final_norm: Annotated[Flag, Doc(
-            "apply the final norm to intermediate layers too (logit lens); reference: off")] = False,
-        feature_dtype: Annotated[FeatureDtype, Doc(
-            "auto: bf16-rounded when the policy computes in bf16 (the reference applies the LM head "
-            "under bf16 autocast); float32 | bfloat16 to force")] = "auto",
-        feature_logits: Annotated[one_of(FEATURE_LOGITS), Doc(
-            "answer: the answer token's logit per layer (reference) | digits: the ten digit tokens' "
-            "logits per layer (beyond the reference; study v3's audit)")] = "answer",
+        layers: FeatureLayers = 14,
+        diff: FeatureDiff = False,
+        final_norm: FeatureFinalNorm = False,
+        feature_dtype: FeatureDtypeSetting = "auto",
+        feature_logits: FeatureLogits = "answer",
         target: Annotated[one_of(TARGETS), Doc(
             "the responses the penalty applies to: wrong (reference) | right | both | none")] = "wrong",
         noise_is_cluster: Annotated[Flag, Doc(
