@@ -1,9 +1,9 @@
-"""A Lightning callback for tests: how many policy parameters FSDP holds gathered at once during
+"""A Lightning callback for tests: how many policy parameters FSDP2 holds gathered at once during
 the update's forward and backward passes (``tests/test_distributed.py``).
 
 It samples every time autograd saves a tensor (forward) and reads one back (backward), which
-happens inside each layer's computation, and counts the parameters of every FSDP unit whose
-unsharded buffer is allocated at that moment. Written per rank to
+happens inside each layer's computation, and counts the parameters of every FSDP2 unit whose
+parameters are unsharded at that moment. Written per rank to
 ``<run>/gather_probe_rank<r>.json``.
 """
 
@@ -17,20 +17,22 @@ import torch
 
 
 def gathered_units(policy) -> list[tuple[str, int, torch.dtype | None]]:
-    """``(unit name, parameters, dtype of its gathered buffer or None)`` for every FSDP unit of
-    ``policy``: the compute buffer a forward gathers into, or the full-precision one that
-    ``summon_full_params`` gathers into under mixed precision."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    """``(unit name, parameters, dtype of its gathered parameters or None)`` for every FSDP2 unit
+    of ``policy``: a unit's parameters are gathered while they are unsharded (its
+    ``FSDPParam``s' state), in the all-gather's dtype (``param_dtype`` under mixed precision)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
 
     units = []
     for name, unit in policy.named_modules():
-        handle = getattr(unit, "_handle", None) if isinstance(unit, FSDP) else None
-        if handle is None:
+        group = unit._get_fsdp_state()._fsdp_param_group if isinstance(unit, FSDPModule) else None
+        if group is None:
             continue
-        flat = handle.flat_param
-        buffers = [getattr(flat, a, None) for a in ("_full_param_padded", "_full_prec_full_param_padded")]
-        full = next((b for b in buffers if b is not None and b.untyped_storage().size() > 0), None)
-        units.append((name or "root", int(flat._unpadded_unsharded_size.numel()), None if full is None else full.dtype))
+        params = group.fsdp_params
+        size = sum(p._orig_size.numel() for p in params)
+        gathered = [p for p in params if p.sharded_state == ShardedState.UNSHARDED]
+        dtype = (gathered[0].param_dtype or gathered[0].orig_dtype) if gathered else None
+        units.append((name or "root", int(size), dtype))
     return units
 
 

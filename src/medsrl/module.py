@@ -24,7 +24,7 @@ from medsrl.algo.policy_loss import policy_loss_reducers
 from medsrl.algo.settings import AlgorithmConfig
 from medsrl.models import lora
 from medsrl.models.export import save_policy
-from medsrl.models.sharding import full_weights, is_sharded, shard_policy
+from medsrl.models.sharding import PolicyFSDPStrategy, full_weights, is_sharded, replicate_from_rank0, shard_policy
 from medsrl.plugins import Plugin, PluginHost, StepContext
 from medsrl.plugins.rounds import fill_batch
 from medsrl.reward.grader import MathGrader
@@ -32,6 +32,7 @@ from medsrl.reward.settings import GraderConfig
 from medsrl.rollout.base import SamplingParams, sync_engine
 from medsrl.rollout.factory import build_engine
 from medsrl.rollout.settings import RolloutConfig
+from medsrl.step.balance import balance_groups
 from medsrl.step.metrics import (
     PhaseTimer,
     PromptVisits,
@@ -121,14 +122,13 @@ class RLModule(L.LightningModule):
             self.engine = build_engine(self.rollout_cfg, self.policy, self.tokenizer, seed=self.seed)
 
     def configure_model(self) -> None:
-        """Under ``trainer=fsdp``: shard the policy (an FSDP unit per decoder layer; see ``models/sharding.py``)."""
-        from lightning.pytorch.strategies import FSDPStrategy
-
+        """Under ``trainer=fsdp``: shard the policy (an FSDP2 unit per decoder layer; on ranks that
+        built it on the ``meta`` device, filled from rank 0's weights; see ``models/sharding.py``)."""
         strategy = self.trainer.strategy
-        if isinstance(strategy, FSDPStrategy) and not is_sharded(self.policy):
+        if isinstance(strategy, PolicyFSDPStrategy) and not is_sharded(self.policy):
             self.policy = shard_policy(self.policy, strategy)
-            if self.ref_policy is not None:  # FSDP moves only what it wraps
-                self.ref_policy.to(strategy.root_device)
+            if self.ref_policy is not None:  # a whole copy on every rank, rank 0's on the others
+                self.ref_policy = replicate_from_rank0(self.ref_policy, strategy.root_device)
 
     def full_policy(self):
         """The policy with all its weights, for HF generation and the export (FSDP: gathered for
@@ -203,6 +203,8 @@ class RLModule(L.LightningModule):
         ctx.metrics["zero_spread_group_frac"] = zero_spread_group_frac(groups)
         groups = fill_batch(groups, sample, self.trainer.datamodule, self.plugins, ctx)
         self.engine.release()  # sampling is over: the engine's memory goes to scoring and the update
+        groups, balance = balance_groups(groups, self.algorithm.mini_batch_prompts)  # ranks: like tokens
+        ctx.metrics.update(balance)
         stepper = _LightningStepper(self)
         if min(all_gather_objects(len(groups))) == 0:
             # Nothing to learn from (on some rank): advance the step without touching the weights.
@@ -280,7 +282,7 @@ class RLModule(L.LightningModule):
                 raise self.guard.error(step, NONFINITE_SAMPLING) from e
         with timer("grade"):
             grades = self.grader.grade_batch(rollout.response_text, [shard[i].answer for i in rollout.prompt_index])
-        return split_groups(shard, rollout, grades)
+        return split_groups(shard, rollout, grades, origin=(round_, start))
 
     def _log_step(self, metrics: dict[str, float], stage: str | None) -> None:
         if is_distributed():

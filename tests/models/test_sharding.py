@@ -1,6 +1,7 @@
-"""The FSDP policy on 2 gloo ranks: the weight stream to the engine gathers one unit at a time,
-and the forwards that run through the wrapper (scoring, features) let a rank with fewer rows, or
-none, join the others' passes instead of hanging them. One spawn runs every check (the process
+"""The FSDP2 policy on 2 gloo ranks: the weight stream to the engine gathers one parameter at a
+time in the engine's dtype, the forwards that run through the units (scoring, features) let a rank
+with fewer rows, or none, join the others' passes instead of hanging them, and a rank that built
+its policy on the ``meta`` device gets rank 0's weights. One spawn runs every check (the process
 start dominates; ``tests/gloo_ranks.py``)."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
 
 from medsrl.models.lora import apply_lora, merged_state_dict, merged_weights
 from medsrl.models.settings import LoraSettings
@@ -19,7 +20,7 @@ from medsrl.models.tiny import tiny_qwen2_config
 
 ARCH = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
             intermediate_size=128)
-BF16_MIXED = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
+BF16_MIXED = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
 def _model(seed: int, lora: bool = False) -> torch.nn.Module:
@@ -40,9 +41,14 @@ def _model(seed: int, lora: bool = False) -> torch.nn.Module:
     return model
 
 
-def _shard(model, mixed: MixedPrecision | None):
-    strategy = SimpleNamespace(sharding_strategy=ShardingStrategy.FULL_SHARD, cpu_offload=None,
-                               mixed_precision_config=mixed, root_device=torch.device("cpu"))
+def _shard(model, mixed: MixedPrecisionPolicy | None):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    strategy = SimpleNamespace(shard_mesh=mesh, mixed_precision_policy=mixed or MixedPrecisionPolicy(),
+                               offload_policy=OffloadPolicy(), reshard_after_forward=True,
+                               root_device=torch.device("cpu"))
     return shard_policy(model, strategy)
 
 
@@ -53,19 +59,32 @@ def _unit_sizes(policy) -> dict[str, int]:
 
 
 def _stream_check(seed: int, lora: bool) -> dict:
-    """Stream a sharded policy's weights as the engine takes them; what was gathered at each tensor."""
+    """Stream a sharded policy's weights as the engine takes them, recording each gather (a
+    ``full_tensor``: its dtype and size) between the tensors handed over."""
+    from torch.distributed.tensor import DTensor
+
     from fsdp_probe import gathered_now
 
     plain = _model(seed, lora)
     want = {k: v.to(torch.bfloat16) for k, v in merged_state_dict(plain).items()}
     policy = _shard(copy.deepcopy(plain), BF16_MIXED)
-    most, names, equal = 0, [], True
-    for name, tensor in streamed_weights(policy, torch.bfloat16):
-        most = max(most, gathered_now(policy))
-        names.append(name)
-        equal &= tensor.dtype == torch.bfloat16 and torch.equal(tensor, want[name])
-    return {"most": most, "names": names, "want": list(want), "equal": bool(equal),
-            "units": _unit_sizes(policy), "after": gathered_now(policy)}
+    events, names, equal = [], [], True
+    own = DTensor.full_tensor
+
+    def recorded(self, *args, **kwargs):
+        events.append(("gather", str(self.dtype), self.numel()))
+        return own(self, *args, **kwargs)
+
+    DTensor.full_tensor = recorded
+    try:
+        for name, tensor in streamed_weights(policy, torch.bfloat16):
+            events.append(("yield", name, tensor.numel()))
+            names.append(name)
+            equal &= tensor.dtype == torch.bfloat16 and torch.equal(tensor, want[name])
+    finally:
+        DTensor.full_tensor = own
+    return {"events": events, "names": names, "want": list(want), "equal": bool(equal),
+            "units": _unit_sizes(policy), "gathered_after": gathered_now(policy)}
 
 
 def _rollout(tok, texts: list[str]):
@@ -96,7 +115,8 @@ def _forward_checks(rank: int) -> dict:
         nonlocal most
         most = max(most, gathered_now(policy))
 
-    hooks = [m.register_forward_pre_hook(sample) for m in policy.modules() if type(m) in layer_classes(plain)]
+    layers = tuple(layer_classes(plain))
+    hooks = [m.register_forward_pre_hook(sample) for m in policy.modules() if isinstance(m, layers)]
     texts = ["2 \\boxed{2}", "so \\boxed{3}", "no box"][: 3 if rank == 0 else 1]
     rollout = _rollout(tok, texts)
     packed = pack_rollouts(rollout.prompt_ids, rollout.response_ids, 0)
@@ -114,9 +134,39 @@ def _forward_checks(rank: int) -> dict:
             "features_close": close(feats, ref), "most_in_forward": most, "units": _unit_sizes(policy)}
 
 
+def _meta_check(rank: int) -> dict:
+    """Rank 0 builds the policy with its weights, rank 1 on the meta device: after sharding, both
+    hold rank 0's weights (the plain model HF generation reads is rank 0's model), and a step's
+    gradients are gone after ``zero_grad`` (FSDP1 kept its sharded gradient to the next forward)."""
+    from medsrl.models.sharding import full_weights
+
+    plain = _model(5, lora=True)
+    if rank == 0:
+        built = copy.deepcopy(plain)
+    else:
+        with torch.device("meta"):
+            built = _model(6, lora=True)
+    policy = _shard(built, None)
+    ids = torch.tensor([[1, 5, 7, 9]])
+    want = plain(input_ids=ids).logits
+    with full_weights(policy) as twin:
+        same_twin = torch.allclose(twin(input_ids=ids).logits, want, atol=1e-5)
+        twin_plain = type(twin).__name__
+    same_sharded = torch.allclose(policy(input_ids=ids).logits, want, atol=1e-5)
+    optim = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-3)
+    policy(input_ids=ids).logits.float().square().mean().backward()
+    had = sum(p.grad is not None for p in policy.parameters())
+    optim.step()
+    optim.zero_grad()
+    return {"same_twin": bool(same_twin), "same_sharded": bool(same_sharded), "twin": twin_plain, "had": had,
+            "left": sum(p.grad is not None for p in policy.parameters()),
+            "rope": bool(torch.equal(policy.base_model.model.model.rotary_emb.inv_freq,
+                                     plain.base_model.model.model.rotary_emb.inv_freq))}
+
+
 def _checks(rank: int) -> dict:
     return {"plain": _stream_check(1, lora=False), "lora": _stream_check(2, lora=True),
-            "forward": _forward_checks(rank)}
+            "forward": _forward_checks(rank), "meta": _meta_check(rank)}
 
 
 @pytest.fixture(scope="module")
@@ -127,22 +177,31 @@ def ranks(tmp_path_factory) -> list[dict]:
 
 
 @pytest.mark.parametrize("kind", ["plain", "lora"])
-def test_the_weight_stream_gathers_one_unit_at_a_time_and_yields_the_merged_weights(ranks, kind):
-    """The engine sync gathered the whole fp32 policy on every GPU at once (28.4 GiB at 7B); now
-    at most one FSDP unit is gathered while a tensor is handed over (the root's weights, or one
-    decoder layer with its adapters), and the tensors are the plain model's (LoRA merged), under
-    its names, in the engine's dtype."""
+def test_the_weight_stream_gathers_one_parameter_at_a_time_in_bf16_and_yields_the_merged_weights(ranks, kind):
+    """The engine sync gathered a whole fp32 FSDP1 unit at a time (a decoder layer, or the root with
+    the embeddings and LM head); FSDP2's stream gathers one parameter at a time, cast to the
+    engine's bf16 before the gather (half the bytes), and hands it over before the next gather. A
+    LoRA layer's weight is merged from its gathered base and adapters. The tensors are the plain
+    model's (LoRA merged), under its names."""
     for r in ranks:
         got = r[kind]
-        units = got["units"]
-        adapters = sum(n for name, n in units.items() if "lora_" in name)
-        layers = [n for name, n in units.items() if name != "root" and "lora_" not in name]
         assert sorted(got["names"]) == sorted(got["want"]) and len(got["names"]) == len(set(got["names"]))
         assert got["equal"]
-        # exactly one unit at a time: the root, or a decoder layer with its adapters
-        assert got["most"] == max(units["root"], max(layers) + adapters // len(layers))
-        assert got["most"] < sum(units.values()) / 2  # never the whole policy
-        assert got["after"] == 0  # nothing left gathered
+        assert got["gathered_after"] == 0  # no unit left unsharded
+        pending = []  # the gathers since the last tensor handed over
+        for event in got["events"]:
+            if event[0] == "gather":
+                pending.append(event)
+                continue
+            _, name, numel = event
+            if kind == "plain" or "proj.weight" not in name:
+                # one gather of exactly this tensor, in bf16
+                assert pending == [["gather", "torch.bfloat16", numel]], (name, pending)
+            else:  # base weight, lora_A, lora_B: gathered in their own (fp32) dtype, then merged
+                assert len(pending) == 3 and pending[0][2] == numel, (name, pending)
+            pending = []
+        layers = [n for name, n in got["units"].items() if name != "root"]
+        assert len(layers) == ARCH["num_hidden_layers"]  # adapters inside their layer's unit
 
 
 def test_lora_merge_makes_one_module_at_a_time():
@@ -181,26 +240,39 @@ def test_a_rank_with_fewer_rows_joins_the_others_forwards(ranks):
         assert units["root"] + layer <= r["most_in_forward"] <= units["root"] + 2 * layer
 
 
+def test_a_rank_built_on_meta_gets_rank0s_weights_and_gradients_go_at_zero_grad(ranks):
+    """One load per node: only rank 0 reads the weights (244 GB of host RAM at 7B on 8 ranks when
+    each loaded); rank 1 built on the meta device gets its shards and RoPE buffers from rank 0.
+    HF generation reads a plain, adapter-free model with the merged weights. Gradients are freed
+    at zero_grad (+3.5 GiB a GPU at 7B under FSDP1 during the weight sync)."""
+    for r in ranks:
+        got = r["meta"]
+        assert got["same_sharded"] and got["same_twin"] and got["rope"]
+        assert got["twin"] == "Qwen2ForCausalLM"  # no PEFT layers in the generation model
+        assert got["had"] > 0 and got["left"] == 0
+
+
 @pytest.mark.parametrize("precision,device_autocast", [("bf16-mixed", True), ("32-true", False)])
-def test_fsdp_autocast_runs_on_the_runs_device_without_the_weight_cast_cache(precision, device_autocast):
-    """Lightning's FSDP precision plugin autocasts on CUDA only (a CPU run computed without
-    autocast) and keeps autocast's weight-cast cache on: every fp32 weight a forward in
-    ``training_step`` cast to bf16 stayed alive as a bf16 copy until the step's end (+14 GiB per
-    GPU at 7B). The strategy's plugin autocasts on its own device with the cache off, as
-    Lightning's AMP plugin does."""
+def test_fsdp_computes_in_bf16_over_fp32_shards_under_an_autocast_on_the_runs_device(precision, device_autocast):
+    """``trainer=fsdp`` is FSDP2 through Lightning's ``ModelParallelStrategy``: under bf16-mixed the
+    units gather bf16 and reduce gradients in fp32, and the step runs under Lightning's AMP
+    autocast on the run's own device with the weight-cast cache off (FSDP1's Lightning plugin
+    autocast on CUDA only and kept the cache: +14 GiB per GPU at 7B). FSDP1's settings fail,
+    naming their replacement."""
     import lightning as L
 
-    from medsrl.models.sharding import PolicyFSDPPrecision, PolicyFSDPStrategy
+    from medsrl.models.sharding import PolicyFSDPStrategy
 
-    trainer = L.Trainer(strategy=PolicyFSDPStrategy(use_orig_params=True), accelerator="cpu", devices=1,
+    trainer = L.Trainer(strategy=PolicyFSDPStrategy(), accelerator="cpu", devices=1,
                         precision=precision, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     plugin = trainer.precision_plugin
-    assert isinstance(plugin, PolicyFSDPPrecision) and plugin.precision == precision
     with plugin.forward_context():
         assert torch.is_autocast_enabled("cpu") == device_autocast
         if device_autocast:
             assert torch.get_autocast_dtype("cpu") == torch.bfloat16
             assert not torch.is_autocast_cache_enabled()
-            weight = torch.nn.Parameter(torch.randn(4, 4))
-            assert torch.nn.functional.linear(torch.randn(2, 4), weight).dtype == torch.bfloat16
-    assert trainer.strategy.mixed_precision_config.param_dtype == (torch.bfloat16 if device_autocast else torch.float32)
+    policy = trainer.strategy.mixed_precision_policy
+    low = torch.bfloat16 if device_autocast else None
+    assert (policy.param_dtype, policy.reduce_dtype) == (low, torch.float32 if low else None)
+    with pytest.raises(ValueError, match="reshard_after_forward"):
+        PolicyFSDPStrategy(sharding_strategy="SHARD_GRAD_OP")

@@ -72,16 +72,13 @@ def select_layers(num_layers: int, spec: Any = DEFAULT_LAST_N) -> list[int]:
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    """Strip FSDP and DDP (``.module``), torch.compile (``._orig_mod``) and PEFT wrappers: the
-    hooks go on the base model's blocks, which the adapter forward runs through (under FSDP the
-    blocks are the layer units, and the root's weights are gathered while they run)."""
+    """Strip DDP (``.module``), torch.compile (``._orig_mod``) and PEFT wrappers: the hooks go on
+    the base model's blocks, which the adapter forward runs through (under FSDP2 the model is
+    itself, its blocks the layer units, and the root's weights are gathered while they run)."""
     from medsrl.models.lora import unwrap_peft
-    from medsrl.models.sharding import is_sharded
 
     for _ in range(8):
-        if is_sharded(model):  # its attributes reach through to the wrapped module's: not a plain model
-            model = model.module
-        elif unwrap_peft(model) is not model:
+        if unwrap_peft(model) is not model:
             model = unwrap_peft(model)
         elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
             model = model._orig_mod

@@ -25,11 +25,10 @@ INIT_SEED = 0
 
 
 def is_lora(model: nn.Module) -> bool:
-    """Whether ``model`` (or the module an FSDP wrapper holds) is a PEFT-wrapped policy."""
+    """Whether ``model`` is a PEFT-wrapped policy (sharded or not: FSDP2 keeps the module's class)."""
     from peft import PeftModel
-    from torch.distributed.fsdp import FullyShardedDataParallel
 
-    return isinstance(model.module if isinstance(model, FullyShardedDataParallel) else model, PeftModel)
+    return isinstance(model, PeftModel)
 
 
 def unwrap_peft(model: nn.Module) -> nn.Module:
@@ -55,10 +54,12 @@ def target_problems(model: nn.Module, targets: Sequence[str] | str) -> list[str]
     return found
 
 
-def apply_lora(policy: nn.Module, settings: LoraSettings) -> nn.Module:
+def apply_lora(policy: nn.Module, settings: LoraSettings, adapter_dtype: torch.dtype | str | None = None) -> nn.Module:
     """``policy`` wrapped in LoRA adapters (``settings.enabled``), else ``policy`` itself. Call it
     after activation checkpointing is set up: ``get_peft_model`` then makes the embeddings' output
-    require grad, which checkpointed layers over frozen weights need."""
+    require grad, which checkpointed layers over frozen weights need. The adapters are made in
+    ``adapter_dtype`` (a torch dtype; None or "auto": PEFT's choice, fp32 over a 16-bit base)
+    whatever the base's: they are the master weights, whose small updates must not round away."""
     if not settings.enabled:
         return policy
     from peft import LoraConfig, get_peft_model
@@ -79,12 +80,22 @@ def apply_lora(policy: nn.Module, settings: LoraSettings) -> nn.Module:
         # PEFT reads transformers' deprecated is_gradient_checkpointing to decide the above
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*deprecated", category=FutureWarning)
         torch.manual_seed(INIT_SEED)
-        return get_peft_model(policy, config)
+        wrapped = get_peft_model(policy, config)
+    if isinstance(adapter_dtype, torch.dtype):
+        adapters_to(wrapped, adapter_dtype)
+    return wrapped
+
+
+def adapters_to(model: nn.Module, dtype: torch.dtype) -> None:
+    """Cast the trained parameters of ``model`` (the adapters) to ``dtype`` in place and leave the
+    frozen base as it is: a bf16 base with fp32 adapters."""
+    for param in model.parameters():
+        if param.requires_grad and param.dtype != dtype:
+            param.data = param.data.to(dtype)
 
 
 def is_adapter_leaf(module: nn.Module) -> bool:
-    """A module with no children whose weight trains: PEFT's ``lora_A`` / ``lora_B`` layers (an
-    FSDP unit each, apart from the frozen weights around them; ``models/sharding.py``)."""
+    """A module with no children whose weight trains: PEFT's ``lora_A`` / ``lora_B`` layers."""
     weight = getattr(module, "weight", None)
     return next(module.children(), None) is None and isinstance(weight, torch.Tensor) and weight.requires_grad
 
@@ -129,47 +140,64 @@ def reference_policy(policy: nn.Module, copy: nn.Module | None) -> Iterator[nn.M
 @torch.no_grad()
 def merged_weights(
     model: nn.Module, dtype: torch.dtype | None = None, *, copy: bool = False,
-    skip: Callable[[nn.Module], bool] | None = None,
+    gather: Callable[[torch.Tensor, torch.dtype | None], torch.Tensor] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The state a plain model would hold with the adapters merged, under the base model's own
     names (what vLLM loads and the merged export saves), one module at a time: a LoRA layer's
     weight is its base weight plus each active adapter's delta, made, cast to ``dtype`` and
     yielded before the next module's, so no more than one merged weight need exist at once.
     ``model`` is left as it is. Other tensors are yielded as they are (``copy``: always a fresh
-    tensor); subtrees where ``skip(module)`` holds are left out. A plain model: its state."""
+    tensor). ``gather(tensor, dtype)``: how a sharded parameter becomes whole, in ``dtype`` (a
+    collective; ``models/sharding.py``). A plain model: its state."""
     from peft.tuners.lora import LoraLayer
 
     def cast(t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(dtype or t.dtype, copy=copy)
 
+    def param(t: torch.Tensor) -> torch.Tensor:
+        return cast(t) if gather is None else gather(t.detach(), dtype)
+
     def walk(module: nn.Module, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
         if isinstance(module, LoraLayer):
-            yield from _merged_layer(module, prefix, dtype)
+            yield from _merged_layer(module, prefix, dtype, gather)
             return
         for name, t in module._parameters.items():
             if t is not None:
-                yield prefix + name, cast(t)
+                yield prefix + name, param(t)
         for name, t in module._buffers.items():
             if t is not None and name not in module._non_persistent_buffers_set:
                 yield prefix + name, cast(t)
         for name, child in module._modules.items():
-            if child is not None and not (skip and skip(child)):
+            if child is not None:
                 yield from walk(child, f"{prefix}{name}.")
 
     yield from walk(unwrap_peft(model), "")
 
 
-def _merged_layer(layer, prefix: str, dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
+def _merged_layer(layer, prefix: str, dtype: torch.dtype | None, gather=None) -> Iterator[tuple[str, torch.Tensor]]:
     """A LoRA layer's base tensors under its own name, the weight with the active adapters' deltas
-    added (in the base weight's dtype, then cast)."""
+    added (in the base weight's dtype, then cast). Sharded (``gather``): the base weight and the
+    adapters are gathered whole in their own dtypes, and the delta made from them as PEFT's
+    ``get_delta_weight`` makes it for a linear layer."""
     base = layer.get_base_layer()
+    adapters = [a for a in layer.active_adapters if a in layer.lora_A]
     for name, t in base.named_parameters(recurse=False):
-        if name == "weight" and not layer.merged and not layer.disable_adapters:
-            deltas = [layer.get_delta_weight(a) for a in layer.active_adapters if a in layer.lora_A]
-            if deltas:
-                t = t + sum(deltas).to(t.dtype)
-                del deltas
-        yield prefix + name, t.detach().to(dtype or t.dtype, copy=True)
+        merge = name == "weight" and adapters and not layer.merged and not layer.disable_adapters
+        t = t.detach() if gather is None else gather(t.detach(), None if merge else dtype)
+        if merge:
+            deltas = [layer.get_delta_weight(a) if gather is None else _gathered_delta(layer, a, gather)
+                      for a in adapters]
+            t = t + sum(deltas).to(t.dtype)
+            del deltas
+        yield prefix + name, t.to(dtype or t.dtype, copy=True)
+
+
+def _gathered_delta(layer, adapter: str, gather) -> torch.Tensor:
+    """``scaling * B @ A`` (transposed for ``fan_in_fan_out``) from the gathered adapter weights."""
+    a = gather(layer.lora_A[adapter].weight.detach(), None)
+    b = gather(layer.lora_B[adapter].weight.detach(), None)
+    delta = (b @ a) * layer.scaling[adapter]
+    return delta.T if getattr(layer, "fan_in_fan_out", False) else delta
 
 
 def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -1,126 +1,138 @@
-"""FSDP for the policy: one unit per decoder layer, gathered a unit at a time.
+"""FSDP2 for the policy: each parameter a DTensor sharded over the ranks, one unit per decoder layer.
 
-Every forward of the policy goes through the FSDP wrapper (the scoring pass, the MEDS features,
+``trainer=fsdp`` builds :class:`PolicyFSDPStrategy` (Lightning's ``ModelParallelStrategy`` on a
+one-dimensional mesh); the module's ``configure_model`` calls :func:`shard_policy`: one
+``fully_shard`` unit per decoder layer (a LoRA layer's adapters inside it) and the root for the
+rest (embeddings, final norm, LM head). Compute runs in bf16 over fp32 shards under
+``bf16-mixed`` (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``).
+
+Every forward of the policy goes through its units (the scoring pass, the MEDS features,
 validation's feature forward, the update), each a collective: ranks agree on the number of
 passes (:func:`agreed_passes`) and a rank with fewer rows joins the others' with a one-token
-:func:`idle_forward`. The weights go to the rollout engine a unit at a time
-(:func:`streamed_weights`). Only HF generation and the export gather the whole policy
-(:func:`full_weights`). Layout and precision: docs/ARCHITECTURE.md and docs/GPU.md.
+:func:`idle_forward`. The weights leave the shards one parameter at a time, in the receiver's
+dtype (:func:`streamed_weights`: the vLLM sync, the export, the milestones); HF generation
+reads a plain model filled from that stream (:func:`full_weights`). Only rank 0 loads the
+weights; the others build on the ``meta`` device and receive their shards
+(:func:`materialize_from_rank0`). Layout and precision: docs/ARCHITECTURE.md and docs/GPU.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
-from lightning.pytorch.plugins.precision import FSDPPrecision
-from lightning.pytorch.strategies import FSDPStrategy
+import torch.distributed as dist
+from lightning.pytorch.core.optimizer import LightningOptimizer
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
-from torch.distributed.fsdp import (
-    FullOptimStateDictConfig,
-    FullStateDictConfig,
-    MixedPrecision,
-    OptimStateKeyType,
-    StateDictType,
-)
-from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
-from medsrl.utils.distributed import all_gather_objects, all_reduce_sum
+from medsrl.utils.distributed import all_gather_objects, all_reduce_sum, local
+
+STATE_DICT_TYPES = ("sharded", "full")
 
 
 def is_sharded(module: nn.Module) -> bool:
-    return isinstance(module, FSDP)
+    """Whether ``module`` is a ``fully_shard``-ed policy (its parameters DTensors)."""
+    return isinstance(module, FSDPModule)
 
 
-class PolicyFSDPPrecision(FSDPPrecision):
-    """Lightning's FSDP precision with the autocast its AMP plugin uses: on the strategy's device
-    type (Lightning's is CUDA only, so a CPU run computed without autocast) and without the
-    weight-cast cache (Lightning's keeps it on, so every fp32 weight a forward in
-    ``training_step`` cast to bf16 stayed alive as a bf16 copy to the end of the step)."""
-
-    def __init__(self, precision: str, device_type: Callable[[], str]) -> None:
-        super().__init__(precision)
-        self._device_type = device_type
-
-    def forward_context(self):
-        low = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(self.precision)
-        if low is None:
-            return super().forward_context()
-        return torch.autocast(self._device_type(), dtype=low, cache_enabled=False)
+def whole(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The whole tensor in ``dtype``: a DTensor's shards cast first, then gathered (a collective:
+    every rank calls it for the same tensor), so the gather moves ``dtype``'s bytes."""
+    if isinstance(t, DTensor):
+        return (t if dtype is None else t.to(dtype)).full_tensor()
+    return t if dtype is None else t.to(dtype)
 
 
-class PolicyFSDPStrategy(FSDPStrategy):
-    """Lightning's ``FSDPStrategy`` for a module that shards its own policy (``shard_policy``), on
-    the CPU too (gloo; Lightning's own class refuses it). There the full checkpoint is gathered
-    without ``offload_to_cpu`` (with it, torch 2.13's FSDP segfaults cloning the weights)."""
+class PolicyFSDPStrategy(ModelParallelStrategy):
+    """Lightning's ``ModelParallelStrategy`` as plain FSDP2 over every rank (data parallel only, no
+    tensor parallelism), on the CPU too (gloo). ``state_dict_type``: ``sharded`` checkpoints are a
+    folder of per-rank files through ``torch.distributed.checkpoint`` (re-sharded on load, so a run
+    resumes on another number of ranks); ``full`` gathers the policy and its AdamW states on rank 0
+    into one file in the plain layout (~12 bytes a parameter, 91 GB at 7B)."""
 
     strategy_name = "medsrl_fsdp"
 
-    def __init__(self, *args, **kwargs) -> None:
-        if not kwargs.get("use_orig_params", False):
-            raise ValueError(
-                "trainer=fsdp needs strategy.use_orig_params=true: the optimiser and the MEDS "
-                "capture address the policy's own parameters (configs/trainer/fsdp.yaml sets it)"
-            )
-        if kwargs.get("auto_wrap_policy") is not None:
-            raise ValueError(
-                "trainer=fsdp wraps each decoder layer of the policy itself (the model's "
-                "_no_split_modules; see medsrl.models.sharding): remove strategy.auto_wrap_policy"
-            )
-        super().__init__(*args, **kwargs)
+    def __init__(self, state_dict_type: str = "sharded", reshard_after_forward: bool = True,
+                 cpu_offload: bool = False, **kwargs: Any) -> None:
+        if state_dict_type not in STATE_DICT_TYPES:
+            raise ValueError(f"trainer.strategy.state_dict_type={state_dict_type!r}: one of {STATE_DICT_TYPES}")
+        for old in ("use_orig_params", "sharding_strategy", "auto_wrap_policy"):
+            if old in kwargs:
+                raise ValueError(
+                    f"trainer.strategy.{old} was a setting of FSDP1; trainer=fsdp is FSDP2 now, which needs none "
+                    "(sharding_strategy=SHARD_GRAD_OP is reshard_after_forward=false; configs/trainer/fsdp.yaml)")
+        super().__init__(tensor_parallel_size=1, save_distributed_checkpoint=state_dict_type == "sharded", **kwargs)
+        self.reshard_after_forward = reshard_after_forward
+        self.cpu_offload = cpu_offload
+
+    def setup_environment(self) -> None:
+        self._data_parallel_size = self.num_nodes * self.num_processes  # every rank shards the policy
+        super().setup_environment()
 
     @property
-    def precision_plugin(self) -> FSDPPrecision:
-        return FSDPStrategy.precision_plugin.fget(self)
-
-    @precision_plugin.setter
-    def precision_plugin(self, plugin) -> None:
-        """Lightning's own FSDP precision plugin becomes :class:`PolicyFSDPPrecision`."""
-        if type(plugin) is FSDPPrecision:
-            plugin = PolicyFSDPPrecision(plugin.precision, lambda: self.root_device.type)
-        FSDPStrategy.precision_plugin.fset(self, plugin)
+    def shard_mesh(self):
+        """The one-dimensional mesh the policy is sharded over (all ranks)."""
+        return self.device_mesh["data_parallel"]
 
     @property
-    def mixed_precision_config(self):
-        """Mixed precision over fp32 shards: bf16 (fp16) compute, fp32 gradient reduction and
-        buffers. Lightning's own for ``bf16-mixed`` also reduces gradients in bf16 and casts the
-        RoPE buffers to bf16; other precisions (``32-true``) keep Lightning's."""
-        if self.mixed_precision is not None:
-            return self.mixed_precision
+    def mixed_precision_policy(self) -> MixedPrecisionPolicy:
+        """bf16 (fp16) compute over the fp32 shards, gradients reduced in fp32; other precisions
+        (``32-true``) compute in the parameters' own dtype."""
         low = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(str(self.precision_plugin.precision))
-        if low is None:
-            return super().mixed_precision_config
-        return MixedPrecision(param_dtype=low, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
+        return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if low else None)
 
-    def _full_on_cpu(self) -> bool:
-        return self._state_dict_type == "full" and self.root_device.type == "cpu"
-
-    def _full_context_without_offload(self):
-        return FSDP.state_dict_type(
-            self.model,
-            StateDictType.FULL_STATE_DICT,
-            FullStateDictConfig(offload_to_cpu=False, rank0_only=True),
-            FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=True),
-        )
-
-    def lightning_module_state_dict(self) -> dict[str, Any]:
-        if not self._full_on_cpu():
-            return super().lightning_module_state_dict()
-        with self._full_context_without_offload():
-            return self.model.state_dict()
+    @property
+    def offload_policy(self) -> OffloadPolicy:
+        return CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy()
 
     def optimizer_state(self, optimizer) -> dict[str, Any]:
-        if not self._full_on_cpu():
+        """As Lightning's, but a full state is put in the plain layout (states keyed by the
+        parameter's position) without FSDP1's deprecated re-keying."""
+        if self._save_distributed_checkpoint:
             return super().optimizer_state(optimizer)
-        optimizer = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer's own
-        with self._full_context_without_offload():
-            state = FSDP.optim_state_dict(self.model, optimizer)
-        if self.global_rank == 0:  # the plain per-parameter-id layout, as Lightning saves it
-            state = FSDP.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_ID, self.model)
-        return state
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        optimizer = optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_optimizer_state_dict(self.model, optimizer, options=options)
+        return plain_optimizer_layout(state) if self.global_rank == 0 else state
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+        """A full checkpoint's optimizer states come back keyed by name before Lightning reads them
+        (Lightning re-keys with FSDP1's deprecated API)."""
+        from lightning.fabric.strategies import model_parallel
+
+        own = model_parallel._rekey_optimizer_state_if_needed
+        model_parallel._rekey_optimizer_state_if_needed = lambda state, module: named_optimizer_layout(state, module)
+        try:
+            return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        finally:
+            model_parallel._rekey_optimizer_state_if_needed = own
+
+
+def plain_optimizer_layout(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A name-keyed optimizer state (``torch.distributed.checkpoint.state_dict``'s) in the layout of
+    a plain ``optimizer.state_dict()``: states and ``param_groups`` by the parameters' positions."""
+    order = [name for group in state["param_groups"] for name in group["params"]]
+    index = {name: i for i, name in enumerate(order)}
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]
+    return {"state": {index[n]: s for n, s in state["state"].items()}, "param_groups": groups}
+
+
+def named_optimizer_layout(state: Mapping[str, Any], module: nn.Module) -> dict[str, Any]:
+    """:func:`plain_optimizer_layout` reversed: position keys become ``module``'s parameter names
+    (its trained parameters in optimiser order, as ``configure_optimizers`` lists them)."""
+    if not state["state"] or not isinstance(next(iter(state["state"])), int):
+        return dict(state)
+    names = [n for n, p in module.named_parameters() if p.requires_grad]
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
+    return {"state": {names[i]: s for i, s in state["state"].items()}, "param_groups": groups}
 
 
 def layer_classes(policy: nn.Module) -> set[type[nn.Module]]:
@@ -129,7 +141,8 @@ def layer_classes(policy: nn.Module) -> set[type[nn.Module]]:
     from medsrl.models.lora import unwrap_peft
 
     names = set(getattr(unwrap_peft(policy), "_no_split_modules", None) or [])
-    classes = {type(m) for m in policy.modules() if type(m).__name__ in names}
+    # by the class's own name or, once sharded (FSDP2 subclasses it: FSDPQwen2DecoderLayer), its base's
+    classes = {c for m in policy.modules() for c in type(m).__mro__[:2] if c.__name__ in names}
     if not classes:
         raise ValueError(
             f"trainer=fsdp: {type(policy).__name__} names no decoder layer class in "
@@ -138,24 +151,76 @@ def layer_classes(policy: nn.Module) -> set[type[nn.Module]]:
     return classes
 
 
-def shard_policy(policy: nn.Module, strategy: FSDPStrategy) -> nn.Module:
-    """``policy`` with one FSDP unit per decoder layer and a root unit for the rest, as ``strategy``
-    says; LoRA adapters are units of their own, so no layer's unit keeps a flat gradient."""
-    from medsrl.models.lora import is_adapter_leaf, is_lora
-
+def shard_policy(policy: nn.Module, strategy: PolicyFSDPStrategy) -> nn.Module:
+    """``policy`` sharded in place: a ``fully_shard`` unit per decoder layer (with its LoRA
+    adapters), then the root for the rest. A policy built on the ``meta`` device (every rank but 0,
+    :func:`build_on_meta`) gets its shards from rank 0's weights."""
+    source = _rank0_source(policy)
     classes = tuple(layer_classes(policy))
-    wrap = ModuleWrapPolicy(classes)
-    if is_lora(policy):
-        wrap = CustomPolicy(lambda m: isinstance(m, classes) or is_adapter_leaf(m))
-    return FSDP(
-        policy,
-        auto_wrap_policy=wrap,
-        sharding_strategy=strategy.sharding_strategy,
-        cpu_offload=strategy.cpu_offload,
-        mixed_precision=strategy.mixed_precision_config,
-        device_id=strategy.root_device,
-        use_orig_params=True,
-    )
+    options = dict(mesh=strategy.shard_mesh, mp_policy=strategy.mixed_precision_policy,
+                   offload_policy=strategy.offload_policy, reshard_after_forward=strategy.reshard_after_forward)
+    for module in list(policy.modules()):
+        if isinstance(module, classes):
+            fully_shard(module, **options)
+    fully_shard(policy, **options)
+    if source is not None:
+        materialize_from_rank0(policy, source, strategy.root_device)
+    return policy
+
+
+def _rank0_source(policy: nn.Module) -> dict[str, torch.Tensor] | None:
+    """Where the ranks' policies differ in how they were built (rank 0 loaded, the others on
+    ``meta``): rank 0's whole state (its own tensors, no copy), else None. A ``meta`` policy takes
+    rank 0's dtypes (a ``meta`` build knows no checkpoint's dtype); the names must agree."""
+    built = {n: p.dtype for n, p in policy.named_parameters()}
+    on_meta = any(p.is_meta for p in policy.parameters())
+    seen = all_gather_objects((built, on_meta))
+    if not any(m for _, m in seen):
+        return None
+    if seen[0][1]:
+        raise RuntimeError("trainer=fsdp: rank 0 built its policy on the meta device; rank 0 must load the weights")
+    theirs = seen[0][0]
+    if built.keys() != theirs.keys():
+        diff = sorted(built.keys() ^ theirs.keys())[:5]
+        raise RuntimeError(f"trainer=fsdp: this rank built another policy than rank 0 (parameters differ: {diff})")
+    for name, p in policy.named_parameters():
+        if p.dtype != theirs[name]:
+            p.data = p.data.to(theirs[name])  # in place: a tied weight stays tied
+    return policy.state_dict() if dist.get_rank() == 0 else {}
+
+
+def materialize_from_rank0(policy: nn.Module, source: Mapping[str, torch.Tensor], device: torch.device) -> None:
+    """Fill every rank's shards from rank 0's whole state, each tensor broadcast once (rank 0 holds
+    the only host copy: one load per node, not one per rank); the buffers (RoPE's frequencies,
+    not part of the state dict) are broadcast too."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if any(t.is_meta for t in list(policy.parameters()) + list(policy.buffers())):
+        meta = [m for m in policy.modules() if any(t.is_meta for t in m.parameters(recurse=False))]
+        for module in meta:
+            module.to_empty(device=device, recurse=False)
+    for module in policy.modules():
+        for name, buf in list(module._buffers.items()):
+            if buf is not None and buf.is_meta:
+                module._buffers[name] = torch.empty_like(buf, device=device)
+    set_model_state_dict(policy, dict(source), options=StateDictOptions(full_state_dict=True,
+                                                                       broadcast_from_rank0=True))
+    for buf in policy.buffers():
+        dist.broadcast(buf, src=0)
+
+
+def loads_on_rank0_only(strategy: Any, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process builds its policy on the ``meta`` device: under ``trainer=fsdp``
+    (``strategy``: the trainer's strategy setting), every rank but global rank 0 (rank 0 loads,
+    the others receive their shards: :func:`shard_policy`). Read from the launcher's environment
+    (torchrun's ``RANK``; Lightning's ``NODE_RANK`` and ``LOCAL_RANK``), before any process group."""
+    target = strategy.get("_target_") if isinstance(strategy, Mapping) else None
+    if not (isinstance(target, str) and target.endswith("PolicyFSDPStrategy")):
+        return False
+    env = os.environ if environ is None else environ
+    if "RANK" in env:
+        return int(env["RANK"]) > 0
+    return int(env.get("NODE_RANK", "0")) > 0 or int(env.get("LOCAL_RANK", "0")) > 0
 
 
 def agreed_passes(count: int, sharded: bool) -> int:
@@ -166,9 +231,9 @@ def agreed_passes(count: int, sharded: bool) -> int:
 
 @torch.no_grad()
 def idle_forward(model: nn.Module) -> None:
-    """A one-token no-grad forward through the FSDP wrapper: this rank's part of a pass it has
+    """A one-token no-grad forward through the sharded policy: this rank's part of a pass it has
     no rows for (the other ranks' all-gathers wait for it)."""
-    device = next(model.parameters()).device
+    device = local(next(model.parameters())).device
     ids = torch.zeros((1, 1), dtype=torch.long, device=device)
     model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
 
@@ -181,74 +246,73 @@ def idle_passes(model: nn.Module) -> None:
 
 def streamed_weights(module: nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """The state a plain model of the policy holds (a LoRA policy's merged, under the base model's
-    names: ``models/lora.py`` ``merged_weights``), one tensor at a time, for an engine's layerwise
-    reload. Under FSDP one unit is gathered at a time (the root's own weights: embeddings, final
-    norm, LM head; then each decoder layer with its adapters), and each tensor is a fresh copy in
-    ``dtype`` (the engine may hold it until its layer is complete, past the unit's release). Every
-    rank must run it to the end together: each unit's gather is a collective."""
-    from medsrl.models.lora import merged_weights, unwrap_peft
+    names: ``models/lora.py`` ``merged_weights``), one tensor at a time, for an engine's reload,
+    the export and the milestones. Sharded: each parameter is gathered alone, cast to ``dtype``
+    before the gather (the vLLM sync moves bf16, not fp32), and each tensor is a fresh copy (the
+    receiver may hold it past the next gather). Every rank must run it to the end together: each
+    gather is a collective."""
+    from medsrl.models.lora import merged_weights
 
     if not is_sharded(module):
         yield from merged_weights(module, dtype)
         return
-    plain = unwrap_peft(module.module)
-    # the root first: its gather also initialises FSDP's root state, which a nested unit's would
-    # claim for itself
-    with FSDP.summon_full_params(module, recurse=False, writeback=False):
-        yield from merged_weights(plain, dtype, copy=True, skip=lambda m: isinstance(m, FSDP))
-    for prefix, unit in _top_units(plain):
-        with FSDP.summon_full_params(unit, recurse=True, writeback=False):
-            for name, t in merged_weights(unit, dtype, copy=True):
-                yield f"{prefix}.{_clean(name)}", t
-
-
-def _top_units(module: nn.Module, prefix: str = "") -> Iterator[tuple[str, FSDP]]:
-    """The FSDP units in ``module``'s tree not nested in another one, with their names."""
-    for name, child in module.named_children():
-        path = f"{prefix}{name}"
-        if isinstance(child, FSDP):
-            yield path, child
-        else:
-            yield from _top_units(child, path + ".")
-
-
-def _clean(name: str) -> str:
-    return name.replace("_fsdp_wrapped_module.", "")
+    yield from merged_weights(module, dtype, copy=True, gather=whole)
 
 
 @contextlib.contextmanager
 def full_weights(module: nn.Module) -> Iterator[nn.Module]:
-    """The plain module with all its weights for the block, for reading (changes are discarded):
-    gathered on every rank when FSDP-wrapped (a collective: all ranks enter together). For HF
-    generation and the export; everything else goes through the wrapper."""
-    if not is_sharded(module):
+    """A plain model with all the policy's weights, for reading (HF generation, the export), on
+    every rank together when sharded: the policy itself when it is plain, else a model of the
+    base architecture filled from :func:`streamed_weights` (LoRA merged: generation runs plain
+    layers, not two adapter matmuls more per projection), freed after the block."""
+    from medsrl.models.lora import is_lora
+
+    if not is_sharded(module) and not is_lora(module):
         yield module
         return
-    with FSDP.summon_full_params(module, writeback=False), torch.no_grad(), \
-            _without_inner_units(module.module) as plain:
-        yield plain
-
-
-@contextlib.contextmanager
-def _without_inner_units(module: nn.Module) -> Iterator[nn.Module]:
-    """``module`` with each nested FSDP unit replaced by the module it wraps, for the block: a
-    unit's own forward would cast its inputs to the mixed-precision dtype and free the weights."""
-    swapped = []
-    for parent in list(module.modules()):
-        for name, child in list(parent._modules.items()):
-            if isinstance(child, FSDP):
-                parent._modules[name] = child.module
-                swapped.append((parent, name, child))
+    plain = plain_twin(module)
     try:
-        yield module
+        with torch.no_grad():
+            yield plain
     finally:
-        for parent, name, child in reversed(swapped):
-            parent._modules[name] = child
+        del plain
+
+
+def plain_twin(module: nn.Module) -> nn.Module:
+    """A plain (unsharded, adapter-free) model of ``module``'s base architecture holding its
+    merged weights, gathered one tensor at a time, in the master dtype."""
+    from transformers import AutoModelForCausalLM
+
+    from medsrl.models.lora import unwrap_peft
+
+    base = unwrap_peft(module)
+    with torch.device("meta"):
+        twin = AutoModelForCausalLM.from_config(base.config)
+    state = dict(streamed_weights(module))
+    twin.load_state_dict(state, strict=True, assign=True)
+    for name, buf in base.named_buffers():  # RoPE's frequencies and the like: not in the state dict
+        owner, _, leaf = name.rpartition(".")
+        twin.get_submodule(owner)._buffers[leaf] = buf
+    if getattr(base.config, "tie_word_embeddings", False):
+        twin.tie_weights()
+    twin.generation_config = base.generation_config
+    return twin.eval().requires_grad_(False)
 
 
 def grad_norm(params: list[nn.Parameter], sharded: bool) -> float:
-    """The global L2 norm of the gradients; with sharded gradients the squares are summed over
-    ranks first (each rank holds a disjoint slice)."""
-    norms = [p.grad.detach().float().norm(2) for p in params if p.grad is not None]
+    """The global L2 norm of the gradients; with sharded gradients the squares of each rank's
+    shards are summed over ranks (each rank holds a disjoint slice)."""
+    norms = [local(p.grad).detach().float().norm(2) for p in params if p.grad is not None]
     sq = float(torch.stack(norms).square().sum()) if norms else 0.0
     return (all_reduce_sum(sq) if sharded else sq) ** 0.5
+
+
+def replicate_from_rank0(module: nn.Module, device: torch.device) -> nn.Module:
+    """``module`` whole on every rank with rank 0's values (the KL reference, copied from a policy
+    that was built on the ``meta`` device on the other ranks)."""
+    if any(t.is_meta for t in module.parameters()):
+        module = module.to_empty(device=device)
+    module.to(device)
+    for t in list(module.parameters()) + list(module.buffers()):
+        dist.broadcast(t.data, src=0)
+    return module

@@ -123,10 +123,10 @@ def _pad_columns(out: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def output_head(model) -> torch.nn.Module:
-    """The LM head module of a causal LM, through an FSDP wrapper (``.module``). Models that
+    """The LM head module of a causal LM (sharded or not: FSDP2 keeps the model itself). Models that
     transform the logits after the head (soft-capping, scaling) are refused: the fused head
     returns log-probs, not logits, so that transform would be applied to the wrong numbers."""
-    inner = model.module if is_sharded(model) else model
+    inner = model
     config = getattr(inner, "config", None)
     for key in ("final_logit_softcapping", "logit_scale"):
         if getattr(config, key, None) not in (None, 1, 1.0):

@@ -63,3 +63,10 @@ def all_reduce_grads(params: list[torch.nn.Parameter]) -> None:
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
     for p, chunk in zip(params, flat.split([g.numel() for g in grads]), strict=True):
         p.grad = chunk.view_as(p).clone()
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (an FSDP2 parameter or gradient); a plain tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from medsrl.utils.distributed import all_reduce_sum
+from medsrl.utils.distributed import all_reduce_sum, local
 
 LIKELY_CAUSES = (
     "Likely causes: a learning rate far too high (optim.optimizer.lr) or an overflow of the training "
@@ -31,7 +31,7 @@ class RunawayError(RuntimeError):
 def param_norm(params: Iterable[torch.Tensor], sharded: bool) -> float:
     """The global L2 norm of ``params`` (float32 per tensor, one fused pass); when each rank holds
     a shard, the squares are summed over ranks first."""
-    tensors = [t.detach() for t in params if t.numel()]
+    tensors = [local(t.detach()) for t in params if t.numel()]
     sq = 0.0
     if tensors:
         norms = torch._foreach_norm(tensors, 2, dtype=torch.float32)
