@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.distributed.fsdp import ShardingStrategy
+from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
 
 from medsrl.rollout.base import SamplingParams, sync_engine
 
@@ -22,14 +22,18 @@ PARAMS = SamplingParams(n=2, max_new_tokens=4, seed=0, logprobs=True)
 
 
 def _policy():
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
     from medsrl.models.sharding import shard_policy
     from medsrl.models.tiny import build_tiny_model
 
     model = build_tiny_model(seed=0, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                              num_key_value_heads=1, intermediate_size=64)
     names = list(model.state_dict())
-    strategy = SimpleNamespace(sharding_strategy=ShardingStrategy.FULL_SHARD, cpu_offload=None,
-                               mixed_precision_config=None, root_device=torch.device("cpu"))
+    strategy = SimpleNamespace(shard_mesh=init_device_mesh("cpu", (dist.get_world_size(),)),
+                               mixed_precision_policy=MixedPrecisionPolicy(), offload_policy=OffloadPolicy(),
+                               reshard_after_forward=True, root_device=torch.device("cpu"))
     return shard_policy(model, strategy), names
 
 
@@ -61,11 +65,13 @@ def _steps(rank: int) -> dict:
         engine.generate(prompts, PARAMS)
     engine.release()
     result["released_after_validation"] = engine.weights_released
+    result["resident_after_validation"] = sorted(llm.resident())  # rank 1: synced, sampled nothing
     training_step()  # before the fix: rank 0 alone re-synced here and the ranks' collectives parted
     result["loads"] = len(llm.model.loads)
     result["calls"] = llm.calls
     result["loaded_into_sleeping_weights"] = any(c == ("load", True) for c in llm.calls)
     result["generated_under_autocast"] = any(c[0] == "generate" and c[2] for c in llm.calls)
+    result["vllm_warnings"] = llm.executor.warnings  # a sleep or wake vLLM would have skipped
     with pytest.raises(RuntimeError, match="would destroy the default process group"):
         engine.close()
     result["close_refused"] = True
@@ -87,6 +93,8 @@ def ranks(tmp_path_factory) -> list[dict]:
 def test_after_a_validation_one_rank_sampled_every_rank_sleeps_and_resyncs_together(ranks):
     a, b = ranks
     assert a["released_after_validation"] and b["released_after_validation"]
+    assert a["resident_after_validation"] == b["resident_after_validation"] == []  # weights and KV cache freed
+    assert a["vllm_warnings"] == b["vllm_warnings"] == []
     # start, after step 1's update, the stale resync before step 2, after step 2's update
     assert a["loads"] == b["loads"] == 4
     for r in ranks:

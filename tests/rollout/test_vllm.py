@@ -283,10 +283,12 @@ def test_the_sleep_mode_sequence_around_a_step(engine, tok, monkeypatch):
     dropped, not copied to the host); generate refuses until sync_weights wakes the weights
     alone and loads them; generate then wakes the KV cache. The CPU build has no sleep mode, so
     vLLM's sleep / wake_up are recorded here instead of run (the weights and KV cache stay in
-    place, which is what lets the generation below still check the loaded weights)."""
+    place, which is what lets the generation below still check the loaded weights); wake_up
+    answers as vLLM 0.32 does: fully awake once the KV cache, the last to sleep here, is awake."""
     calls = []
     monkeypatch.setattr(engine.llm, "sleep", lambda level: calls.append(("sleep", level)))
-    monkeypatch.setattr(engine.llm, "wake_up", lambda tags: calls.append(("wake_up", tuple(tags))))
+    monkeypatch.setattr(engine.llm, "wake_up",
+                        lambda tags: calls.append(("wake_up", tuple(tags))) or "kv_cache" in tags)
     monkeypatch.setattr(engine, "sleep_mode", True)
     model = _sharp(6)
     engine.sync_weights(model)

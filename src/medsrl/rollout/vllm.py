@@ -22,6 +22,16 @@ sync run outside the trainer's autocast. vLLM keeps its parallel state in proces
 creating an engine closes the previous one, which is refused while a process group is up (vLLM's
 shutdown destroys the default one, Lightning's). Sleep mode and ``external_launcher`` under DDP /
 FSDP: docs/GPU.md.
+
+Sleep mode as vLLM 0.32.0 runs it (``tests/fake_vllm.py`` follows it step for step): a sync wakes
+the weights alone, sampling the KV cache too, and :meth:`VLLMRolloutEngine.release` sleeps at
+level 2. The executor skips a sleep only while its weights sleep
+(``vllm/v1/executor/abstract.py:383-385``), not while the KV cache alone does, and the allocator
+frees whatever is still mapped (``vllm/device_allocator/cumem.py:256-262``): one release frees
+both on every rank, whether it sampled, only synced, or did nothing. The KV cache never wakes with
+the weights asleep (``generate`` refuses first): that sleep would keep it. A wake whose tag is
+awake does nothing (abstract.py:398-404), so vLLM's answer to every wake is checked against this
+engine's record.
 """
 
 from __future__ import annotations
@@ -367,21 +377,34 @@ class VLLMRolloutEngine:
                     "shorten the prompts made during the run, or lower max_new_tokens")
 
     def release(self) -> None:
-        """Free the engine's GPU memory until next needed: sleep level 2, whatever is awake (after
-        a sync the weights alone; vLLM's allocator skips what already sleeps), so every rank's
-        engine ends asleep whether or not it generated; :meth:`sync_weights` brings the weights
-        back. A no-op without sleep mode."""
+        """Free the engine's GPU memory until next needed: sleep level 2 (weights dropped, not
+        copied to the host), on every rank whether or not it generated; :meth:`sync_weights` brings
+        the weights back. A no-op without sleep mode, or with the weights asleep: vLLM's executor
+        would skip that sleep (``vllm/v1/executor/abstract.py:383-385``), and the KV cache sleeps
+        then too (it never wakes alone). With the KV cache alone asleep (a rank that synced and
+        sampled nothing) the sleep runs and frees the weights (``cumem.py:256-262``)."""
         self._check_open()
         if self.sleep_mode and "weights" not in self._asleep:
             self.llm.sleep(level=2)
             self._asleep.update(SLEEP_TAGS)
 
     def _wake(self, tags: list[str]) -> None:
+        """Wake those of ``tags`` that sleep: the weights for a sync, both for sampling. vLLM
+        ignores a wake whose tag is awake (``vllm/v1/executor/abstract.py:398-404``) and answers
+        whether it is fully awake (``vllm/v1/engine/core.py:1016-1019``): an answer that differs
+        from this record raises here, not later as a generate whose requests are never scheduled
+        (the scheduler stays paused until fully awake) or as memory a release does not free."""
         todo = [t for t in tags if t in self._asleep]
-        if todo:
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()  # the trainer's cached blocks back to the driver first
-            self.llm.wake_up(tags=todo)
-            self._asleep.difference_update(todo)
-            if "kv_cache" in todo:
-                self.llm.reset_prefix_cache()
+        if not todo:
+            return
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the trainer's cached blocks back to the driver first
+        fully_awake = self.llm.wake_up(tags=todo)
+        self._asleep.difference_update(todo)
+        if fully_awake != (not self._asleep):
+            raise RuntimeError(
+                f"vLLM's sleep state differs from the engine's: after waking {todo} vLLM says "
+                f"fully awake = {fully_awake}, the engine has {sorted(self._asleep) or 'nothing'} asleep "
+                "(was the engine's vllm.LLM put to sleep or woken directly?)")
+        if "kv_cache" in todo:
+            self.llm.reset_prefix_cache()
