@@ -111,6 +111,14 @@ def test_fsdp_shards_per_layer_in_bf16_mixed_and_resumes_from_sharded_checkpoint
                               timeout_s=300)
     assert "Restored all states from the checkpoint" in out
     assert read_metrics(second).keys() >= {2}  # the resumed run trained step 2 (its third)
+    # FSDP2 through torch.distributed.checkpoint: re-sharded on load, so one rank resumes two ranks'
+    # checkpoint; and the checkpoint path warns of no deprecated API (FSDP1's state-dict types did)
+    third = tmp_path / "third"
+    one_rank = [*run[:3], "trainer.devices=1", *run[4:], "trainer.max_steps=3", f"ckpt_path={ckpt}"]
+    out += train_in_subprocess(third, tmp_path / "cache", one_rank, timeout_s=300)
+    assert "Restored all states from the checkpoint" in out
+    assert read_metrics(third).keys() >= {2}
+    assert not [line for line in out.splitlines() if "deprecat" in line.lower() and "checkpoint" in line.lower()]
 
 
 def test_under_fsdp_scoring_and_the_update_compute_the_same_log_probs(tmp_path):

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -24,7 +25,14 @@ from medsrl.algo.policy_loss import policy_loss_reducers
 from medsrl.algo.settings import AlgorithmConfig
 from medsrl.models import lora
 from medsrl.models.export import save_policy
-from medsrl.models.sharding import PolicyFSDPStrategy, full_weights, is_sharded, replicate_from_rank0, shard_policy
+from medsrl.models.sharding import (
+    PolicyFSDPStrategy,
+    full_weights,
+    host_weights,
+    is_sharded,
+    replicate_from_rank0,
+    shard_policy,
+)
 from medsrl.plugins import Plugin, PluginHost, StepContext
 from medsrl.plugins.rounds import fill_batch
 from medsrl.reward.grader import MathGrader
@@ -140,11 +148,21 @@ class RLModule(L.LightningModule):
         """``rollout.base.sync_engine`` of this module's engine and policy (every rank together)."""
         sync_engine(self.engine, self.policy, stale_only=stale_only)
 
-    def policy_for_generation(self):
-        """:meth:`full_policy` when the engine generates with the policy module (HF), else
-        nothing: vLLM holds its own copy of the weights, and gathering them under FSDP would
-        only take memory from its KV cache."""
-        return self.full_policy() if self.engine.uses_policy_weights else nullcontext()
+    @contextmanager
+    def policy_for_generation(self) -> Iterator[None]:
+        """For the block, an engine that generates with the policy module (HF) generates with
+        :meth:`full_policy` (sharded or LoRA: a plain model with the merged weights, so no rank
+        runs a collective per token and no decode step runs the adapters' extra matmuls). vLLM
+        holds its own copy of the weights: nothing to do."""
+        if not self.engine.uses_policy_weights:
+            yield
+            return
+        with self.full_policy() as full:
+            self.engine.sync_weights(full)
+            try:
+                yield
+            finally:
+                self.engine.sync_weights(self.policy)
 
     def on_train_start(self) -> None:
         o, params = self.optim_cfg, [p for p in self.policy.parameters() if p.requires_grad]
@@ -299,10 +317,22 @@ class RLModule(L.LightningModule):
     def export_policy(self, path, dtype: torch.dtype | None = None) -> None:
         """Save the policy and tokenizer the Hugging Face way (every rank calls; rank 0 writes), in
         ``dtype`` when given, else as they are. With LoRA: the merged weights as a plain model
-        (``model.lora.merge_on_export``), else the adapter alone."""
-        with self.full_policy() as full:
-            if rank_and_size()[0] == 0:
-                save_policy(full, self.tokenizer, path, dtype=dtype, merge_on_export=self.merge_on_export)
+        (``model.lora.merge_on_export``), else the adapter alone. Sharded: each parameter gathered
+        alone, in ``dtype``, and kept on rank 0's host only (no rank holds the whole policy on its
+        device: the bf16 milestones at 8B did not fit beside the engine's weights)."""
+        rank0 = rank_and_size()[0] == 0
+        if not is_sharded(self.policy):
+            if rank0:
+                save_policy(self.policy, self.tokenizer, path, dtype=dtype, merge_on_export=self.merge_on_export)
+            return
+        adapters_only = self.lora and not self.merge_on_export
+        state = {}
+        for name, tensor in host_weights(self.policy, dtype, adapters_only=adapters_only):
+            if rank0:
+                state[name] = tensor
+        if rank0:
+            save_policy(self.policy, self.tokenizer, path, dtype=dtype, merge_on_export=self.merge_on_export,
+                        state=state)
 
 
 class _LightningStepper:

@@ -40,7 +40,10 @@ class WeightMilestones(Callback):
         tmp = root / f".step_{step:06d}.tmp"
         if trainer.is_global_zero:
             shutil.rmtree(tmp, ignore_errors=True)
-        pl_module.export_policy(tmp, dtype=self.dtype)  # every rank: FSDP gathers the weights
+        # the engine's weights and KV cache go first (vLLM sleeps; the next step wakes it), then
+        # every rank gathers one parameter at a time into rank 0's host memory
+        pl_module.engine.release()
+        pl_module.export_policy(tmp, dtype=self.dtype)
         if trainer.is_global_zero:
             shutil.rmtree(path, ignore_errors=True)  # a resumed run re-saves the same step
             tmp.rename(path)

@@ -10,9 +10,15 @@ from medsrl.models import lora
 
 
 def save_policy(policy: nn.Module, tokenizer, path, *, dtype: torch.dtype | None = None,
-                merge_on_export: bool = True) -> None:
-    """Write ``policy`` (all its weights on this process) and ``tokenizer`` to ``path``."""
-    model, state = lora.export_view(policy, merge_on_export)
+                merge_on_export: bool = True, state: dict[str, torch.Tensor] | None = None) -> None:
+    """Write ``policy`` (all its weights on this process) and ``tokenizer`` to ``path``. ``state``:
+    the weights already gathered (a sharded policy's, ``models/sharding.py`` ``host_weights``):
+    the merged weights of a plain model, or a LoRA policy's adapters when not merged."""
+    if state is not None and not (lora.is_lora(policy) and not merge_on_export):
+        model, state = plain_model(policy, state), None  # a plain model of the base architecture
+    else:
+        model, own = lora.export_view(policy, merge_on_export)
+        state = state if state is not None else own
     if dtype is None:
         model.save_pretrained(path, state_dict=state)
     else:
@@ -26,3 +32,16 @@ def save_policy(policy: nn.Module, tokenizer, path, *, dtype: torch.dtype | None
         finally:
             model.config.dtype = was
     tokenizer.save_pretrained(path)
+
+
+def plain_model(policy: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
+    """A plain model of ``policy``'s base architecture holding ``state`` (its tensors, not copies)."""
+    from transformers import AutoModelForCausalLM
+
+    config = lora.unwrap_peft(policy).config
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    return model

@@ -259,6 +259,22 @@ def streamed_weights(module: nn.Module, dtype: torch.dtype | None = None) -> Ite
     yield from merged_weights(module, dtype, copy=True, gather=whole)
 
 
+def host_weights(module: nn.Module, dtype: torch.dtype | None = None, *,
+                 adapters_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """:func:`streamed_weights` moved to host memory one tensor at a time (the export, the
+    milestones); ``adapters_only``: a LoRA policy's adapter weights, unmerged, under the PEFT
+    model's names. Every rank runs it to the end together."""
+    if not adapters_only:
+        for name, tensor in streamed_weights(module, dtype):
+            yield name, tensor.cpu()
+        return
+    from medsrl.models.lora import is_adapter_key
+
+    for name, param in module.named_parameters():
+        if is_adapter_key(name):
+            yield name, whole(param.detach(), dtype).cpu()
+
+
 @contextlib.contextmanager
 def full_weights(module: nn.Module) -> Iterator[nn.Module]:
     """A plain model with all the policy's weights, for reading (HF generation, the export), on
@@ -281,20 +297,14 @@ def full_weights(module: nn.Module) -> Iterator[nn.Module]:
 def plain_twin(module: nn.Module) -> nn.Module:
     """A plain (unsharded, adapter-free) model of ``module``'s base architecture holding its
     merged weights, gathered one tensor at a time, in the master dtype."""
-    from transformers import AutoModelForCausalLM
-
+    from medsrl.models.export import plain_model
     from medsrl.models.lora import unwrap_peft
 
     base = unwrap_peft(module)
-    with torch.device("meta"):
-        twin = AutoModelForCausalLM.from_config(base.config)
-    state = dict(streamed_weights(module))
-    twin.load_state_dict(state, strict=True, assign=True)
+    twin = plain_model(module, dict(streamed_weights(module)))
     for name, buf in base.named_buffers():  # RoPE's frequencies and the like: not in the state dict
         owner, _, leaf = name.rpartition(".")
         twin.get_submodule(owner)._buffers[leaf] = buf
-    if getattr(base.config, "tie_word_embeddings", False):
-        twin.tie_weights()
     twin.generation_config = base.generation_config
     return twin.eval().requires_grad_(False)
 
