@@ -2,7 +2,15 @@
 and diversity as medsrl-eval measures them, with the same sampling seed at every evaluation, so
 that successive points differ by the policy, not the dice.
 
-Memory, in the order it runs: every chunk is sampled first (vLLM from its own weights; HF with the
+Every rank samples a contiguous share of the problems (AIME24's 30 on 8 ranks: 4, 4, 4, 4, 4, 4,
+3, 3; ``evaluation/responses.py`` ``share_chunks``), each problem seeded by its index among all of
+them, not by the rank; the per-problem records are gathered and summarised in problem order, so
+the figures are one process's wherever the engine seeds per prompt (vLLM with
+``rollout.vllm.per_request_seeds``; otherwise a problem's draws can depend on what it was batched
+with, as in training). A rank with fewer problems, or none, still joins every collective: the
+engine sync, the release and, under FSDP, each pass of the feature forward.
+
+Memory, in the order it runs: every part is sampled first (vLLM from its own weights; HF with the
 policy gathered under FSDP), then the engine is released, then the diversity features are read in
 one feature pass through the policy module itself (under FSDP its wrapper: a unit gathered at a
 time), cut by the run's token budget, all of it under the run's autocast.
@@ -21,15 +29,16 @@ from medsrl.callbacks.progress import set_progress_status
 from medsrl.evaluation.response_features import response_features
 from medsrl.evaluation.responses import (
     EvalSettings,
+    SampledChunk,
     chunk_records,
-    chunks_of,
     joined_rollout,
     sample_chunk,
+    share_chunks,
     summarize_records,
 )
 from medsrl.features.reader import FeatureSpec
 from medsrl.settings import Count, Flag, Fraction, NonNegative, PositiveInt, Seed, nullable
-from medsrl.utils.distributed import all_gather_objects, rank_and_size, shard_bounds
+from medsrl.utils.distributed import all_gather_objects, rank_and_size
 
 _NOT_LOGGED = ("run", "benchmark", "problems", "n", "mean@n")  # mean@n == pass@1
 
@@ -96,28 +105,9 @@ class PassAtKValidation(Callback):
         set_progress_status(trainer, "validating")  # the step bar, instead of looking stuck
         max_new = self.max_new_tokens or pl_module.rollout_cfg.max_new_tokens
         settings = dataclasses.replace(self.settings, max_new_tokens=max_new)
-        # whole sampling chunks per rank (each seeded by its first problem): the numbers of one process
-        chunks = chunks_of(len(problems), settings)
-        first, last = shard_bounds(len(chunks), *rank_and_size())
-        engine = pl_module.engine
         with trainer.precision_plugin.forward_context():
-            pl_module.sync_engine(stale_only=True)
-            with pl_module.policy_for_generation():  # HF under FSDP: the policy gathered for sampling
-                sampled = [sample_chunk(engine, pl_module.grader, problems, idx, settings)
-                           for idx in chunks[first:last]]
-            engine.release()  # every rank: its engine's memory goes to the feature pass and the update
-            feats = [None] * sum(len(c.rollout) for c in sampled)
-            if settings.features is not None:
-                algo = pl_module.algorithm  # the update's budget: the memory it is planned for
-                feats = response_features(pl_module.policy, pl_module.tokenizer, joined_rollout(sampled),
-                                          spec=settings.features, micro_batch_size=algo.micro_batch_size,
-                                          max_tokens=algo.max_tokens_per_microbatch,
-                                          reasoning_end=pl_module.grader.reasoning_end)
-        mine, at = [], 0
-        for chunk in sampled:
-            mine += chunk_records(chunk, feats[at:at + len(chunk.rollout)])
-            at += len(chunk.rollout)
-        records = [rec for part in all_gather_objects(mine) for rec in part]
+            mine = _sample_share(pl_module, problems, settings)
+        records = _gathered_records(mine)
         by_source = defaultdict(list)
         for p, rec in zip(problems, records, strict=True):
             by_source[p.source].append(rec)
@@ -137,3 +127,39 @@ class PassAtKValidation(Callback):
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step)
         set_progress_status(trainer, "")
+
+
+def _sample_share(pl_module, problems, settings: EvalSettings) -> list[dict]:
+    """This rank's records: its share of ``problems`` sampled, the engine released, then the
+    features read. Every rank runs each step, with no problems too: the sync and the release
+    are decided together, and under FSDP the feature pass is a collective."""
+    engine = pl_module.engine
+    pl_module.sync_engine(stale_only=True)
+    with pl_module.policy_for_generation():  # HF under FSDP: the policy gathered for sampling
+        sampled = [sample_chunk(engine, pl_module.grader, problems, idx, settings)
+                   for idx in share_chunks(len(problems), settings, *rank_and_size())]
+    engine.release()  # every rank: its engine's memory goes to the feature pass and the update
+    return _with_features(pl_module, sampled, settings)
+
+
+def _with_features(pl_module, sampled: list[SampledChunk], settings: EvalSettings) -> list[dict]:
+    """The sampled parts' records with their responses' features (None without a feature spec),
+    read in one pass over all of them (an empty one on a rank that sampled nothing)."""
+    feats = [None] * sum(len(c.rollout) for c in sampled)
+    if settings.features is not None:
+        algo = pl_module.algorithm  # the update's budget: the memory it is planned for
+        feats = response_features(pl_module.policy, pl_module.tokenizer, joined_rollout(sampled),
+                                  spec=settings.features, micro_batch_size=algo.micro_batch_size,
+                                  max_tokens=algo.max_tokens_per_microbatch,
+                                  reasoning_end=pl_module.grader.reasoning_end)
+    records, at = [], 0
+    for chunk in sampled:
+        records += chunk_records(chunk, feats[at:at + len(chunk.rollout)])
+        at += len(chunk.rollout)
+    return records
+
+
+def _gathered_records(mine: list[dict]) -> list[dict]:
+    """Every rank's records in problem order (their global ``index``): the summary one process
+    would make from them."""
+    return sorted((rec for part in all_gather_objects(mine) for rec in part), key=lambda rec: rec["index"])

@@ -2,7 +2,10 @@
 
 Problems are taken in fixed chunks of ``max(1, batch_size // n)``, the one starting at problem
 ``s`` sampled with seed ``seed + s``: a resumed run re-samples only the chunks it had not finished
-and ends with the same records, hence the same table, as a run in one go.
+and ends with the same records, hence the same table, as a run in one go. Over several ranks
+(:func:`share_chunks`) each rank takes a contiguous share of the problems, cut where the chunks
+are cut and each part seeded by its own first problem, so a problem's seed does not depend on
+the number of ranks.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from medsrl.evaluation.store import GenerationStore, settings_fingerprint
 from medsrl.evaluation.tables import summarize_benchmark
 from medsrl.features.reader import FeatureSpec
 from medsrl.rollout.base import RolloutBatch, SamplingParams
+from medsrl.utils.distributed import shard_bounds
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,15 @@ def chunks_of(num_problems: int, settings: EvalSettings) -> list[range]:
     """The fixed sampling chunks of ``num_problems`` problems."""
     size = settings.chunk_size
     return [range(s, min(s + size, num_problems)) for s in range(0, num_problems, size)]
+
+
+def share_chunks(num_problems: int, settings: EvalSettings, rank: int, size: int) -> list[range]:
+    """Rank ``rank`` of ``size``'s contiguous share of the problems (``shard_bounds``: 15 and 15
+    of 30 on 2 ranks, even when they make one chunk), as its parts in the fixed chunks: no call
+    holds more than a chunk, and a chunk no share boundary cuts is sampled as one process does."""
+    start, stop = shard_bounds(num_problems, rank, size)
+    parts = (range(max(c.start, start), min(c.stop, stop)) for c in chunks_of(num_problems, settings))
+    return [part for part in parts if len(part)]
 
 
 def chunk_records(chunk: SampledChunk, features: Sequence[list[float] | None], *, run: str = "",
