@@ -87,6 +87,10 @@ def one_problem(values: dict) -> str:
         ({"hardware": {"name": "8x H100", "gpu_memory_gib": 0}}, "hardware.gpu_memory_gib must be a positive number"),
         ({"model": {"dtype": "bfloat16"}}, "model.dtype=bfloat16 keeps the master weights and AdamW states in 16 bits"),
         ({"trainer": {"precision": "bf16-true"}}, "trainer.precision=bf16-true casts the master weights to 16 bits"),
+        # with LoRA model.dtype is the adapters': the base's has its own key
+        ({"model": {"dtype": "bfloat16", "lora": {"r": 8}}}, "model.dtype=bfloat16 keeps the LoRA adapters (the only "
+         "trained weights; the frozen base's dtype is model.lora.base_dtype) and AdamW states in 16 bits"),
+        ({"model": {"lora": {"r": 8, "base_dtype": "int8"}}}, "model.lora.base_dtype must be one of 'compute', 'auto'"),
     ],
 )
 def test_each_rule_names_the_key_the_expectation_and_the_value(values, message):
@@ -105,6 +109,10 @@ def test_each_rule_names_the_key_the_expectation_and_the_value(values, message):
         {"grader": {"num_workers": 0}},  # in-process grading (debugging)
         {"grader": {"num_workers": None}},  # one per core
         {"trainer": {"precision": "bf16-mixed"}, "model": {"dtype": "float32"}},
+        # LoRA as users run it: a bf16 frozen base, fp32 adapters (the default under bf16-mixed), or an fp32 base
+        {"trainer": {"precision": "bf16-mixed"}, "model": {"dtype": "float32", "lora": {"r": 8, "base_dtype": "bf16"}}},
+        {"trainer": {"precision": "bf16-mixed"}, "model": {"lora": {"r": 16, "base_dtype": "compute"}}},
+        {"trainer": {"precision": "bf16-mixed"}, "model": {"lora": {"r": 16, "base_dtype": "float32"}}},
         # pure 16 bits when asked for by name; or nothing to lose (lr 0)
         {"trainer": {"precision": "bf16-true"}, "model": {"dtype": "bfloat16", "allow_16bit_weights": True}},
         {"trainer": {"precision": "bf16-true"}, "model": {"dtype": "bfloat16"}, "optim": {"optimizer": {"lr": 0.0}}},

@@ -122,7 +122,8 @@ def test_checkpoints_of_full_and_lora_runs_do_not_mix_and_say_why():
 
 
 # Qwen2.5-Math-1.5B's experiment (precision bf16-mixed, gradient checkpointing, DAPO + MEDS) at 2
-# narrow random layers of its architecture with the shared tokenizer, small batches, HF rollouts.
+# narrow random layers of its architecture with the shared tokenizer, small batches, HF rollouts;
+# with LoRA its base is bf16 and its adapters fp32 (model.lora.base_dtype: compute).
 SMALL_REAL = [
     "experiment=qwen2.5-math-1.5b_meds", "trainer=gpu", "trainer.accelerator=cpu", "trainer.devices=1",
     "rollout.backend=hf", "data.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=8",
@@ -153,6 +154,9 @@ def test_lora_on_a_real_architecture_trains_adapters_and_resumes_exactly(tmp_pat
     assert cfg.model.gradient_checkpointing and cfg.trainer.precision == "bf16-mixed"
     run, summary, (base0, adapters0), (base1, adapters1) = _run_and_weights(cfg)
     assert summary["steps"] == 2 and is_lora(run.module.policy)
+    # LoRA as users run it (model.lora.base_dtype: compute): a bf16 frozen base, fp32 adapters
+    assert {w.dtype for w in base1.values()} == {torch.bfloat16}
+    assert {w.dtype for w in adapters1.values()} == {torch.float32}
     assert all(torch.equal(base1[n], w) for n, w in base0.items())
     assert any(not torch.equal(adapters1[n], w) for n, w in adapters0.items())
     ckpt = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]

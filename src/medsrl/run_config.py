@@ -239,14 +239,19 @@ def precision_problems(run: dict) -> list[str]:
 
     AdamW's update at lr 1e-6 is far below one bf16 step of a weight of size 0.02, so pure bf16
     leaves most weights unchanged and nothing fails (docs/GPU.md): fp32 masters with
-    ``trainer.precision=bf16-mixed`` compute in bf16 and keep every update."""
+    ``trainer.precision=bf16-mixed`` compute in bf16 and keep every update. With LoRA the masters
+    are the adapters (``model.dtype``); a 16-bit frozen base (``model.lora.base_dtype``, bf16 by
+    default under bf16-mixed) loses nothing, no update reaching it."""
     if lookup(run, "model.allow_16bit_weights") is True or lookup(run, "optim.optimizer.lr") == 0:
         return []
     dtype = str(lookup(run, "model.dtype")).lower().removeprefix("torch.")
     precision = str(lookup(run, "trainer.precision")).lower()
+    lora = lookup(run, "model.lora.r") not in (None, 0)
     found = []
     if dtype in LOW_PRECISION_WEIGHTS:
-        found.append(f"model.dtype={dtype} keeps the master weights and AdamW states in 16 bits: updates "
+        whose = ("the LoRA adapters (the only trained weights; the frozen base's dtype is model.lora.base_dtype)"
+                 if lora else "the master weights")
+        found.append(f"model.dtype={dtype} keeps {whose} and AdamW states in 16 bits: updates "
                      "smaller than one bf16 step are lost (about 98 % of weights unchanged at lr 1e-6, "
                      "docs/GPU.md); use model.dtype=float32 with trainer.precision=bf16-mixed, or set "
                      "model.allow_16bit_weights=true to train in pure 16 bits anyway")

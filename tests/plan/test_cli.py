@@ -22,11 +22,16 @@ def test_every_experiment_plans():
         phases = ["generation", "scoring", "update", "optimizer step"]
         if cfg.rollout.backend == "vllm":  # the engine's own copy of the weights: synced at start and after each update
             phases = ["first weight sync", *phases, "weight sync"]
-        val = (cfg.get("callbacks") or {}).get("pass_at_k")
+        phases.insert(0, "resume")  # any run can resume from its checkpoint
+        callbacks = cfg.get("callbacks") or {}
+        val = callbacks.get("pass_at_k")
         if val is not None and "_target_" in val and val.every_n_steps > 0:
             phases.append("validation sampling")
             if val.get("features", "run") is not None:
                 phases.append("validation features")
+        milestones = callbacks.get("milestones")
+        if milestones is not None and "_target_" in milestones and milestones.every_n_steps > 0:
+            phases.append("milestone")
         assert [p.name for p in plan.phases] == phases, name
         assert all(p.total > 0 for p in plan.phases), name
 
@@ -60,8 +65,8 @@ def test_too_many_generate_rows_do_not_fit_and_name_the_knob(capsys):
 def test_fits_prints_every_phase(capsys):
     assert main(["experiment=qwen2.5-math-1.5b_meds"]) == 0
     out = capsys.readouterr().out
-    for phase in ("first weight sync:", "generation:", "scoring:", "update:", "optimizer step:", "weight sync:",
-                  "validation sampling:", "validation features:", "FITS 1x H100 80GB"):
+    for phase in ("resume:", "first weight sync:", "generation:", "scoring:", "update:", "optimizer step:",
+                  "weight sync:", "validation sampling:", "validation features:", "milestone:", "FITS 1x H100 80GB"):
         assert phase in out
 
 

@@ -79,5 +79,7 @@ def test_with_lora_only_the_adapters_have_gradients_and_adamw_states():
     assert lora[("update", "gradients")] == 4 * 40_370_176 // shards
     assert lora[("update", "AdamW moments")] == 2 * 4 * 40_370_176 // shards
     assert ("scoring", "KL reference model") in full and ("scoring", "KL reference model") not in lora
-    assert lora[("update", "weights")] == full[("update", "weights")]  # the base stays whole
+    # the base stays whole, in bf16 under bf16-mixed (model.lora.base_dtype: compute); the adapters fp32
+    assert lora[("update", "weights")] == full[("update", "weights")] // 2
+    assert lora[("update", "adapter weights")] == 4 * 40_370_176 // shards
     assert any("LoRA: 40,370,176 adapter parameters" in n for n in notes)

@@ -16,6 +16,7 @@ from medsrl.plan.gpu_bytes import GIB, MemoryPlan
 
 SYNCS = ("first weight sync", "weight sync")
 VALIDATION = ("validation sampling", "validation features")
+STEP = ("first weight sync", "generation", "scoring", "update", "optimizer step", "weight sync")
 # qwen2.5-math-7b's gate/up/down projections: the largest matrix LoRA adapts (18,944 x 3,584)
 QWEN_7B_MLP = 18_944 * 3_584
 
@@ -38,8 +39,7 @@ def test_fsdp_vllm_run_has_every_phase_with_its_holders():
     plan = _plan("experiment=qwen2.5-math-7b_meds")
     size, run = plan.size, plan.run
     V, H = size.vocab_size, size.hidden_size
-    assert _names(plan) == ["first weight sync", "generation", "scoring", "update", "optimizer step",
-                            "weight sync", *VALIDATION]
+    assert _names(plan) == ["resume", *STEP, *VALIDATION, "milestone"]
     units = (size.root_params + 2 * size.layer_params) * 2  # root + 2 layers in bf16
     # scoring goes through the FSDP wrapper: units gathered in bf16, no whole policy, no weight cast
     scoring = _items(plan, "scoring")
@@ -69,8 +69,7 @@ def test_one_gpu_run_casts_weights_and_gathers_nothing():
     plan = _plan("experiment=qwen2.5-math-1.5b_meds")
     size = plan.size
     V, H = size.vocab_size, size.hidden_size
-    assert _names(plan) == ["first weight sync", "generation", "scoring", "update", "optimizer step",
-                            "weight sync", *VALIDATION]
+    assert _names(plan) == ["resume", *STEP, *VALIDATION, "milestone"]
     for phase in plan.phases:
         items = _items(plan, phase.name)
         assert not {"gathered units", "gathered unit", "policy gathered whole"} & set(items), phase.name
@@ -106,9 +105,9 @@ def test_streamed_weight_sync_is_far_below_the_whole_fp32_policy(experiment, old
 
 def test_validation_off_removes_its_phases():
     on = _plan("experiment=qwen2.5-math-7b_meds")
-    for off in (_plan("experiment=qwen2.5-math-7b_meds", "callbacks.pass_at_k.every_n_steps=0"),
-                _plan("experiment=qwen2.5-math-7b_meds", "callbacks=none")):
-        assert _names(off) == [n for n in _names(on) if n not in VALIDATION]
+    for off, also in ((_plan("experiment=qwen2.5-math-7b_meds", "callbacks.pass_at_k.every_n_steps=0"), ()),
+                      (_plan("experiment=qwen2.5-math-7b_meds", "callbacks=none"), ("milestone",))):
+        assert _names(off) == [n for n in _names(on) if n not in (*VALIDATION, *also)]
         assert not any("validation" in note for note in off.notes)
     no_features = _plan("experiment=qwen2.5-math-7b_meds", "+callbacks.pass_at_k.features=null")
     assert [n for n in _names(no_features) if n in VALIDATION] == ["validation sampling"]
@@ -117,7 +116,8 @@ def test_validation_off_removes_its_phases():
 def test_hf_generation_gathers_the_whole_policy_in_generation_and_validation_sampling_only():
     plan = _plan("experiment=qwen2.5-math-7b_meds", "rollout.backend=hf")
     size, run = plan.size, plan.run
-    assert _names(plan) == ["generation", "scoring", "update", "optimizer step", *VALIDATION]  # no engine to sync
+    # no engine to sync
+    assert _names(plan) == ["resume", "generation", "scoring", "update", "optimizer step", *VALIDATION, "milestone"]
     gathered = {p.name for p in plan.phases if "policy gathered whole" in _items(plan, p.name)}
     assert gathered == {"generation", "validation sampling"}
     for phase in gathered:  # the fp32 policy, cast per op under autocast
@@ -140,13 +140,17 @@ def test_validation_sampling_uses_its_own_rows_and_length():
 
 
 def test_lora_adds_one_modules_merge_and_drops_the_head_gradient():
-    plan = _plan("experiment=qwen2.5-math-7b_meds", "model.lora.r=16")
+    plan = _plan("experiment=qwen2.5-math-7b_meds", "model.lora.r=16")  # bf16-mixed: a bf16 base
     size = plan.size
     assert size.lora_largest_matrix == QWEN_7B_MLP
     for name in SYNCS:
         items = _items(plan, name)
-        assert items["LoRA merge"] == 2 * QWEN_7B_MLP * 4  # delta and merged sum in fp32
-        assert items["gathered unit"] == max(size.root_params, size.layer_params + size.adapters_per_layer) * 4
+        # the fp32 delta, its bf16 cast and the bf16 merged sum
+        assert items["LoRA merge"] == QWEN_7B_MLP * (4 + 2 + 2)
+        assert items["gathered unit"] == max(size.root_params * 2, size.layer_params * 2 + size.adapters_per_layer * 4)
     assert not any(name.startswith("head grad") for name in _items(plan, "update"))  # the head is frozen
-    one_gpu = _plan("experiment=qwen2.5-math-1.5b_meds", "model.lora.r=16", "model.lora.target_modules=[q_proj]")
+    fp32_base = _plan("experiment=qwen2.5-math-7b_meds", "model.lora.r=16", "model.lora.base_dtype=float32")
+    assert _items(fp32_base, "weight sync")["LoRA merge"] == 2 * QWEN_7B_MLP * 4  # delta and merged sum in fp32
+    one_gpu = _plan("experiment=qwen2.5-math-1.5b_meds", "model.lora.r=16", "model.lora.target_modules=[q_proj]",
+                    "model.lora.base_dtype=float32")
     assert _items(one_gpu, "weight sync")["LoRA merge"] == 2 * 1536 * 1536 * 4  # q_proj only

@@ -28,7 +28,20 @@ DTYPE_NAMES = {
     "bfloat16": ("bfloat16", "bf16", "bf16-mixed", "bf16-true"),
     "float16": ("float16", "fp16", "half", "16", "16-mixed", "16-true"),
 }
-ModelDtype = one_of(("auto", *sorted(n for names in DTYPE_NAMES.values() for n in names)))
+DTYPE_CHOICES = ("auto", *sorted(n for names in DTYPE_NAMES.values() for n in names))
+ModelDtype = one_of(DTYPE_CHOICES)
+# "compute": the dtype trainer.precision computes in (compute_dtype), else the master's
+BaseDtype = one_of(("compute", *DTYPE_CHOICES))
+
+
+def compute_dtype(precision: str | int) -> str | None:
+    """The dtype a Lightning ``trainer.precision`` computes in when it is 16-bit (``bf16-mixed``:
+    bfloat16, ``16-mixed``: float16), else None (``32-true``, ``64-true``: the weights' own)."""
+    value = str(precision).lower()
+    if value.startswith("bf16"):
+        return "bfloat16"
+    return "float16" if value.split("-")[0] == "16" else None
+
 
 # The attention and MLP projections of Qwen2 / Qwen3 / Llama: every linear map of a decoder layer.
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -36,7 +49,8 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 
 class LoraSettings(Settings):
     """``model.lora`` (models/lora.py): ``r`` 0 is off (full fine-tune). r > 0 trains only
-    low-rank adapters on ``target_modules`` (the base frozen); checkpoints hold the adapters only,
+    low-rank adapters on ``target_modules`` (the base frozen, in ``base_dtype``: bf16 under
+    bf16-mixed; the adapters in ``model.dtype``, fp32); checkpoints hold the adapters only,
     the KL reference is the base with the adapters off, vLLM gets merged weights after every
     update. ``dropout`` 0 by default: a dropout mask is drawn from the global generator, which a
     resumed run does not continue, so only without it does a resume give exactly the
@@ -55,6 +69,11 @@ class LoraSettings(Settings):
     """Module names (checked against the model before weights load), or PEFT's every linear layer."""
     merge_on_export: Flag = True
     """The exported policy is a plain model with the adapters merged (false: the adapter alone)."""
+    base_dtype: BaseDtype = "compute"
+    """The frozen base weights' dtype. compute: the dtype trainer.precision computes in (bfloat16
+    under bf16-mixed: 2 bytes a parameter, which autocast would cast every weight to anyway;
+    model.dtype under 32-true); float32: an fp32 base. The adapters, the only trained weights,
+    are in model.dtype (float32), so no update is lost (docs/LORA.md)."""
 
     @property
     def enabled(self) -> bool:
@@ -64,6 +83,13 @@ class LoraSettings(Settings):
     def scale(self) -> float:
         """What ``B @ A`` is multiplied by in the forward (PEFT's ``scaling``)."""
         return self.alpha / self.r
+
+    def base_dtype_for(self, master: str, precision: str | int) -> str:
+        """The base's dtype name in a run whose master weights are ``master`` (``model.dtype``)
+        and whose ``trainer.precision`` is ``precision``."""
+        if self.base_dtype != "compute":
+            return self.base_dtype
+        return compute_dtype(precision) or master
 
 
 TASKS = ("arithmetic", "precedence")
@@ -120,8 +146,9 @@ class ModelConfig(Settings):
     tokenizer: nullable(Text) = None
     """A tokenizer name or path; 'char': the tiny preset's character tokenizer; null: the model's own."""
     dtype: ModelDtype = "float32"
-    """The master weights' dtype. bfloat16 trains in pure bf16, which loses most updates at lr 1e-6
-    (docs/GPU.md): refused unless allow_16bit_weights is true."""
+    """The master weights' dtype (with LoRA the adapters'; the frozen base's is lora.base_dtype).
+    bfloat16 trains in pure bf16, which loses most updates at lr 1e-6 (docs/GPU.md): refused
+    unless allow_16bit_weights is true."""
     allow_16bit_weights: Flag = False
     """Pure 16-bit training, asked for by name."""
     attn_implementation: nullable(Text) = None
@@ -142,3 +169,8 @@ class ModelConfig(Settings):
     warm_start: WarmStartConfig | None = None
     """The tiny preset's supervised warm start (cached under paths.cache_dir); null: none."""
     lora: LoraSettings = Field(default_factory=LoraSettings)
+
+    def weights_dtype(self, precision: str | int) -> str:
+        """The dtype the policy's weights load in: ``dtype``, or with LoRA the frozen base's
+        (``lora.base_dtype``; the adapters are made in ``dtype`` after)."""
+        return self.lora.base_dtype_for(self.dtype, precision) if self.lora.enabled else self.dtype

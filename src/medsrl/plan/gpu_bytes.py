@@ -12,8 +12,12 @@ backward of one micro-batch, the step's gradients alive, the fused head's weight
 buffers), optimizer step, the weight sync (vLLM: streamed a unit at a time into the engine's
 woken weights), and with validation on (``callbacks.pass_at_k.every_n_steps`` > 0) validation
 sampling (as generation, with its own rows and length) and validation features (one no-grad
-feature forward like scoring, without the head chunk). A vLLM engine without sleep mode keeps
-its reservation throughout.
+feature forward like scoring, without the head chunk); issue 43 adds the resume from a checkpoint
+(before the first step, the engine awake) and, with ``callbacks.milestones`` on, the milestone
+save (the engine released, a parameter made whole at a time). A vLLM engine without sleep mode
+keeps its reservation throughout. No phase outside the update and the optimizer step holds
+gradients: they are set to None after each optimizer step (``step/update.py``; FSDP2's
+``zero_grad`` frees them too).
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from medsrl.algo.logprobs import CHUNK_TOKENS
+from medsrl.callbacks.milestones import WeightMilestones
 from medsrl.callbacks.pass_at_k import PassAtKValidation
+from medsrl.models.loading import resolve_dtype
 from medsrl.plan.model_size import ModelSize
 from medsrl.run_config import RunConfig
 from medsrl.settings import settings_model
@@ -68,6 +74,13 @@ class RunShape:
     val_generate_rows: int = 0  # HF: sequences per generate call in validation (its chunk, capped by the engine's)
     val_response_tokens: int = 0  # callbacks.pass_at_k.max_new_tokens (null: rollout.max_new_tokens)
     val_features: bool = False  # callbacks.pass_at_k.features not null: one feature forward after sampling
+    base_bytes: int = 0  # LoRA: bytes of a frozen base weight (model.lora.base_dtype); 0: the master's
+    milestone_bytes: int = 0  # callbacks.milestones on: bytes of a saved parameter (its dtype); 0: off
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of a policy weight: the master's, or with LoRA the frozen base's."""
+        return self.base_bytes or self.master_bytes
 
     @property
     def micro_batch_tokens(self) -> int:
@@ -92,8 +105,9 @@ class RunShape:
 
     @property
     def autocast(self) -> bool:
-        """fp32 masters computed in bf16: every op casts its weight (Lightning: ``cache_enabled=False``)."""
-        return self.master_bytes > self.compute_bytes
+        """Weights wider than the compute (fp32 masters, or an fp32 LoRA base, under bf16): every op
+        casts its weight (Lightning: ``cache_enabled=False``); a bf16 LoRA base is cast by none."""
+        return self.weight_bytes > self.compute_bytes
 
     @property
     def tokens_per_row(self) -> int:
@@ -180,6 +194,8 @@ def run_shape(run: RunConfig, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> Run
     val_n = val.n
     # HF: a chunk of batch_size // n problems, which the engine cuts by its own rows per call
     val_prompts = min(max(1, val.batch_size // val_n), max(1, rollout.max_batch_size // val_n))
+    base = dtype_bytes(model.weights_dtype(precision), master) if model.lora.enabled else 0
+    milestones = milestone_settings(run)
     return RunShape(
         devices=devices,
         sharded=sharded,
@@ -207,7 +223,22 @@ def run_shape(run: RunConfig, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> Run
         val_generate_rows=val_prompts * val_n,
         val_response_tokens=val.max_new_tokens or response_tokens,
         val_features=val.features is not None,
+        base_bytes=base,
+        milestone_bytes=dtype_bytes(milestones.dtype, master) if milestones.every_n_steps > 0 else 0,
     )
+
+
+def dtype_bytes(name: str, default: int) -> int:
+    """Bytes of an element of a dtype setting's value (``bf16``, ``float32`` ...); ``default`` for
+    "auto" (the checkpoint's own dtype, which the plan does not read)."""
+    dtype = resolve_dtype(name)
+    return default if isinstance(dtype, str) else dtype.itemsize
+
+
+def milestone_settings(run: RunConfig) -> Any:
+    """``callbacks.milestones``' settings; every_n_steps 0 (off) when the run builds no such callback."""
+    built = run.callback_settings.get("milestones")
+    return settings_model(WeightMilestones)(every_n_steps=0) if built is None else built[1]
 
 
 def validation_settings(run: RunConfig) -> Any:
@@ -284,25 +315,35 @@ def head_weight_grad_items(size: ModelSize, run: RunShape) -> list[Item]:
 
 def sync_items(size: ModelSize, run: RunShape) -> list[Item]:
     """The weight sync's transient (``models/sharding.py`` ``streamed_weights``, ``models/lora.py``
-    ``merged_weights``): under FSDP one unit gathered at a time in the master dtype (the root's own
-    weights, or a decoder layer with its adapters); one unit's tensors as fresh copies in the
+    ``merged_weights``): under FSDP one unit gathered at a time in its weights' dtype (the root's
+    own weights, or a decoder layer with its adapters); one unit's tensors as fresh copies in the
     engine's dtype, which vLLM's layerwise reload may hold until its layer is complete (without
     FSDP only where a cast or a merge makes them); with LoRA one module's delta and merged sum."""
-    m, e = run.master_bytes, run.vllm_weight_bytes
+    m, w, e = run.master_bytes, run.weight_bytes, run.vllm_weight_bytes
     root, layer, adapters = size.root_params, size.layer_params, size.adapters_per_layer
     items = []
     if run.sharded:
-        plus = f" + {adapters:,} adapter params" if adapters else ""
-        items.append(Item("gathered unit", max(root, layer + adapters) * m,
-                          f"one unit at a time: max(root {root:,}, layer {layer:,}{plus}) x {m} B"))
-    if run.sharded or size.lora or m != e:
+        how = f"one unit at a time: max(root {root:,} x {w} B, layer {layer:,} x {w} B"
+        how += f" + {adapters:,} adapter params x {m} B)" if adapters else ")"
+        items.append(Item("gathered unit", max(root * w, layer * w + adapters * m), how))
+    if run.sharded or size.lora or w != e:
         items.append(Item("engine-dtype copies", max(root, layer) * e,
                           f"one unit's tensors held until vLLM's layer is complete: max(root, layer) x {e} B"))
     if size.lora:
-        n = size.lora_largest_matrix
-        items.append(Item("LoRA merge", 2 * n * m, f"one module's delta and merged weight: 2 x {n:,} x {m} B",
-                          "model.lora.target_modules"))
+        items.append(lora_merge_item(size, run))
     return items
+
+
+def lora_merge_item(size: ModelSize, run: RunShape) -> Item:
+    """``models/lora.py`` ``merged_weights``: one module at a time, its delta made in the adapters'
+    dtype (PEFT's ``get_delta_weight``) and added to the base weight in the base's dtype (after a
+    cast of the delta when the base is narrower)."""
+    n, m, w = size.lora_largest_matrix, run.master_bytes, run.weight_bytes
+    if w == m:
+        return Item("LoRA merge", 2 * n * m, f"one module's delta and merged weight: 2 x {n:,} x {m} B",
+                    "model.lora.target_modules")
+    return Item("LoRA merge", n * (m + 2 * w), f"one module's delta, its cast to the base's dtype and the merged "
+                f"weight: {n:,} x ({m} + 2 x {w}) B", "model.lora.target_modules")
 
 
 def gathered_units(size: ModelSize, compute_bytes: int) -> Item:
@@ -315,9 +356,9 @@ def gathered_units(size: ModelSize, compute_bytes: int) -> Item:
 
 def hf_generation_items(size: ModelSize, run: RunShape, rows: int, response_tokens: int, rows_knob: str) -> list[Item]:
     """HF ``generate`` of ``rows`` sequences a call (``rollout/hf.py``): under FSDP the whole policy
-    gathered in the master dtype (``full_weights``); the KV cache; one layer's prefill; the sampling
-    logits; under autocast a weight's cast per op (the gathered weights are the master's)."""
-    c, m, P = run.compute_bytes, run.master_bytes, size.params
+    gathered in its weights' dtype (``full_weights``); the KV cache; one layer's prefill; the
+    sampling logits; under autocast a weight's cast per op (the gathered weights are the master's)."""
+    c, w, P = run.compute_bytes, run.weight_bytes, size.params
     V, H = size.vocab_size, size.hidden_size
     T = run.prompt_tokens + response_tokens
     # K and V come out fp32 under autocast over fp32 weights (the rotary cos/sin follow the fp32
@@ -325,7 +366,7 @@ def hf_generation_items(size: ModelSize, run: RunShape, rows: int, response_toke
     kv = 4 if run.autocast else c
     items = []
     if run.sharded:
-        items.append(Item("policy gathered whole", m * P, f"summon_full_params: {P:,} x {m} B",
+        items.append(Item("policy gathered whole", w * P, f"a plain model filled from the stream: {P:,} x {w} B",
                           "rollout.backend=vllm (HF generate runs on the whole policy)"))
     items += [
         Item("KV cache", kv_cache_bytes(size, rows, T, kv) * (size.num_layers + 1) // size.num_layers,
@@ -337,6 +378,27 @@ def hf_generation_items(size: ModelSize, run: RunShape, rows: int, response_toke
     ]
     if run.autocast:
         items.append(Item("bf16 cast of a weight", V * H * c, f"the largest matrix ({V} x {H}) cast per op"))
+    return items
+
+
+def resident_items(size: ModelSize, run: RunShape) -> list[Item]:
+    """What every phase holds: the weights (with LoRA the frozen base in its own dtype, bf16 under
+    bf16-mixed by default, and the adapters in the master's), AdamW's two moments of what trains,
+    the CUDA runtime, and the KL reference's copy when there is one."""
+    P, Pt, shards = size.params, size.trained, run.shards
+    m, w = run.master_bytes, run.weight_bytes
+    share = f" / {shards} ranks" if shards > 1 else ""
+    shard_knob = "" if run.sharded else "trainer=fsdp trainer.devices=N"
+    base = " (the frozen base: model.lora.base_dtype)" if size.lora else ""
+    items = [Item("weights", w * P // shards, f"{P:,} params x {w} B{share}{base}", shard_knob)]
+    if size.lora:
+        items.append(Item("adapter weights", m * Pt // shards, f"{Pt:,} x {m} B{share}"))
+    items.append(Item("AdamW moments", 2 * m * Pt // shards, f"2 x {Pt:,} x {m} B{share}", shard_knob))
+    if run.on_gpu:
+        items.append(Item("runtime", RUNTIME_BYTES, "CUDA context, cuBLAS, NCCL (assumed)"))
+    if run.reference_model:
+        items.append(Item("KL reference model", w * P, f"a full copy on every rank: {P:,} x {w} B",
+                          "algorithm.kl_coef=0"))
     return items
 
 
@@ -352,15 +414,7 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
     mb_knob = "algorithm.micro_batch_size" if run.max_tokens is None else "algorithm.max_tokens_per_microbatch"
 
     shard_knob = "" if run.sharded else "trainer=fsdp trainer.devices=N"
-    resident = [
-        Item("weights", m * P // shards, f"{P:,} params x {m} B{share}", shard_knob),
-        Item("AdamW moments", 2 * m * Pt // shards, f"2 x {Pt:,} x {m} B{share}", shard_knob),
-    ]
-    if run.on_gpu:
-        resident.append(Item("runtime", RUNTIME_BYTES, "CUDA context, cuBLAS, NCCL (assumed)"))
-    if run.reference_model:
-        resident.append(Item("KL reference model", m * P, f"a full copy on every rank: {P:,} x {m} B",
-                             "algorithm.kl_coef=0"))
+    resident = resident_items(size, run)
     engine = _engine_item(size, run)
     engines = [engine] if engine is not None else []
     awake = engines if not run.vllm_sleep else []  # in every later phase
@@ -441,10 +495,16 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
         phases.append(Phase("weight sync", [*resident, rollouts, held, *sync_items(size, run)]))
     if run.validation:
         phases += validation_phases(size, run, [*resident, rollouts], engines, awake, units, cast, resid)
+    if run.milestone_bytes:
+        phases.append(milestone_phase(size, run, [*resident, rollouts, *awake]))
+    phases.insert(0, resume_phase(size, run, resident, engines))
     plan = MemoryPlan(run, size, phases)
     if size.trainable_params is not None:
-        plan.notes.append(f"LoRA: {Pt:,} adapter parameters train (gradients and AdamW states for those "
-                          f"only, their weights not counted above); the {P:,} base weights are frozen")
+        plan.notes.append(f"LoRA: {Pt:,} adapter parameters train in {m} B (gradients and AdamW states for "
+                          f"those only); the {P:,} base weights are frozen, in {run.weight_bytes} B")
+    if run.milestone_bytes:
+        plan.notes.append(f"milestone: rank 0's host memory gathers the whole policy in {run.milestone_bytes} B, "
+                          f"{gib(P * run.milestone_bytes)}, before save_pretrained writes it")
     if engine is not None:
         plan.notes.append(_engine_note(size, run, engine))
     if run.backend == "hf":
@@ -457,6 +517,68 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
                           f"features {'on' if run.val_features else 'off'}, beside the last step's rollout "
                           "tensors; callbacks.pass_at_k.every_n_steps=0 turns it off")
     return plan
+
+
+def milestone_phase(size: ModelSize, run: RunShape, held: list[Item]) -> Phase:
+    """``callbacks.milestones`` (after the step's weight sync) as ``callbacks/milestones.py`` and
+    ``RLModule.export_policy`` save it since issue 43: the engine released first (vLLM sleep level
+    2: its weights and KV cache freed; an engine without sleep mode keeps its reservation, in
+    ``held``). Under FSDP each parameter alone is made whole in the milestone's dtype and moved to
+    rank 0's host memory before the next (``models/sharding.py`` ``whole``, ``host_weights``): its
+    shard cast, the padded copy the all-gather makes of an uneven shard, and the whole tensor on
+    every rank, at most the largest parameter (a real model's embedding or LM head); with LoRA a
+    targeted module's base weight is gathered in the base's dtype and merged (``merged_weights``).
+    Without FSDP ``models/export.py`` ``save_policy`` casts the whole state dict to the milestone's
+    dtype on the GPU (none when the dtypes agree), with LoRA after merging every adapted weight in
+    the base's dtype. No gradient exists: they are freed at the step's ``zero_grad``. Before issue
+    43 the whole fp32 policy was gathered on every rank with vLLM's weights awake, plus a bf16 copy
+    of it on rank 0's GPU (``tests/plan/test_milestone_resume.py``)."""
+    L, d, w, N, P = size.largest_param, run.milestone_bytes, run.weight_bytes, run.shards, size.params
+    items = list(held)
+    if run.sharded:
+        shard = -(-L // N)
+        items += [
+            Item("gathered parameter", L * d, f"the largest parameter, {L:,} elements, whole on every rank "
+                 f"(DTensor.full_tensor) in {d} B"),
+            Item("shard copies", 2 * shard * d, f"its shard cast and padded for the all-gather: 2 x {shard:,} x {d} B"),
+        ]
+        if size.lora:
+            n = size.lora_largest_matrix
+            items += [Item("gathered base weight", n * w, f"the largest adapted weight whole: {n:,} x {w} B",
+                           "model.lora.target_modules"), lora_merge_item(size, run)]
+        return Phase("milestone", items)
+    if size.lora:
+        items.append(Item("merged state dict", P * w, f"every adapted weight merged (at most {P:,} x {w} B)"))
+    if d != w:
+        items.append(Item("state dict cast", P * d, f"save_policy casts the state dict on the GPU: {P:,} x {d} B",
+                          "callbacks.milestones.every_n_steps=0"))
+    return Phase("milestone", items)
+
+
+def resume_phase(size: ModelSize, run: RunShape, resident: list[Item], engines: list[Item]) -> Phase:
+    """Resuming from a checkpoint (``ckpt_path=``), before the first step. The engine is awake
+    with its whole reservation (built in ``setup``, before Lightning restores the checkpoint; the
+    first sync follows). Under FSDP ``torch.distributed.checkpoint`` loads each rank's shards of
+    the weights and AdamW states in place: its reads land in host memory (``torch.load`` to the
+    CPU, one saved tensor at a time) and are copied into the allocated shard, nothing staged on
+    the GPU; a fresh optimiser's AdamW states are first made by one zero-lr step over zero
+    gradients (``torch.distributed.checkpoint.state_dict._init_optim_state``, which Lightning's
+    sharded load calls): the sharded gradients and the foreach temporaries, freed before the
+    reads. Without FSDP Lightning reads the whole checkpoint into host memory and copies it into
+    the weights in place; the optimiser's load makes the moments (counted in ``resident``). No
+    rollouts yet."""
+    Pt, m, shards = size.trained, run.master_bytes, run.shards
+    share = f" / {shards} ranks" if shards > 1 else ""
+    items = [*resident, *engines]
+    if run.sharded:
+        items += [
+            Item("zero gradients", m * Pt // shards, f"the state init's zero-lr step: {Pt:,} x {m} B{share}"),
+            Item("AdamW temporaries", m * Pt // shards, f"that step's foreach list: {Pt:,} x {m} B{share}"),
+            Item("checkpoint reads", 0, "host memory, one saved tensor at a time, copied into its shard"),
+        ]
+    else:
+        items.append(Item("checkpoint reads", 0, "host memory (the whole checkpoint), copied into the weights"))
+    return Phase("resume", items)
 
 
 def validation_phases(size: ModelSize, run: RunShape, held: list[Item], engines: list[Item], awake: list[Item],
@@ -518,7 +640,8 @@ def format_plan(plan: MemoryPlan) -> str:
         f"root {size.root_params:,}), vocabulary {size.vocab_size:,}",
         f"run: {run.devices} {'GPU(s)' if run.on_gpu else 'CPU process(es)'}"
         f"{' FSDP per layer' if run.sharded else ' DDP' if run.ddp else ''}, "
-        f"master {run.master_bytes} B / compute {run.compute_bytes} B, {run.backend} rollouts, "
+        f"master {run.master_bytes} B / compute {run.compute_bytes} B"
+        f"{f' / LoRA base {run.weight_bytes} B' if size.lora else ''}, {run.backend} rollouts, "
         f"{run.sequences_per_rank} responses per rank of <= {run.prompt_tokens} + {run.response_tokens} tokens, "
         f"micro-batch {run.micro_batch}{'' if run.max_tokens is None else f' rows / {run.max_tokens} tokens'}, "
         f"gradient checkpointing {'on' if run.gradient_checkpointing else 'off'}",

@@ -33,6 +33,7 @@ class ModelSize:
     kv_width: int  # num_key_value_heads * head_dim
     trainable_params: int | None = None  # those with gradients and AdamW states; None: all (LoRA: the adapters')
     lora_largest_matrix: int = 0  # LoRA: elements of the largest adapted weight (merged one at a time); else 0
+    largest_param: int = 0  # elements of the largest parameter (the embedding or LM head of a real model)
 
     @property
     def trained(self) -> int:
@@ -85,8 +86,6 @@ def largest_targeted_matrix(model: torch.nn.Module, targets: Any) -> int:
                 if isinstance(m, torch.nn.Linear) and targeted(name, m)), default=0)
 
 
-
-
 def size_of(model: torch.nn.Module) -> ModelSize:
     """Count ``model``'s parameters per FSDP unit (each decoder layer; the rest) and read its widths."""
     config = model.config
@@ -110,4 +109,5 @@ def size_of(model: torch.nn.Module) -> ModelSize:
         vocab_size=config.vocab_size,
         q_width=heads * head_dim,
         kv_width=kv_heads * head_dim,
+        largest_param=max(p.numel() for p in model.parameters()),
     )
