@@ -31,6 +31,7 @@ from medsrl.data.datamodule import MathDataModule
 from medsrl.data.sources import set_data_dir_default
 from medsrl.models.lora import target_problems
 from medsrl.models.policy import build_policy, meta_model
+from medsrl.models.sharding import loads_on_rank0_only
 from medsrl.module import RLModule
 from medsrl.plugins import Plugin
 from medsrl.rollout.factory import describe_prompt_token_limit, prompt_token_limit
@@ -150,7 +151,10 @@ def build_run(cfg: DictConfig) -> Run:
     torch.set_float32_matmul_precision("high")
 
     datamodule = MathDataModule.from_config(run.data)  # Hydra builds its sources
-    policy, tokenizer = build_policy(warm_started(run.model, run.paths.cache_dir))
+    # under trainer=fsdp only rank 0 loads the weights; the others build on the meta device
+    policy, tokenizer = build_policy(warm_started(run.model, run.paths.cache_dir),
+                                     on_meta=loads_on_rank0_only(run.trainer.strategy),
+                                     precision=run.trainer.precision)
     datamodule.use_tokenizer(tokenizer)  # data.template.kind=chat renders with its chat template
     # prompts the engine can't take: dropped now
     datamodule.limit_prompt_tokens(tokenizer, prompt_token_limit(run.rollout, policy),

@@ -15,31 +15,42 @@ from medsrl.models.tiny import build_tiny_model
 log = logging.getLogger(__name__)
 
 
-def build_policy(model: ModelConfig):
+def build_policy(model: ModelConfig, on_meta: bool = False, precision: str | int = "32-true"):
     """``(policy, tokenizer)``: the Hugging Face model ``name_or_path`` names (the warm-started
-    tiny preset among them), else the tiny preset; a ``PeftModel`` with ``lora.r > 0``."""
+    tiny preset among them), else the tiny preset; a ``PeftModel`` with ``lora.r > 0``, its
+    frozen base in ``model.weights_dtype(precision)`` (bf16 under bf16-mixed unless
+    ``model.lora.base_dtype`` says otherwise) and its adapters in ``model.dtype``.
+    ``on_meta``: the same modules on the ``meta`` device, no weights read (an FSDP rank that
+    receives its shards from rank 0: ``models/sharding.py``)."""
     tokenizer = load_tokenizer(model.tokenizer or model.name_or_path)
-    if model.random_init:
-        policy = random_policy(model)
+    dtype = model.weights_dtype(precision)
+    if on_meta:
+        policy = meta_model(model)
+        if isinstance(resolve_dtype(dtype), torch.dtype):  # as rank 0 loads it
+            policy = policy.to(resolve_dtype(dtype))
+        if model.attn_implementation:
+            policy.set_attn_implementation(model.attn_implementation)
+    elif model.random_init:
+        policy = random_policy(model, dtype)
     else:
-        policy = load_policy(model.name_or_path, tiny=dict(model.tiny or {}), dtype=model.dtype,
+        policy = load_policy(model.name_or_path, tiny=dict(model.tiny or {}), dtype=dtype,
                              attn_implementation=model.attn_implementation,
                              trust_remote_code=model.trust_remote_code)
     if model.gradient_checkpointing:
         enable_activation_checkpointing(policy)
     lora = model.lora
     if lora.enabled:  # after checkpointing: PEFT needs to know whether it is on
-        policy = apply_lora(policy, lora)
+        policy = apply_lora(policy, lora, adapter_dtype=resolve_dtype(model.dtype))
         trainable, total = policy.get_nb_trainable_parameters()
-        log.info("model.lora: r=%d adapters on %s, %d trainable of %d parameters", lora.r,
-                 lora.target_modules, trainable, total)
+        log.info("model.lora: r=%d adapters on %s, %d trainable of %d parameters; the base in %s", lora.r,
+                 lora.target_modules, trainable, total, dtype)
     return policy, tokenizer
 
 
-def random_policy(model: ModelConfig):
+def random_policy(model: ModelConfig, dtype: str | None = None):
     """``model.random_init=true``: ``model.architecture`` at the shape of ``model.shape`` with
-    random weights, for smoke runs and memory or speed checks without a checkpoint (the tokenizer
-    still comes from ``model.tokenizer`` or ``name_or_path``)."""
+    random weights in ``dtype`` (None: ``model.dtype``), for smoke runs and memory or speed checks
+    without a checkpoint (the tokenizer still comes from ``model.tokenizer`` or ``name_or_path``)."""
     if not model.architecture or not model.shape:
         raise ValueError("model.random_init=true needs model.architecture and model.shape (see configs/model/)")
     shape = dict(model.shape)
@@ -47,7 +58,7 @@ def random_policy(model: ModelConfig):
     if model.attn_implementation:
         shape["attn_implementation"] = model.attn_implementation
     log.info("model.random_init: a random %s of shape %s", model.architecture, shape)
-    return random_model_like(model.architecture, vocab, **shape).to(resolve_dtype(model.dtype))
+    return random_model_like(model.architecture, vocab, **shape).to(resolve_dtype(dtype or model.dtype))
 
 
 def enable_activation_checkpointing(policy) -> None:
