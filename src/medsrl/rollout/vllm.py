@@ -5,7 +5,7 @@ weights arrive by reference through :meth:`VLLMRolloutEngine.sync_weights`, so n
 as them goes to disk and the engine must be in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``;
 ``tensor_parallel_size > 1`` would pickle them: untested). They are streamed one tensor at a time
 into the worker's in-place, layerwise ``reload_weights`` (``load_weights`` where that is missing;
-it fails on the CPU build, which repacks its linear layers): under FSDP one unit is gathered at a
+it fails on the CPU build, which repacks its linear layers): under FSDP one parameter is gathered at a
 time (``models/sharding.py`` ``streamed_weights``). A sync that leaves a parameter of the engine
 unloaded fails (vLLM only warns, and after a level-2 sleep that parameter holds garbage). The
 prefix cache is reset after every sync.
@@ -227,7 +227,11 @@ class VLLMRolloutEngine:
                      trainer_group=trainer_group)
         _live = weakref.ref(self)
         logging.getLogger(ROTARY_LOGGER).addFilter(_drop_rotary_warning)  # added once
-        self.sync_weights(model)
+        # an FSDP rank other than 0 has no weights yet (its policy is on the meta device until
+        # sharding fills it): the first sync_engine brings them, every rank together
+        self._unsynced = any(p.is_meta for p in model.parameters())
+        if not self._unsynced:
+            self.sync_weights(model)
 
     @classmethod
     def around(cls, llm: Any, tokenizer: PreTrainedTokenizerBase, *, sleep_mode: bool = False,
@@ -263,8 +267,9 @@ class VLLMRolloutEngine:
 
     @property
     def weights_released(self) -> bool:
-        """Whether :meth:`release` dropped the weights and no :meth:`sync_weights` came since."""
-        return "weights" in self._asleep
+        """Whether :meth:`release` dropped the weights (or none came yet) and no :meth:`sync_weights`
+        came since."""
+        return "weights" in self._asleep or getattr(self, "_unsynced", False)
 
     def close(self) -> None:
         """Shut the engine down now (idempotent); it cannot generate afterwards. Refused while the
@@ -284,7 +289,7 @@ class VLLMRolloutEngine:
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Stream ``model``'s weights into the engine in place (a LoRA policy's merged, under the
-        base model's names; under FSDP a unit at a time, every rank together) and drop the prefix
+        base model's names; under FSDP one parameter at a time, every rank together) and drop the prefix
         cache; the KV cache stays asleep until ``generate``. Raises when a parameter of the engine
         got no weight."""
         self._check_open()
@@ -294,7 +299,8 @@ class VLLMRolloutEngine:
             with torch.no_grad(), torch.autocast(_device_type(), enabled=False):
                 self.load_api, missing = self.llm.collective_rpc(_load_into_worker, args=(weights,))[0]
         finally:
-            weights.close()  # a failed load leaves no unit gathered
+            weights.close()
+        self._unsynced = False
         if missing:
             raise RuntimeError(
                 f"the vLLM engine got no weight for {len(missing)} of its parameters "

@@ -30,6 +30,10 @@ class Group:
     grades: list[GradeResult]
     source: list[str]
     kept_by: str | None = None  # a plug-in that gives this zero-spread group a signal (R3)
+    # (round, position of its prompt among the round's prompts): where one process samples it, on
+    # any number of ranks, so the step's global order of groups (step/balance.py)
+    origin: tuple[int, int] | None = None
+    index: int | None = None  # its place in the step's batch over all ranks (step/balance.py); None: not in it
 
     def __len__(self) -> int:
         return len(self.rollout)
@@ -60,13 +64,16 @@ class Group:
         self.source = self.source + [source] * len(rows)
 
 
-def split_groups(prompts: list[Prompt], rollout: RolloutBatch, grades: list) -> list[Group]:
-    """One :class:`Group` per prompt of a generated batch, in prompt order."""
+def split_groups(prompts: list[Prompt], rollout: RolloutBatch, grades: list,
+                 origin: tuple[int, int] | None = None) -> list[Group]:
+    """One :class:`Group` per prompt of a generated batch, in prompt order; ``origin``: (round,
+    position of ``prompts[0]`` in the round's prompts), so the groups' origins count on from it."""
     rows_of: dict[int, list[int]] = {}
     for i, p in enumerate(rollout.prompt_index):
         rows_of.setdefault(p, []).append(i)
     return [
-        Group(prompts[g], rollout.select(rows), [grades[i] for i in rows], [SAMPLED] * len(rows))
+        Group(prompts[g], rollout.select(rows), [grades[i] for i in rows], [SAMPLED] * len(rows),
+              origin=None if origin is None else (origin[0], origin[1] + g))
         for g, rows in sorted(rows_of.items())
     ]
 
@@ -98,6 +105,8 @@ class StepRollouts:
     token_stats: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [B, R], old policy
     loss_weights: torch.Tensor | None = None  # [B, R] per-token loss weights (None: all 1)
     shaping: list[str] = field(default_factory=list)  # the terms shape_scores added (not rewards)
+    group_index: list[int | None] = field(default_factory=list)  # per group: Group.index (step/balance.py)
+    origins: list[tuple[int, int] | None] = field(default_factory=list)  # per group: Group.origin
 
     @classmethod
     def from_groups(cls, groups: list[Group], step: int, stage: str | None, pad_token_id: int, device) -> StepRollouts:
@@ -114,6 +123,7 @@ class StepRollouts:
             source=[s for g in groups for s in g.source], packed=packed.to(device),
             acc=acc, reward=acc.clone(), scores=acc.clone(), terms={"correct": acc.clone()},
             engine_logp=_padded(merged.response_logprobs, packed.response_length, device),
+            group_index=[g.index for g in groups], origins=[g.origin for g in groups],
         )
 
     def __len__(self) -> int:

@@ -4,7 +4,10 @@ groups; the ranks agree on the number of mini-batch updates ``U`` (the step's gr
 ``k, k + U, k + 2U, ...``, so every update has rows on every rank that holds at least ``U`` groups
 (verl gives each rank its share of each mini-batch; ranges of global groups would leave all but
 one rank idle in most updates). One process takes its groups in the same strided order, so N
-ranks whose group counts are multiples of ``U`` make one process's updates. The ranks also agree
+ranks whose group counts are multiples of ``U`` make one process's updates. Given the groups'
+places in the step's order (``global_index``: balanced ranks, ``step/balance.py``, which deals
+each update's groups over the ranks), group ``i`` goes to update ``i mod U``: one process's
+updates, whichever rank holds it. The ranks also agree
 on the global token and sequence counts, and under FSDP (every backward a collective) on the
 number of passes and a loss weight of the world size. The collectives are injected (tests).
 """
@@ -16,6 +19,7 @@ from typing import Any
 
 import torch
 
+from medsrl.step.balance import num_updates
 from medsrl.step.micro_batches import plan_micro_batches
 from medsrl.utils.distributed import (
     all_gather_objects,
@@ -39,25 +43,28 @@ class UpdateSchedule:
         sharded: bool = False,
         reduce_sum: Callable[[float], float] = all_reduce_sum,
         gather: Callable[[Any], list[Any]] = all_gather_objects,
+        global_index: list[int] | None = None,
     ) -> None:
         self.world = len(group_counts)
         self.sharded = sharded
         self.micro_batch_size, self.max_tokens = micro_batch_size, max_tokens
         self._reduce_sum, self._gather = reduce_sum, gather
-        total = sum(group_counts)
-        updates = -(-total // per_update) if per_update else min(total, 1)
+        updates = num_updates(sum(group_counts), per_update)
         local = torch.arange(group_counts[rank])
         # this rank's groups, per update
         self.mini_batches: list[torch.Tensor] = [local[k::updates] for k in range(updates)]
+        if global_index is not None:
+            where = torch.tensor(global_index, dtype=torch.long) % max(updates, 1)
+            self.mini_batches = [local[where == k] for k in range(updates)]
 
     @classmethod
     def for_this_rank(
-        cls, num_groups: int, *, per_update, micro_batch_size, max_tokens=None, sharded
+        cls, num_groups: int, *, per_update, micro_batch_size, max_tokens=None, sharded, global_index=None
     ) -> UpdateSchedule:
         """The schedule of this process, from every rank's group count (one all-gather)."""
         counts = all_gather_objects(num_groups)
         return cls(counts, rank_and_size()[0], per_update=per_update, micro_batch_size=micro_batch_size,
-                   max_tokens=max_tokens, sharded=sharded)
+                   max_tokens=max_tokens, sharded=sharded, global_index=global_index)
 
     def rows(self, group_ids: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
         """This rank's rows of the mini-batch made of ``groups``."""

@@ -113,9 +113,11 @@ def policy_update(policy, stepper, rollouts: StepRollouts, advantages: torch.Ten
     advantages = advantages.to(device)
     params = [p for p in policy.parameters() if p.requires_grad]
     sharded = is_sharded(policy)
+    index = rollouts.group_index  # the groups' places in the step (step/balance.py), when dealt
     plan = UpdateSchedule.for_this_rank(
         len(rollouts.prompts), per_update=algo.mini_batch_prompts,
         micro_batch_size=algo.micro_batch_size, max_tokens=algo.max_tokens_per_microbatch, sharded=sharded,
+        global_index=index if index and None not in index else None,
     )
     prompt_lengths, response_lengths = packed.prompt_lengths, packed.response_lengths
     passes: list[torch.Tensor] = []  # the rows of every real forward/backward, for the padding share

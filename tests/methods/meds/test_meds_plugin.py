@@ -338,3 +338,43 @@ def test_dedup_counts_every_copy_but_clusters_the_distinct_rows(tmp_path):
         assert len(set(labels[3:6].tolist())) == 1 and labels[3] != -1
         s = _run(mem, _step(1, [("k", [(_blob(b, 1, rng)[0], False)])]))
         assert s[0].item() == pytest.approx(-0.1 * math.log(4), abs=1e-6)  # a cluster of 3
+
+
+def test_rows_of_groups_dealt_over_ranks_enter_the_memory_in_one_process_order(tmp_path):
+    """Balanced ranks (step/balance.py) dealt groups a, c to rank 0 and b, d to rank 1: their
+    commits still add the rows in the step's order, a, b, c, d, as one process does."""
+    rng = np.random.default_rng(0)
+    spec = {k: list(zip(_blob([float(i), 1.0], 2, rng), [True, False], strict=True)) for i, k in enumerate("abcd")}
+
+    def step_of(keys: str, index: list[int]) -> HandMadeStep:
+        made = _step(0, [(k, spec[k]) for k in keys])
+        made.rollouts.group_index = index
+        return made
+
+    def entries(plugin: Meds) -> list[tuple[str, bool]]:
+        return [(e["key"], e["correct"]) for e in plugin.state_dict()["memory"]["entries"]]
+
+    one = _plugin(tmp_path / "one")
+    _run(one, step_of("abcd", [0, 1, 2, 3]))
+    assert entries(one) == [(k, ok) for k in "abcd" for ok in (True, False)]
+    ranks = [(_plugin(tmp_path / "r0"), step_of("ac", [0, 2])), (_plugin(tmp_path / "r1"), step_of("bd", [1, 3]))]
+    adds = [_additions(plugin, made) for plugin, made in ranks]  # each rank's hooks up to its additions
+    for plugin, made in ranks:  # the host's all-gather: every rank commits both, in rank order
+        plugin.commit(adds, _ctx(made.rollouts))
+        assert entries(plugin) == entries(one)
+    for x, y in zip(ranks[1][0].state_dict()["memory"]["entries"], one.state_dict()["memory"]["entries"], strict=True):
+        np.testing.assert_array_equal(np.asarray(x["features"]), np.asarray(y["features"]))
+    undealt = _plugin(tmp_path / "plain")  # no places (groups not dealt): rank order, a, c, b, d
+    parts = [_step(0, [(k, spec[k]) for k in keys]) for keys in ("ac", "bd")]
+    undealt.commit([_additions(undealt, made) for made in parts], _ctx(parts[0].rollouts))
+    assert [k for k, _ in entries(undealt)][::2] == ["a", "c", "b", "d"]
+
+
+def _additions(plugin: Meds, made: HandMadeStep):
+    """One rank's hooks of a step up to its additions (``_run`` without the commit)."""
+    ctx = _ctx(made.rollouts)
+    plugin.enter_stage(made.rollouts.stage)
+    plugin.reader = HandMadeReader(made.features)
+    plugin.after_scoring(made.rollouts, ctx)
+    plugin.shape_rewards(made.rollouts, ctx)
+    return plugin.step_additions(made.rollouts, ctx)

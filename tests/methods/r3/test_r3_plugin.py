@@ -258,3 +258,44 @@ def test_reflection_groups_are_counted_shown_and_kept_out_of_the_history():
     later.text = lambda plugin, tag, text: shown.append((tag, text))
     r3.transform_groups([g], later)
     assert len(shown) == 2  # at most one panel per 10 steps
+
+
+def test_groups_dealt_over_ranks_reach_the_history_scored_and_in_one_process_order():
+    """Balanced ranks (step/balance.py) moved b from rank 0, which sampled it, to rank 1, and c
+    the other way: the rank that scored a group tells it, with its log-probs, and every rank
+    commits the step's responses in the step's order, as one process does."""
+    import pickle
+
+    def sampled(rank_keys: str, first: int) -> list[Group]:
+        made = [_group(k, [1, 0], [[20 + 2 * i, 2], [21 + 2 * i, 2]]) for i, k in enumerate(rank_keys, start=first)]
+        for j, g in enumerate(made):
+            g.origin, g.index = (0, first + j), first + j  # as balance_groups sets them
+        return made
+
+    def scored(groups: list[Group]) -> StepRollouts:
+        r = _packed(groups)
+        r.old_logp = -torch.arange(2 * len(r), dtype=torch.float32).reshape(len(r), 2) / 10 - sum(
+            g.index for g in groups)  # a row's log-probs tell which rank's batch scored it
+        return r
+
+    one = _r3()
+    everything = sampled("abcd", 0)
+    one.transform_groups(everything, _ctx())
+    one.commit([one.step_additions(scored(everything), _ctx())], _ctx())
+    ranks = [_r3(), _r3()]
+    seen = [sampled("ab", 0), sampled("cd", 2)]
+    for r3, groups in zip(ranks, seen, strict=True):
+        r3.transform_groups(groups, _ctx())
+    copy = lambda g: pickle.loads(pickle.dumps(g))  # noqa: E731  (the exchange's all-gather)
+    held = [[seen[0][0], copy(seen[1][0])], [copy(seen[0][1]), seen[1][1]]]  # a, c | b, d
+    adds = [r3.step_additions(scored(h), _ctx()) for r3, h in zip(ranks, held, strict=True)]
+    # each rank tells the groups it holds (rank 1: its own d, then b from rank 0), with their places
+    assert [k for k, _ in adds[0]] == ["a", "a", "c", "c"] and [k for k, _ in adds[1]] == ["d", "d", "b", "b"]
+    assert all(resp.logprobs is not None for part in adds for _, resp in part)
+    for r3 in ranks:
+        r3.commit(adds, _ctx())
+        assert r3.history.keys() == one.history.keys() == ["a", "b", "c", "d"]
+    assert [r.token_ids for k in "abcd" for r in ranks[0].history.responses(k)] == \
+        [r.token_ids for k in "abcd" for r in one.history.responses(k)]
+    # c's log-probs are those rank 0 scored (its batch a, c: rows 2-3, offset 0 + 2)
+    assert ranks[1].history.responses("c")[0].logprobs == pytest.approx((-2.4, -2.5))

@@ -76,6 +76,7 @@ from medsrl.settings import (
     nullable,
     one_of,
 )
+from medsrl.step.balance import InStepOrder, in_step_order
 from medsrl.step.rollouts import SAMPLED, StepRollouts
 from medsrl.step.scoring import scoring_pass
 from medsrl.utils.distributed import all_reduce_sum, is_distributed
@@ -173,6 +174,7 @@ class Meds(Plugin):
         self._dropped: tuple[list[tuple[str, bool]], np.ndarray, list[str | None]] = (
             [], np.zeros((0, 0), np.float32), []
         )
+        self._dropped_order: list = []  # the dropped rows' places in the step (_row_order)
         self._read_sizes: list[int] = []  # sizes of the stores read this step (mechanism figures)
         self._read_labels: list[np.ndarray] = []  # fitted labels of the wrong stores read this step
         self._pen = torch.zeros(0)  # this step's penalty per response (placement=advantage)
@@ -229,7 +231,7 @@ class Meds(Plugin):
 
     def after_scoring(self, rollouts: StepRollouts, ctx: StepContext) -> None:
         self.use_features(rollouts, *self.reader.finish(), ctx)
-        self._dropped = ([], np.zeros((0, 0), np.float32), [])
+        self._dropped, self._dropped_order = ([], np.zeros((0, 0), np.float32), []), []
         if self.remember_dropped and ctx.dropped:
             self._dropped = self.dropped_features(ctx.dropped, rollouts.packed.input_ids.device, ctx)
         elif self.remember_dropped and is_sharded(ctx.scoring_policy):
@@ -249,6 +251,7 @@ class Meds(Plugin):
         correct = (extra.acc > 0.5).tolist()
         keys = [(extra.keys[i], bool(correct[i])) for i in rows.tolist()]
         answers = [extra.grades[i].extracted for i in rows.tolist()]
+        self._dropped_order = _row_order(extra, rows.tolist(), lambda g: groups[g].origin, 1)
         ctx.log(self, {"dropped_rows_remembered": float(len(keys)),
                        "dropped_pass_s": time.perf_counter() - t0})
         return keys, feats.numpy(), answers
@@ -404,20 +407,26 @@ class Meds(Plugin):
         rows = self._rows[fresh].tolist()
         added, feats = [(keys[i], bool(correct[i])) for i in rows], self._feats[fresh].numpy()
         answers = [rollouts.grades[i].extracted for i in rows]
+        order = _row_order(rollouts, rows, lambda g: rollouts.group_index[g] if rollouts.group_index else None, 0)
         dropped_keys, dropped_feats, dropped_answers = self._dropped
         if dropped_keys:
             feats = np.concatenate([feats, dropped_feats]) if added else dropped_feats
             added, answers = added + dropped_keys, answers + dropped_answers
-        return added, feats, answers
+            order = order + self._dropped_order
+        # per row, with its place in the step: commit applies every rank's rows as one process would
+        return InStepOrder(zip(added, feats, answers, strict=True), order)
 
     def commit(self, additions, ctx: StepContext) -> None:
-        """Every rank's rows into the memory, and their wrong answers into ``answer_counts``."""
-        touched = self.store.insert([(added, feats) for added, feats, _ in additions], ctx.step)
-        for added, _, answers in additions:
-            for (key, ok), answer in zip(added, answers, strict=True):
-                if not ok and answer is not None:
-                    counts = self.answer_counts.setdefault(key, {})
-                    counts[answer] = counts.get(answer, 0) + 1
+        """Every rank's rows into the memory (in the step's order, ``step/balance.py``), and their
+        wrong answers into ``answer_counts``."""
+        rows = in_step_order(additions)
+        added = [key_ok for key_ok, _, _ in rows]
+        feats = np.stack([f for _, f, _ in rows]) if rows else np.zeros((0, 0), np.float32)
+        touched = self.store.insert([(added, feats)] if rows else [], ctx.step)
+        for (key, ok), _, answer in rows:
+            if not ok and answer is not None:
+                counts = self.answer_counts.setdefault(key, {})
+                counts[answer] = counts.get(answer, 0) + 1
         ctx.log(self, self.store.metrics(touched))
         every = self.snapshot_every_n_steps
         if every and (ctx.step + 1) % every == 0 and ctx.run_dir is not None:  # rank 0 writes
@@ -456,3 +465,18 @@ class Meds(Plugin):
 
 def _targeted(target: str, correct: bool) -> bool:
     return {"wrong": not correct, "right": correct, "both": True, "none": False}[target]
+
+
+def _row_order(rollouts: StepRollouts, rows: list[int], place, tier: int) -> list:
+    """Each of ``rows``' place in the step's order: ``(tier, place(its group), its row in the
+    group)`` (the batch's rows, tier 0, before the dropped ones, tier 1, as one process adds them);
+    None where its group has no place (not dealt, ``step/balance.py``: rank order)."""
+    groups = rollouts.group_ids.tolist()
+    first: dict[int, int] = {}
+    for i, g in enumerate(groups):
+        first.setdefault(g, i)
+    out = []
+    for i in rows:
+        at = place(groups[i])
+        out.append(None if at is None else (tier, at, i - first[groups[i]]))
+    return out

@@ -50,6 +50,7 @@ from medsrl.settings import (
     Text,
     nullable,
 )
+from medsrl.step.balance import InStepOrder, in_step_order
 from medsrl.step.rollouts import SAMPLED, Group, StepRollouts
 
 log = logging.getLogger(__name__)
@@ -276,39 +277,49 @@ class R3(Plugin):
 
     def step_additions(self, rollouts: StepRollouts, ctx: StepContext) -> list[tuple[str, StoredResponse]]:
         """This rank's sampled responses of the step, with reward and behaviour log-probs where
-        they went through the scoring forward (a group dropped before it: its correctness, none)."""
+        they went through the scoring forward (a group dropped before it: its correctness, none).
+        A group balanced ranks moved (``step/balance.py``) is told by the rank that scored it;
+        each response carries its place in the step, so commit applies them as one process would."""
         packed: dict[tuple[str, tuple[int, ...]], int] = {}
         keys = rollouts.keys
         for i, ids in enumerate(rollouts.response_ids):
             if rollouts.source[i] == SAMPLED:
                 packed.setdefault((keys[i], tuple(ids)), i)
         old_logp = rollouts.old_logp.float().cpu() if rollouts.old_logp is not None else None
-        out = []
+        held = set(rollouts.group_index) - {None}
+        out, order = [], []
         for key, g in self._seen:
+            if g.index is not None and g.index not in held:
+                continue  # moved to another rank: that one tells it, scored
             for j in range(len(g)):
                 if g.source[j] != SAMPLED:
                     continue
                 ids = tuple(g.rollout.response_ids[j])
-                grade = g.grades[j]
                 i = packed.get((key, ids))
                 scored = i is not None and old_logp is not None
-                out.append((key, StoredResponse(
-                    token_ids=ids,
-                    text=g.rollout.response_text[j],
-                    reward=float(rollouts.reward[i]) if scored else float(grade.score),
-                    correct=grade.score > 0.5,
-                    step=ctx.step,
-                    finish_reason=g.rollout.finish_reason[j],
-                    extracted=grade.extracted,
-                    has_box=grade.has_box,
-                    logprobs=tuple(old_logp[i, : len(ids)].tolist()) if scored else None,
-                )))
-        return out
+                out.append((key, _stored(g.rollout.response_text[j], ids, g.rollout.finish_reason[j], g.grades[j],
+                                         float(rollouts.reward[i]) if scored else None,
+                                         old_logp[i] if scored else None, ctx.step)))
+                order.append(None if g.origin is None else (*g.origin, j))
+        mine = {g.index for _, g in self._seen} - {None}
+        group_ids = rollouts.group_ids.tolist()
+        first: dict[int, int] = {}
+        for i, gid in enumerate(group_ids):  # the rows of groups another rank sampled and moved here
+            first.setdefault(gid, i)
+            index = rollouts.group_index[gid] if rollouts.group_index else None
+            if index is None or index in mine or rollouts.source[i] != SAMPLED or is_reflection(rollouts.prompts[gid]):
+                continue
+            out.append((keys[i], _stored(
+                rollouts.response_text[i], tuple(rollouts.response_ids[i]), rollouts.finish_reason[i],
+                rollouts.grades[i], float(rollouts.reward[i]) if old_logp is not None else None,
+                old_logp[i] if old_logp is not None else None, ctx.step)))
+            origin = rollouts.origins[gid]
+            order.append(None if origin is None else (*origin, i - first[gid]))
+        return InStepOrder(out, order)
 
     def commit(self, additions: list, ctx: StepContext) -> None:
-        for rank_additions in additions:
-            for key, response in rank_additions:
-                self.history.add(key, response)
+        for key, response in in_step_order(additions):  # one process's order (step/balance.py)
+            self.history.add(key, response)
         self._seen = []
         ctx.log(self, {
             "history/responses": float(self.history.num_responses()),
@@ -363,3 +374,14 @@ def _rng(seed: int, step: int, key: str) -> np.random.Generator:
     """A generator fixed by (seed, step, prompt key): the same pick on every rank and on resume."""
     digest = hashlib.sha256(f"{seed}:{step}:{key}".encode()).digest()
     return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def _stored(text: str, ids: tuple[int, ...], finish_reason: str, grade: GradeResult, reward: float | None,
+            logprobs: torch.Tensor | None, step: int) -> StoredResponse:
+    """A sampled response for the history: the scored reward and behaviour log-probs (row
+    ``[R]``) where it went through the scoring forward, else its correctness and none."""
+    return StoredResponse(
+        token_ids=ids, text=text, reward=float(grade.score) if reward is None else reward,
+        correct=grade.score > 0.5, step=step, finish_reason=finish_reason, extracted=grade.extracted,
+        has_box=grade.has_box, logprobs=None if logprobs is None else tuple(logprobs[: len(ids)].tolist()),
+    )
