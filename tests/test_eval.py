@@ -122,6 +122,37 @@ def test_nothing_to_evaluate_and_ckpt_without_run_config_are_clear_errors(tmp_pa
         evaluate(_eval_cfg(tmp_path, f"model_path={bad}"))
 
 
+def test_a_sharded_checkpoint_gives_the_row_of_its_single_file_twin(tmp_path, trained_run):
+    """The run's last.ckpt rewritten as FSDP writes a sharded one (a DCP directory, meta.pt beside):
+    model_path and runs_dir take the directory and evaluate the same weights."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from medsrl.eval import run_name, runs_in
+
+    single = torch.load(trained_run / "checkpoints" / "last.ckpt", weights_only=False)
+    run = tmp_path / "sharded_run"
+    shutil.copytree(trained_run / ".hydra", run / ".hydra")
+    sharded = run / "checkpoints" / "last.ckpt"
+    dcp.save({"state_dict": single.pop("state_dict"), "optimizer_0": single.pop("optimizer_states")[0]},
+             checkpoint_id=sharded, no_dist=True)
+    torch.save(single, sharded / "meta.pt")
+    assert sharded.is_dir() and run_name(sharded) == "sharded_run/last"
+    assert runs_in(tmp_path) == [("sharded_run", str(sharded))]
+    rows = evaluate(_eval_cfg(tmp_path / "out", f"model_path=[{trained_run / 'checkpoints' / 'last.ckpt'},{sharded}]"))
+    assert [r["run"] for r in rows] == ["run/last", "sharded_run/last"]
+    assert {k: v for k, v in rows[0].items() if k != "run"} == {k: v for k, v in rows[1].items() if k != "run"}
+
+
+def test_a_directory_that_is_not_a_checkpoint_is_refused_naming_it(tmp_path):
+    from medsrl.models.checkpoint_files import CheckpointError
+
+    broken = tmp_path / "run" / "checkpoints" / "step_000002.ckpt"
+    broken.mkdir(parents=True)
+    with pytest.raises(CheckpointError, match=f"{broken}: a directory but not a sharded checkpoint"):
+        evaluate(_eval_cfg(tmp_path / "out", f"model_path={broken}"))
+
+
 def test_model_path_mapping_names_the_rows(tmp_path):
     from medsrl.eval import models_to_evaluate
 

@@ -33,9 +33,10 @@ from medsrl.evaluation.responses import (
 )
 from medsrl.evaluation.store import GenerationStore
 from medsrl.evaluation.tables import plot_pass_at_k, write_csv, write_json, write_markdown
+from medsrl.export import checkpoint_policy
 from medsrl.features.reader import FeatureSpec
+from medsrl.models.checkpoint_files import is_checkpoint_path
 from medsrl.models.loading import load_policy, load_tokenizer
-from medsrl.models.settings import ModelConfig
 from medsrl.reward.grader import MathGrader
 from medsrl.rollout.factory import build_engine, engine_max_model_len, model_positions
 from medsrl.rollout.settings import RolloutConfig
@@ -49,25 +50,12 @@ set_data_dir_default(Path(os.environ["MEDSRL_ROOT"]))  # configs/paths: data_dir
 
 
 def load_for_eval(model_path: str, tokenizer: str | None, dtype: str):
-    """``(policy, tokenizer)`` from an HF dir/name or a training run's ``.ckpt``."""
-    if not str(model_path).endswith(".ckpt"):
+    """``(policy, tokenizer)`` from an HF dir/name or a training run's checkpoint, single-file or
+    sharded (``export.checkpoint_policy``: the model rebuilt from the run's config)."""
+    if not is_checkpoint_path(model_path):
         return load_policy(model_path, dtype=dtype), load_tokenizer(tokenizer or model_path)
-    from medsrl.models.policy import build_policy
-
-    ckpt = Path(model_path)
-    run_cfg = ckpt.parent.parent / ".hydra" / "config.yaml"
-    if not run_cfg.exists():
-        raise FileNotFoundError(
-            f"{ckpt}: cannot rebuild the model, {run_cfg} (the run's Hydra config) is missing; "
-            "evaluate the exported policy directory instead"
-        )
-    # the architecture from the run's config: the checkpoint holds every weight
-    model = OmegaConf.to_container(OmegaConf.load(run_cfg).model, resolve=False)
-    policy, tok = build_policy(parse(ModelConfig, model, f"{run_cfg}: model"))
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
-    policy.load_state_dict({k.removeprefix("policy."): v for k, v in state.items()
-                            if k.startswith("policy.")})
-    return policy, tok
+    policy, tok = checkpoint_policy(model_path, dtype=dtype)
+    return policy, load_tokenizer(tokenizer) if tokenizer else tok
 
 
 def _run_of(path: Path) -> Path | None:
