@@ -33,7 +33,7 @@ VLLM_ENV ?= VLLM_CPU_OMP_THREADS_BIND=0-$(shell echo $$(( $$(nproc) - 1 ))) VLLM
 TRL_VENV ?= .venv-trl
 TRL_STAMP := $(TRL_VENV)/.installed
 
-.PHONY: help install install-gpu lock data train gpu-smoke plan eval study study-quick study-v2 study-v3 test test-vllm bench-trl lint tensorboard clean
+.PHONY: help install install-gpu lock data train gpu-check plan eval study study-quick study-v2 study-v3 test test-vllm bench-trl lint tensorboard clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -77,8 +77,8 @@ install-gpu: install ## On a CUDA machine: .venv plus vLLM (the `vllm` extra, he
 	$(BIN)/pip install --quiet -c $(LOCK) -e ".[vllm]"
 	@$(BIN)/python -c "import torch, vllm; print('[medsrl] vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 
-gpu-smoke: install ## One CUDA GPU, no network: MEDS steps of the 1.5B experiment with random weights -> gpu_smoke.json (docs/GPU.md); ARGS="..."
-	$(BIN)/python benchmarks/gpu_smoke.py --out gpu_smoke.json $(ARGS)
+gpu-check: install ## One CUDA GPU, no network: 1.5B, random weights, a process per case (one device, FSDP, resume, LoRA), peaks vs medsrl-plan -> docs/gpu/*.json; ARGS="..."
+	$(BIN)/python benchmarks/gpu_check.py $(ARGS)
 
 plan: install ## Memory per GPU and phase of a run, and whether it fits: ARGS="experiment=qwen2.5-math-7b_meds"
 	$(BIN)/medsrl-plan $(ARGS)

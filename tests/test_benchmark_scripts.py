@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from run_helpers import ROOT
+from shared_paths import require_shared
 
 BENCHMARKS = ROOT / "benchmarks"
 
@@ -72,7 +73,7 @@ TOY = {
 }
 # Scripts whose toy run is elsewhere: where.
 ELSEWHERE = {
-    "gpu_smoke.py": ROOT / "tests" / "test_gpu_smoke.py",  # --toy, with the shared Qwen tokenizer
+    "gpu_check.py": Path(__file__),  # --toy, with the shared Qwen tokenizer: test_gpu_check_runs_each_case_...
     "step_profile.py": BENCHMARKS / "compare_trees.py",  # its toy run runs this tree's step_profile.py
 }
 SHELL = {"device_wheels.sh"}  # downloads wheels: its syntax is checked only
@@ -120,3 +121,52 @@ def test_every_benchmark_script_runs_at_toy_size(script, tmp_path):
     assert not missing, f"{script}'s JSON lacks {missing}: {sorted(result)}"
     for key, value in toy.expect:
         assert result.get(key) == value, (key, result.get(key))
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_each_case_in_its_own_process_beside_the_plan(tmp_path):
+    """``gpu_check.py --toy`` (``make gpu-check``'s CPU version): one device, FSDP with validation,
+    a checkpoint and a milestone, a resume from that checkpoint in a fresh process, LoRA; each case
+    trains, and every phase of the plan of its config is there by name with its figure (the
+    allocator peaks are CUDA's: none on a CPU)."""
+    import importlib.util
+
+    from medsrl.plan.cli import compose_train_config, plan_for
+
+    spec = importlib.util.spec_from_file_location("gpu_check", BENCHMARKS / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    measured_as = gpu_check.MEASURED_AS
+    tok = require_shared("tokenizers", "qwen2.5-math")
+    out, work = tmp_path / "check.json", tmp_path / "work"
+    proc = _run([sys.executable, str(BENCHMARKS / "gpu_check.py"), "--toy", "--tokenizer", str(tok),
+                 "--out", str(out), "--work-dir", str(work)], timeout_s=900)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+    result = _last_json(proc.stdout)
+    assert json.loads(out.read_text()) == result
+    cases = result["cases"]
+    assert list(cases) == ["one-device", "fsdp", "resume", "lora"] and result["ok"]
+    for name, case in cases.items():
+        assert case["ok"], (name, case.get("error"))
+        assert case["backend"] == "hf" and case["precision"] == "32-true" and case["world_size"] == 1
+        assert len(case["step_s"]) == len(case["steps"]) and all(s > 0 for s in case["step_s"])
+        # the module's phases the plan's are compared with are the ones it times
+        assert {f"time/{phase}" for phase in measured_as.values()} <= set(case["steps"][0])
+        plan = plan_for(compose_train_config(case["overrides"]), case["plan_prompt_tokens"])
+        assert [p["phase"] for p in case["phases"]] == [p.name for p in plan.phases]
+        assert [p["plan_gib"] for p in case["phases"]] == pytest.approx([p.total / 2**30 for p in plan.phases])
+        assert case["peaks_gib"] == {} and all(p["peak_gib"] is None for p in case["phases"])
+        for step in case["steps"]:
+            assert step["nonfinite_updates"] == 0
+            # the HF engine is the trainer's own module: the IS weights are 1 up to KV-cache numerics
+            assert step["engine_is/weight_mean"] == pytest.approx(1.0, abs=1e-3)
+            assert step["weights_changed_frac"] > (0.5 if name == "lora" else 0.99)
+    one, fsdp, resume, lora = cases.values()
+    assert [s["step"] for s in one["steps"]] == [0, 1] and "checkpoint" not in one["outside_steps_s"]
+    assert {"validation sampling", "validation features", "checkpoint", "milestone"} <= set(fsdp["outside_steps_s"])
+    assert (work / "fsdp" / "checkpoints" / "last.ckpt").is_dir()  # sharded: a folder of shard files
+    assert (work / "fsdp" / "milestones" / "step_000002").is_dir()
+    assert [s["step"] for s in resume["steps"]] == [2] and resume["steps_done"] == 3
+    assert "resume" in resume["outside_steps_s"]
+    assert "Restored all states from the checkpoint" in (work / "resume.log").read_text()
+    assert lora["trained_params"] < lora["params"] / 50  # the adapters only

@@ -158,7 +158,7 @@ class ModelConfig(Settings):
     trust_remote_code: Flag = False
     """Let transformers run the checkpoint's own model code."""
     random_init: Flag = False
-    """True: architecture at shape with random weights (smoke runs: benchmarks/gpu_smoke.py)."""
+    """True: architecture at shape with random weights (smoke runs: benchmarks/gpu_check.py)."""
     architecture: nullable(Text) = None
     """The model type (qwen2, qwen3, llama): tests and random_init build a small random model of it."""
     shape: dict[str, Any] | None = None
