@@ -125,7 +125,8 @@ class Plugin(Callback):
         return None
 
     def commit(self, additions: list[Any], ctx: StepContext) -> None:
-        """Apply every rank's additions, in rank order (identical on every rank)."""
+        """Apply every rank's additions, in rank order (identical on every rank); additions made as an
+        ``InStepOrder`` read through ``in_step_order`` come in the step's order (``step/balance.py``)."""
 
     def digest(self) -> str:
         """A hash of the replicated state, compared across ranks to catch divergence."""

@@ -11,8 +11,8 @@ process must still be the run of N ranks, so nothing may depend on which rank ho
   one process samples and keeps them in), each group keeps its place in it (``Group.index``,
   ``StepRollouts.group_index``) and each rank holds its groups in that order;
 - the update takes group ``i`` in mini-batch update ``i mod U`` (``step/schedule.py``), as one
-  process strides its groups; the deal is made per update (an equal-size partition of each
-  update's groups), so each update, a synchronisation point, is balanced on its own;
+  process strides its groups; the deal is made per update (:func:`deal`), so each update, a
+  synchronisation point, is balanced on its own;
 - the plug-ins' commits apply every rank's additions in that order (:func:`in_step_order`: the
   MEDS memory and the R3 history get one process's insertion order);
 - the ranks' group counts stay within one of each other (the metrics are means over ranks).
