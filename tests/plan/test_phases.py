@@ -53,7 +53,9 @@ def test_fsdp_vllm_run_has_every_phase_with_its_holders():
     # at train start: the whole engine reservation beside the streamed sync, no rollouts yet
     first = _items(plan, "first weight sync")
     assert first["vLLM engine"] == int(run.gpu_bytes * 0.45)
-    assert first["gathered unit"] == max(size.root_params, size.layer_params) * 4
+    # one parameter at a time, whole in bf16 (issue 43: FSDP1 gathered a unit in fp32)
+    assert first["gathered parameter"] == size.largest_param * 2
+    assert first["shard copies"] == 2 * -(-size.largest_param // run.shards) * 2
     assert first["engine-dtype copies"] == max(size.root_params, size.layer_params) * 2
     assert "rollout tensors" not in first and "LoRA merge" not in first
     # validation: vLLM samples from its own weights (awake), then a feature forward like scoring's
@@ -72,7 +74,7 @@ def test_one_gpu_run_casts_weights_and_gathers_nothing():
     assert _names(plan) == ["resume", *STEP, *VALIDATION, "milestone"]
     for phase in plan.phases:
         items = _items(plan, phase.name)
-        assert not {"gathered units", "gathered unit", "policy gathered whole"} & set(items), phase.name
+        assert not {"gathered units", "gathered parameter", "policy gathered whole"} & set(items), phase.name
     for phase in ("scoring", "validation features"):  # autocast casts the fp32 weight of every op
         assert _items(plan, phase)["bf16 cast of a weight"] == V * H * 2
     update = _items(plan, "update")
@@ -87,18 +89,20 @@ def test_one_gpu_run_casts_weights_and_gathers_nothing():
 
 @pytest.mark.parametrize(("experiment", "old_gib"), [("qwen2.5-math-7b_meds", 54.3), ("qwen3-8b_meds", 58.4)])
 def test_streamed_weight_sync_is_far_below_the_whole_fp32_policy(experiment, old_gib):
-    """Before issue 35 the sync gathered the whole fp32 policy (docs/GPU.md: 54.3 / 58.4 GiB)."""
+    """Before issue 35 the sync gathered the whole fp32 policy (docs/GPU.md: 54.3 / 58.4 GiB);
+    since issue 43 it gathers one parameter at a time in bf16, not an fp32 unit."""
     plan = _plan(f"experiment={experiment}")
     size = plan.size
     unit = max(size.root_params, size.layer_params)
     for name in SYNCS:
         items = _items(plan, name)
         assert "policy gathered whole" not in items
-        assert items["gathered unit"] == unit * 4
+        assert items["gathered parameter"] == size.largest_param * 2 < unit * 4
     sync = next(p for p in plan.phases if p.name == "weight sync")
     whole = size.params * 4
     sync_items = _items(plan, "weight sync")
-    kept = sync.total - sync_items["gathered unit"] - sync_items["engine-dtype copies"]
+    transient = sync_items["gathered parameter"] + sync_items["shard copies"] + sync_items["engine-dtype copies"]
+    kept = sync.total - transient
     assert sync.total < kept + whole - 20 * GIB  # the old phase: the same holders and the whole policy
     assert sync.total / GIB < old_gib - 20
 
@@ -147,7 +151,7 @@ def test_lora_adds_one_modules_merge_and_drops_the_head_gradient():
         items = _items(plan, name)
         # the fp32 delta, its bf16 cast and the bf16 merged sum
         assert items["LoRA merge"] == QWEN_7B_MLP * (4 + 2 + 2)
-        assert items["gathered unit"] == max(size.root_params * 2, size.layer_params * 2 + size.adapters_per_layer * 4)
+        assert items["gathered base weight"] == QWEN_7B_MLP * 2  # the bf16 base, merged alone
     assert not any(name.startswith("head grad") for name in _items(plan, "update"))  # the head is frozen
     fp32_base = _plan("experiment=qwen2.5-math-7b_meds", "model.lora.r=16", "model.lora.base_dtype=float32")
     assert _items(fp32_base, "weight sync")["LoRA merge"] == 2 * QWEN_7B_MLP * 4  # delta and merged sum in fp32

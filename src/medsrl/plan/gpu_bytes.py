@@ -9,8 +9,8 @@ reservation, the weights streamed in), generation (HF: the policy gathered whole
 HF's KV cache; vLLM: the engine's reservation, from its own weights), scoring (no-grad forward
 per micro-batch; under FSDP through the wrapper: a unit gathered at a time), update (forward +
 backward of one micro-batch, the step's gradients alive, the fused head's weight-gradient
-buffers), optimizer step, the weight sync (vLLM: streamed a unit at a time into the engine's
-woken weights), and with validation on (``callbacks.pass_at_k.every_n_steps`` > 0) validation
+buffers), optimizer step, the weight sync (vLLM: streamed a parameter at a time, in the
+engine's dtype, into its woken weights), and with validation on (``callbacks.pass_at_k.every_n_steps`` > 0) validation
 sampling (as generation, with its own rows and length) and validation features (one no-grad
 feature forward like scoring, without the head chunk); issue 43 adds the resume from a checkpoint
 (before the first step, the engine awake) and, with ``callbacks.milestones`` on, the milestone
@@ -315,23 +315,34 @@ def head_weight_grad_items(size: ModelSize, run: RunShape) -> list[Item]:
 
 def sync_items(size: ModelSize, run: RunShape) -> list[Item]:
     """The weight sync's transient (``models/sharding.py`` ``streamed_weights``, ``models/lora.py``
-    ``merged_weights``): under FSDP one unit gathered at a time in its weights' dtype (the root's
-    own weights, or a decoder layer with its adapters); one unit's tensors as fresh copies in the
-    engine's dtype, which vLLM's layerwise reload may hold until its layer is complete (without
-    FSDP only where a cast or a merge makes them); with LoRA one module's delta and merged sum."""
-    m, w, e = run.master_bytes, run.weight_bytes, run.vllm_weight_bytes
-    root, layer, adapters = size.root_params, size.layer_params, size.adapters_per_layer
-    items = []
-    if run.sharded:
-        how = f"one unit at a time: max(root {root:,} x {w} B, layer {layer:,} x {w} B"
-        how += f" + {adapters:,} adapter params x {m} B)" if adapters else ")"
-        items.append(Item("gathered unit", max(root * w, layer * w + adapters * m), how))
+    ``merged_weights``): under FSDP one parameter at a time made whole in the engine's dtype
+    (:func:`gathered_parameter`; a LoRA layer's base weight in its own dtype, then merged); one
+    vLLM layer's tensors as fresh copies in the engine's dtype, which vLLM's layerwise reload may
+    hold until its layer is complete (without FSDP only where a cast or a merge makes them); with
+    LoRA one module's delta and merged sum."""
+    w, e = run.weight_bytes, run.vllm_weight_bytes
+    items = gathered_parameter(size, run, e) if run.sharded else []
+    if run.sharded and size.lora:
+        n = size.lora_largest_matrix
+        items.append(Item("gathered base weight", n * w, f"the largest adapted weight whole: {n:,} x {w} B",
+                          "model.lora.target_modules"))
     if run.sharded or size.lora or w != e:
-        items.append(Item("engine-dtype copies", max(root, layer) * e,
-                          f"one unit's tensors held until vLLM's layer is complete: max(root, layer) x {e} B"))
+        items.append(Item("engine-dtype copies", max(size.root_params, size.layer_params) * e,
+                          f"one layer's tensors held until vLLM's layer is complete: max(root, layer) x {e} B"))
     if size.lora:
         items.append(lora_merge_item(size, run))
     return items
+
+
+def gathered_parameter(size: ModelSize, run: RunShape, dtype_bytes: int) -> list[Item]:
+    """One sharded parameter made whole (``models/sharding.py`` ``whole``): its shard cast to the
+    target dtype, the padded copy the all-gather makes of an uneven shard, and the whole tensor
+    on every rank, at most the largest parameter (a real model's embedding or LM head)."""
+    L, N, d = size.largest_param, run.shards, dtype_bytes
+    shard = -(-L // N)
+    return [Item("gathered parameter", L * d, f"the largest parameter, {L:,} elements, whole on every rank "
+                 f"(DTensor.full_tensor) in {d} B"),
+            Item("shard copies", 2 * shard * d, f"its shard cast and padded for the all-gather: 2 x {shard:,} x {d} B")]
 
 
 def lora_merge_item(size: ModelSize, run: RunShape) -> Item:
@@ -524,24 +535,17 @@ def milestone_phase(size: ModelSize, run: RunShape, held: list[Item]) -> Phase:
     ``RLModule.export_policy`` save it since issue 43: the engine released first (vLLM sleep level
     2: its weights and KV cache freed; an engine without sleep mode keeps its reservation, in
     ``held``). Under FSDP each parameter alone is made whole in the milestone's dtype and moved to
-    rank 0's host memory before the next (``models/sharding.py`` ``whole``, ``host_weights``): its
-    shard cast, the padded copy the all-gather makes of an uneven shard, and the whole tensor on
-    every rank, at most the largest parameter (a real model's embedding or LM head); with LoRA a
+    rank 0's host memory before the next (``host_weights``, :func:`gathered_parameter`); with LoRA a
     targeted module's base weight is gathered in the base's dtype and merged (``merged_weights``).
     Without FSDP ``models/export.py`` ``save_policy`` casts the whole state dict to the milestone's
     dtype on the GPU (none when the dtypes agree), with LoRA after merging every adapted weight in
     the base's dtype. No gradient exists: they are freed at the step's ``zero_grad``. Before issue
     43 the whole fp32 policy was gathered on every rank with vLLM's weights awake, plus a bf16 copy
     of it on rank 0's GPU (``tests/plan/test_milestone_resume.py``)."""
-    L, d, w, N, P = size.largest_param, run.milestone_bytes, run.weight_bytes, run.shards, size.params
+    d, w, P = run.milestone_bytes, run.weight_bytes, size.params
     items = list(held)
     if run.sharded:
-        shard = -(-L // N)
-        items += [
-            Item("gathered parameter", L * d, f"the largest parameter, {L:,} elements, whole on every rank "
-                 f"(DTensor.full_tensor) in {d} B"),
-            Item("shard copies", 2 * shard * d, f"its shard cast and padded for the all-gather: 2 x {shard:,} x {d} B"),
-        ]
+        items += gathered_parameter(size, run, d)
         if size.lora:
             n = size.lora_largest_matrix
             items += [Item("gathered base weight", n * w, f"the largest adapted weight whole: {n:,} x {w} B",
