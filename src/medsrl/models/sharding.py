@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -104,16 +105,25 @@ class PolicyFSDPStrategy(ModelParallelStrategy):
         return plain_optimizer_layout(state) if self.global_rank == 0 else state
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
-        """A full checkpoint's optimizer states come back keyed by name before Lightning reads them
-        (Lightning re-keys with FSDP1's deprecated API)."""
-        from lightning.fabric.strategies import model_parallel
+        """A sharded checkpoint: Lightning's (``torch.distributed.checkpoint``). A full one is read
+        here: rank 0's tensors broadcast one at a time into the shards, its optimizer states keyed
+        by name first (Lightning re-keys them with FSDP1's deprecated API)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
-        own = model_parallel._rekey_optimizer_state_if_needed
-        model_parallel._rekey_optimizer_state_if_needed = lambda state, module: named_optimizer_layout(state, module)
-        try:
-            return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
-        finally:
-            model_parallel._rekey_optimizer_state_if_needed = own
+        path = Path(self.broadcast(checkpoint_path))
+        if path.is_dir():
+            return super().load_checkpoint(path, weights_only=weights_only)
+        checkpoint = torch.load(path, mmap=True, map_location="cpu", weights_only=weights_only)
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True,
+                                   strict=self.lightning_module.strict_loading)
+        set_model_state_dict(self.model, checkpoint.pop("state_dict"), options=options)
+        for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"], strict=True):
+            set_optimizer_state_dict(self.model, optimizer, named_optimizer_layout(state, self.model), options=options)
+        return checkpoint
 
 
 def plain_optimizer_layout(state: Mapping[str, Any]) -> dict[str, Any]:
