@@ -89,17 +89,16 @@ eval: install ## Evaluate the last `make train` policy: pass@k (n=16), diversity
 	$(BIN)/medsrl-eval rollout=hf model_path=$$run n=16 $(ARGS)
 
 study: install ## The study (docs/STUDY.md): 7 methods x 3 seeds, stages A->B, eval n=32; resumes if interrupted
-	$(BIN)/medsrl-study --doc docs/STUDY.md --img-dir docs/img/study $(ARGS)
+	$(BIN)/python -m studies.runner v1 $(ARGS)
 
 study-quick: install ## The study with one seed and fewer steps (~21 min on 2 cores), into logs/study/quick/STUDY.md
-	$(BIN)/medsrl-study --name quick --seeds 0 --steps-a 10 --steps-b 10 --eval-n 8 --eval-problems 32 $(ARGS)
+	$(BIN)/python -m studies.runner quick $(ARGS)
 
 study-v2: install ## Protocol v2 (docs/STUDY.md): prompts revisited, DAPO vs MEDS at 3 strengths, 3 seeds, the mechanism; resumes
-	$(BIN)/medsrl-study --name v2 --methods dapo meds meds@alpha=1.0,beta=2.0 meds@alpha=1.0,beta=10.0 \
-		--pool-l1 32 --pool-l2 24 --eval-train --doc docs/STUDY_V2.md --img-dir docs/img/study_v2 $(ARGS)
+	$(BIN)/python -m studies.runner v2 $(ARGS)
 
 study-v3: install ## Protocol v3 (docs/STUDY.md): D3 penalty placement, D1 memory audit, D2 planted routes -> docs/STUDY_V3.md; resumes
-	$(BIN)/python -m medsrl.study.v3 $(ARGS)
+	$(BIN)/python -m studies.runner v3 $(ARGS)
 
 test: install ## Run the whole test suite (TEST_WORKERS=2 processes); PYTEST_ARGS="..." passes options to pytest
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

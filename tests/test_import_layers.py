@@ -20,7 +20,7 @@ LAYERS = [
     {"plugins"},
     {"methods", "evaluation"},  # side by side: neither imports the other
     {"callbacks", "module"},
-    {"study", "train", "eval", "export", "plan", "warmstart", "run_config"},
+    {"train", "eval", "export", "plan", "warmstart", "run_config"},
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 

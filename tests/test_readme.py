@@ -30,7 +30,7 @@ PAGES = [README, *DOCS]
 MAX_README_LINES = 260
 
 # A path under these folders, optionally `::test_name`; `<placeholder>` parts stand for any name.
-PATH = re.compile(r"(?<![\w./<>-])((?:src|configs|docs|benchmarks|tests)/[\w./*<>-]*)(?:::(\w+))?")
+PATH = re.compile(r"(?<![\w./<>-])((?:src|configs|docs|benchmarks|studies|tests)/[\w./*<>-]*)(?:::(\w+))?")
 ENTRY_POINTS = ("medsrl-train", "medsrl-eval", "medsrl-plan")
 
 

@@ -1,4 +1,4 @@
-"""D1, the memory audit (``medsrl.study.audit``): its stores, replay and figures on hand-made
+"""D1, the memory audit (``studies.audit``): its stores, replay and figures on hand-made
 features and answers, its feature readers on a tiny random model, and one small end-to-end run."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import json
 
 import numpy as np
 import pytest
-
-from medsrl.study.audit import (
+from studies.audit import (
     ANSWER_FEATURE,
     STORES,
     AnswerMemory,
@@ -157,11 +156,11 @@ TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=2, num_key_
 
 def test_feature_readers_agree_with_the_plugins_reference_feature():
     import torch
+    from studies.audit import FEATURES, AuditFeatureReader
 
     from medsrl.features.reader import digit_token_ids
     from medsrl.models.char_tokenizer import build_char_tokenizer
     from medsrl.models.tiny import build_tiny_model
-    from medsrl.study.audit import FEATURES, AuditFeatureReader
 
     tok = build_char_tokenizer()
     model = build_tiny_model(**TINY).eval()
@@ -209,7 +208,7 @@ def _tiny_run(tmp_path):
 
 
 def test_end_to_end_on_a_tiny_random_run(tmp_path, capsys):
-    from medsrl.study.audit import run_audit
+    from studies.audit import run_audit
 
     run, warm = _tiny_run(tmp_path)
     s = AuditSettings(run=str(run), warm_start=str(warm), visits=2, n=3, traps=2, others=1, max_checkpoints=2)
@@ -235,7 +234,7 @@ def test_end_to_end_on_a_tiny_random_run(tmp_path, capsys):
 
 
 def test_checkpoints_in_step_order_without_last_duplicate(tmp_path):
-    from medsrl.study.audit import find_checkpoints
+    from studies.audit import find_checkpoints
 
     run, _ = _tiny_run(tmp_path)
     assert [(step, p.name) for step, p in find_checkpoints(run)] == [(2, "step_000002.ckpt"), (4, "step_000004.ckpt")]
@@ -246,9 +245,8 @@ def test_store_spec_names_are_unique():
     assert StoreSpec("x").kind == "features"
 
 
-def test_route_hook_scores_the_stores_clusters_against_routes():
-    pytest.importorskip("medsrl.study.routes")
-    from medsrl.study.audit import response_routes
+def test_the_stores_clusters_are_scored_against_routes():
+    from studies.audit import response_routes
 
     samples, s = _drifting_duplicates(), AuditSettings()
     routes = response_routes(samples)
@@ -263,7 +261,7 @@ def test_route_hook_scores_the_stores_clusters_against_routes():
 def test_recurrence_and_cluster_spans_by_checkpoint():
     """Two visits per checkpoint share weights: the copies' features recur within a checkpoint
     (and their clusters span both visits) but not across checkpoints."""
-    from medsrl.study.audit import cluster_figures, feature_figures
+    from studies.audit import cluster_figures, feature_figures
 
     samples = _drifting_duplicates(visits=4)
     samples.visits_per_checkpoint = 2
@@ -279,3 +277,29 @@ def test_recurrence_and_cluster_spans_by_checkpoint():
     clusters = cluster_figures(rep.memories, samples.visits_per_checkpoint)
     assert clusters["single_checkpoint_share"] >= clusters["single_visit_share"]
     assert clusters["checkpoints_per_cluster"] <= clusters["visits_per_cluster"]
+
+
+def _audit(*rows):
+    return {"variants": [dict(zip(("feature", "store", "G3", "G4"), r, strict=True)) for r in rows]}
+
+
+def test_d1_rule_takes_the_best_feature_memory_or_else_the_answer_keyed_one():
+    from studies.audit import chosen_memory as choose
+
+    assert (choose(_audit(("reference", "reference", 0.01, 0.05), ("-", "answer", 0.3, 1.0)))
+            == ("answer", ["mode=answer"]))
+    rows = [("reference", "reference", 0.02, 0.35), ("diff", "dedup", 0.05, 0.5), ("bf16", "reference", -0.1, 0.8)]
+    assert choose(_audit(*rows)) == ("diff feature, dedup store", ["diff=true", "dedup=true"])
+    with pytest.raises(SystemExit, match="not a MEDS plug-in setting"):
+        choose(_audit(("two_tokens", "reference", 0.1, 0.6)))
+
+
+def test_d2s_memory_is_chosen_once_and_kept(tmp_path):
+    from studies.audit import kept_memory
+
+    (tmp_path / "v3_d1" / "audit").mkdir(parents=True)
+    audit = tmp_path / "v3_d1" / "audit" / "audit.json"
+    audit.write_text(json.dumps(_audit(("diff", "dedup", 0.05, 0.5))))
+    assert kept_memory(tmp_path / "v3_d1") == ("diff feature, dedup store", ["diff=true", "dedup=true"])
+    audit.write_text(json.dumps(_audit(("bf16", "reference", 0.05, 0.9))))  # a later audit
+    assert kept_memory(tmp_path / "v3_d1")[0] == "diff feature, dedup store"

@@ -10,9 +10,9 @@ import math
 
 import numpy as np
 import pytest
+from studies.collect import Missing, load_study, merge_curves, read_generations
 
 from medsrl.evaluation.tables import summarize_benchmark, write_json
-from medsrl.study.collect import Missing, load_study, merge_curves, read_generations
 
 N = 32
 STEPS_A = STEPS_B = 4

@@ -4,8 +4,7 @@ import math
 
 import numpy as np
 import pytest
-
-from medsrl.study.error_modes import error_mode_report, render_error_modes
+from studies.error_modes import error_mode_report, render_error_modes
 
 
 def _rec(problem, gold, answers, features=None):

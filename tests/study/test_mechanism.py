@@ -8,9 +8,8 @@ import math
 import numpy as np
 import pytest
 import torch
-
-from medsrl.study.collect import Method, RunData, Study
-from medsrl.study.mechanism import (
+from studies.collect import Method, RunData, Study
+from studies.mechanism import (
     dose_response_rows,
     mechanism,
     render_dose_response,
@@ -93,7 +92,7 @@ def test_dose_response_reads_each_strengths_error_modes(tmp_path):
 
 
 def test_the_mechanism_figure_is_drawn_when_a_run_logged_it(tmp_path):
-    from medsrl.study.report import _figures, write_figures
+    from studies.report import _figures, write_figures
 
     study = _study(tmp_path)
     out = write_figures(study, tmp_path / "img")

@@ -1,4 +1,5 @@
-"""The study report on a synthetic study: table numbers, significance, figures, the doc block."""
+"""The study report on a synthetic study: table numbers, significance, figures, the doc block;
+protocol v3's blocks (the gate, the routes, the audit)."""
 
 import json
 import math
@@ -8,20 +9,25 @@ import statistics
 
 import numpy as np
 import pytest
-
-from medsrl.study.collect import load_study
-from medsrl.study.plots import align_seeds, moving_average, seed_band
-from medsrl.study.report import (
+from studies.collect import Method, RunData, Study, load_study
+from studies.plots import align_seeds, moving_average, seed_band
+from studies.report import (
     BEGIN,
     END,
+    GATE,
     ROUNDS,
     aggregate,
+    gate_met,
+    gate_table,
     main,
     problem_values,
     render_markdown,
+    route_diversity_of,
     update_study_doc,
+    visits_to_first_right,
     write_report,
 )
+from studies.runner import load_protocol
 
 from .test_collect import build_study, problem_samples
 
@@ -192,10 +198,7 @@ def test_update_study_doc_bad_markers(tmp_path, text, message):
 
 
 def test_cli_without_doc(study_root, tmp_path, capsys):
-    assert (
-        main([str(study_root), "--no-doc", "--img-dir", str(tmp_path / "img"), "--rounds", "500"])
-        == 0
-    )
+    assert main([str(study_root), "--img-dir", str(tmp_path / "img"), "--rounds", "500"]) == 0
     out = capsys.readouterr().out
     assert "### Main table" in out and "results.md" in out
     assert (tmp_path / "img" / "synthetic_training_curves.png").exists()
@@ -221,3 +224,60 @@ def test_align_seeds_and_band():
     mean, lo, hi = seed_band(values)
     assert mean.tolist() == [1.0, 3.0, 3.0, 5.0]
     assert lo.tolist() == [1.0, 2.0, 3.0, 5.0] and hi.tolist() == [1.0, 4.0, 3.0, 5.0]
+
+
+def test_the_gate_needs_every_figure_past_its_threshold():
+    ok = {"g1": [0.3, 0.4], "g2": [0.02], "g3": [0.01], "g4": [0.25]}
+    assert gate_met(ok) is True
+    assert gate_met({**ok, "g3": [0.0]}) is False
+    assert gate_met({**ok, "g4": []}) is None
+
+
+def test_visits_until_a_hard_trap_is_first_answered_right():
+    trap, easy = "Compute 3 + 4 * 2.", "Compute 3 * 4 + 2."
+
+    def rows(key, problem, visits):
+        return [{"key": key, "problem": problem, "step": s, "reward": float(r)}
+                for s, rewards in enumerate(visits) for r in rewards]
+
+    data = (rows("t1", trap, [[0, 0], [0, 0], [1, 0]])  # hard: right at its 2nd later visit
+            + rows("t2", trap, [[0, 0], [0, 0]])  # hard, never right: 1 later visit + 1
+            + rows("t3", trap, [[1, 0], [0, 0]])  # not hard
+            + rows("e", easy, [[0, 0], [1, 1]]))  # not a trap
+    assert visits_to_first_right(data) == (2.0, 2)
+
+
+def test_route_diversity_counts_routes_per_prompt_within_a_step_and_over_the_run():
+    right, short = "4 * 2 = 8. 3 + 8 = 11. \\boxed{11}", "3 + 4 = 7. 7 * 2 = 14. \\boxed{14}"
+    rows = [{"key": "a", "problem": "Compute 3 + 4 * 2.", "step": s, "response": t}
+            for s, t in ((0, right), (0, right), (1, short), (1, right))]
+    # step 0: one route; step 1: two; over the run: two
+    assert route_diversity_of(rows) == (1.5, 2.0)
+
+
+def test_the_gate_table_reads_each_arm_from_its_curves(tmp_path):
+    steps = np.arange(3)
+
+    def curves(g1, g2, g3, g4):
+        tags = [t for t, _, _ in GATE]
+        return {tag: (steps, np.full(3, v, dtype=float)) for tag, v in zip(tags, (g1, g2, g3, g4), strict=True)}
+
+    runs = {("dapo", s): RunData("dapo", s) for s in (0, 1)}
+    runs |= {("meds", s): RunData("meds", s, curves=curves(0.5, 0.02 + s / 100, 0.01, 0.4)) for s in (0, 1)}
+    runs |= {("weak", s): RunData("weak", s, curves=curves(0.5, 0.02, -0.01, 0.0)) for s in (0, 1)}
+    study = Study(tmp_path, {}, "x", [Method("dapo", "DAPO"), Method("meds", "MEDS"), Method("weak", "Weak")],
+                  [0, 1], 3, 0, "dapo", "meds", runs, [], [])
+    rows = gate_table(study)
+    assert rows[2].startswith("| DAPO | - |") and rows[2].endswith("| - |")
+    assert "| 2.5 ± 0.7 |" in rows[3] and rows[3].endswith("| yes |")  # G2 in % over the two seeds
+    assert rows[4].endswith("| no |")  # G3 < 0: the penalty does not target the repeated mistake
+
+
+def test_a_protocols_report_has_the_blocks_of_the_parts_that_exist(tmp_path):
+    audit = tmp_path / "v3_d1" / "audit"
+    audit.mkdir(parents=True)
+    (audit / "audit.md").write_text("# MEDS memory audit (D1)\n\nthe table\n")
+    (audit / "audit.json").write_text(json.dumps({"variants": [{"feature": "-", "store": "answer"}]}))
+    md = write_report(tmp_path, None, tmp_path / "img", load_protocol("v3")["parts"])
+    assert md.splitlines()[2:] == ["### D1: the memory audit (no RL)", "", "", "the table", "",
+                                   "By the protocol's rule D2's third arm uses the memory **answer** (`mode=answer`)."]

@@ -3,9 +3,9 @@
 import math
 
 import pytest
+from studies.routes import cluster_route_agreement, parse_steps, route_diversity, route_of
 
 from medsrl.data.precedence import generate_precedence, is_trap
-from medsrl.study.routes import cluster_route_agreement, parse_steps, route_diversity, route_of
 
 Q = "Compute 9 - 2 * 3."  # correct 3, shortcut 21, add 4, drop 6
 

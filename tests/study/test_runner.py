@@ -1,5 +1,5 @@
-"""``medsrl-study`` end to end on a miniature study: every phase runs, and a rerun after an
-interruption redoes only what was not finished."""
+"""The study runner end to end on a miniature study: every phase runs, and a rerun after an
+interruption redoes only what was not finished; the protocols' settings and commands."""
 
 import json
 import runpy
@@ -7,9 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
-from medsrl.study import runner
-from medsrl.study.runner import StudySettings, pending_evals, pending_runs, run_dir
+from studies import runner
+from studies.runner import StudySettings, pending_evals, pending_runs, run_dir
 
 MICRO = [  # a micro model with a few warm-start steps, tiny batches: the plumbing, not the numbers
     "model.tiny={hidden_size: 32, num_hidden_layers: 2, num_attention_heads: 2, num_key_value_heads: 1, "
@@ -149,9 +148,39 @@ def test_a_stage_a_only_study_evaluates_stage_a_on_the_levels_asked(tmp_path):
 
 def test_the_command_line_reads_the_stage_a_only_and_eval_options(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setattr(runner, "run_study", lambda root, s, **kw: seen.update(s=s, root=root))
+    monkeypatch.setattr(runner, "run_study", lambda root, s: seen.update(s=s, root=root))
     runner.main(["--name", "x", "--root", str(tmp_path), "--steps-b", "0", "--levels", "1", "--no-eval",
                  "--eval-override=+benchmark.study_l1.trap_fraction=0.75", "rollout.n=16"])
     s = seen["s"]
     assert (s.steps_b, s.levels, s.evaluate) == (0, [1], False)
     assert s.eval_overrides == ["+benchmark.study_l1.trap_fraction=0.75"] and s.overrides == ["rollout.n=16"]
+
+
+def _part(protocol, name):
+    return next(p for p in runner.load_protocol(protocol)["parts"] if p["name"] == name)
+
+
+def test_the_protocols_keep_the_settings_of_their_published_studies():
+    assert runner.part_settings(_part("v1", "full"), {}) == StudySettings()
+    assert runner.part_settings(_part("quick", "quick"), {}) == StudySettings(
+        name="quick", seeds=[0], steps_a=10, steps_b=10, eval_n=8, eval_problems=32)
+    assert runner.part_settings(_part("v2", "v2"), {"seeds": [3], "overrides": ["rollout.n=4"]}) == StudySettings(
+        name="v2", methods=["dapo", "meds", "meds@alpha=1.0,beta=2.0", "meds@alpha=1.0,beta=10.0"], seeds=[3],
+        pool_l1=32, pool_l2=24, eval_train=True, overrides=["rollout.n=4"])
+
+
+def test_d3_arms_are_distinct_runs_of_known_methods():
+    s = runner.part_settings(_part("v3", "v3_d3"), {"seeds": [0, 1, 2]})
+    s.check()
+    assert not s.evaluate and s.steps_b == 0
+    # every trained-on response logged: the route analyses
+    assert "callbacks.sample_logger.every_n_steps=1" in s.overrides
+
+
+def test_d2_gives_the_third_arm_the_chosen_memory_at_a_stronger_alpha():
+    s = runner.part_settings(_part("v3", "v3_d2"), {}, ["mode=answer"])
+    assert "meds@mode=answer,alpha=0.5,beta=1.0" in s.methods and "rollout.n=16" in s.overrides
+    assert "+benchmark.study_l1.trap_fraction=0.75" in s.eval_overrides
+    assert "+model.warm_start.task_options.wrong_routes=[shortcut,add,drop]" in s.overrides
+    assert not any(o.startswith("+benchmark") for o in s.overrides)  # they stay with the evaluation
+    assert "meds@alpha=0.5,beta=1.0" in runner.part_settings(_part("v3", "v3_d2"), {}, []).methods

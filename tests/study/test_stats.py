@@ -4,8 +4,7 @@ import math
 
 import numpy as np
 import pytest
-
-from medsrl.study.stats import (
+from studies.stats import (
     compare,
     format_p,
     mean_std,

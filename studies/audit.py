@@ -1,4 +1,4 @@
-"""D1, an audit of MEDS's memory without RL: ``python -m medsrl.study.audit <run>``.
+"""D1, an audit of MEDS's memory without RL: ``python -m studies.audit <run>``.
 
 Does MEDS's per-prompt memory count how often a wrong answer recurs? The suspicion (study v3):
 identical responses of one step have bit-identical features, every update moves the features, so
@@ -24,9 +24,8 @@ with no training at all:
    re-fit (``clustering.fit_cluster_labels``).
 4. **Figures** (:func:`variant_figures`): the gate's G1, G3, G4 (``methods.meds.gate``), the
    clusters each store holds after the last visit and how many visits they span, and how often
-   a feature vector has a bit-identical twin in its visit or comes back in a later one. With
-   ``medsrl.study.routes`` present, also the clusters' agreement with the responses' routes
-   (:func:`route_agreement`, the hook).
+   a feature vector has a bit-identical twin in its visit or comes back in a later one, and the
+   clusters' agreement with the responses' routes (:func:`route_agreement`, ``studies.routes``).
 
 Outputs: ``<out>/audit.json`` (every figure, the settings, the checkpoints) and
 ``<out>/audit.md`` (one table). Not the plug-in's exact numbers: training scores rows in a
@@ -38,11 +37,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import math
-import os
-import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
@@ -67,8 +63,10 @@ from medsrl.methods.meds.gate import (
     top_answer_excess,
 )
 from medsrl.methods.meds.penalty import meds_penalty
+from medsrl.utils.atomic_file import atomic_write, atomic_write_text
+from studies.routes import cluster_route_agreement, route_of
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 
 # FEATURE variants: a FeatureSpec is read by the plug-in's AnswerFeatureReader; None: the audit's
 # own reader (:func:`two_token_targets`).
@@ -103,6 +101,44 @@ STORES: tuple[StoreSpec, ...] = (
     StoreSpec("min_samples=3", min_samples=3),
     StoreSpec("answer", kind="answer"),
 )
+# the variants that are settings of the MEDS plug-in: what a study arm can take from the audit
+FEATURE_SETTINGS = {"reference": [], "bf16": ["feature_dtype=bfloat16"], "diff": ["diff=true"],
+                    "digits": ["feature_logits=digits"], "final_norm": ["final_norm=true"]}
+STORE_SETTINGS = {"reference": [], "dedup": ["dedup=true"], "min_samples=2": ["min_samples=2"],
+                  "min_samples=3": ["min_samples=3"]}
+
+
+def chosen_memory(audit: dict) -> tuple[str, list[str]]:
+    """Protocol v3's rule for D2's third arm, from ``audit.json``: the feature-based variant with
+    the highest G4 if its G4 >= 0.3 and G3 > 0, else the answer-keyed memory. Returns its name
+    and its MEDS settings."""
+    best = None
+    for row in audit["variants"]:
+        g3, g4 = row.get("G3"), row.get("G4")
+        if row["store"] == "answer" or g3 is None or g4 is None:
+            continue
+        if g4 >= 0.3 and g3 > 0 and (best is None or g4 > best["G4"]):
+            best = row
+    if best is None:
+        return "answer", ["mode=answer"]
+    name = f"{best['feature']} feature, {best['store']} store"
+    if best["feature"] not in FEATURE_SETTINGS or best["store"] not in STORE_SETTINGS:
+        raise SystemExit(f"[study] D1 chose {name!r}, which is not a MEDS plug-in setting; build it "
+                         "as an option before D2 (docs/STUDY.md, protocol v3)")
+    return name, FEATURE_SETTINGS[best["feature"]] + STORE_SETTINGS[best["store"]]
+
+
+def kept_memory(root: Path) -> tuple[str, list[str]]:
+    """The chosen memory of the audit part in ``root``: made once by :func:`chosen_memory` and
+    kept in ``choice.json``, so a later audit (a changed variant) cannot change the arm of a D2
+    that already ran."""
+    path = Path(root) / "choice.json"
+    if path.is_file():
+        choice = json.loads(path.read_text())
+        return choice["name"], list(choice["settings"])
+    name, settings = chosen_memory(json.loads((Path(root) / "audit" / "audit.json").read_text()))
+    path.write_text(json.dumps({"name": name, "settings": settings}, indent=2) + "\n")
+    return name, settings
 
 
 @dataclass
@@ -451,13 +487,10 @@ def feature_figures(samples: Samples, feature: str, mixed_groups_only: bool = Fa
 
 
 def route_agreement(samples: Samples, rep: Replay, routes: list[str] | None) -> dict[str, Any] | None:
-    """The hook for ``medsrl.study.routes``: its ``cluster_route_agreement(groups, labels, routes)``
-    over the stored rows, each with its store's label after the last visit (noise -1). ``None``
-    while that module is absent (:func:`response_routes` gives ``None`` then)."""
+    """``routes.cluster_route_agreement(groups, labels, routes)`` over the stored rows, each with
+    its store's label after the last visit (noise -1); ``None`` without ``routes``."""
     if routes is None:
         return None
-    from medsrl.study.routes import cluster_route_agreement
-
     labels = {i: label for mem in rep.memories.values() for i, label in mem.row_labels().items()}
     ids = sorted(labels)
     if not ids:
@@ -467,17 +500,8 @@ def route_agreement(samples: Samples, rep: Replay, routes: list[str] | None) -> 
     return {k: (float(val) if isinstance(val, (int, float, np.floating)) else val) for k, val in dict(out).items()}
 
 
-def routes_available() -> bool:
-    return importlib.util.find_spec("medsrl.study.routes") is not None
-
-
-def response_routes(samples: Samples) -> list[str] | None:
-    """Each response's route (``routes.route_of(problem, response)``), or ``None`` without the
-    module."""
-    if not routes_available():
-        return None
-    from medsrl.study.routes import route_of
-
+def response_routes(samples: Samples) -> list[str]:
+    """Each response's route (``routes.route_of(problem, response)``)."""
     return [route_of(samples.problems[int(p)], t) for p, t in zip(samples.prompt, samples.texts, strict=True)]
 
 
@@ -699,12 +723,6 @@ def visit_seed(seed: int, step: int, visit: int) -> int:
     return seed * 1_000_003 + step * 10_007 + visit * 101
 
 
-def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def visit_paths(out: Path, step: int, vi: int) -> tuple[Path, Path]:
     """The cache files of visit ``vi`` of the checkpoint at ``step``: arrays and records."""
     base = out / "samples" / f"step{step:06d}_visit{vi}"
@@ -714,13 +732,8 @@ def visit_paths(out: Path, step: int, vi: int) -> tuple[Path, Path]:
 def save_visit(out: Path, step: int, vi: int, arrays: dict, records: list[dict]) -> None:
     """The visit's records, then its arrays (whose presence marks the visit done), each atomic."""
     npz, jsonl = visit_paths(out, step, vi)
-
-    def write_npz(path: Path) -> None:
-        with open(path, "wb") as f:
-            np.savez(f, **arrays)
-
-    _write_atomic(jsonl, lambda p: p.write_text("".join(json.dumps(r) + "\n" for r in records)))
-    _write_atomic(npz, write_npz)
+    atomic_write_text(jsonl, "".join(json.dumps(r) + "\n" for r in records))
+    atomic_write(npz, lambda f: np.savez(f, **arrays), 0o644)
 
 
 def sample_visit(
@@ -767,7 +780,7 @@ def open_cache(out: Path, s: AuditSettings, checkpoints: list[dict], prompts: li
             raise SystemExit(f"[audit] {out}/samples holds samples made with other {', '.join(diff)}; "
                              "use another --out, or delete that folder")
         want["checkpoints"] = {**old, **want["checkpoints"]}
-    _write_atomic(path, lambda p: p.write_text(json.dumps(want, indent=1)))
+    atomic_write_text(path, json.dumps(want, indent=1))
 
 
 def sample_all(s: AuditSettings, checkpoints: list[dict], prompts: list, template) -> float:
@@ -888,7 +901,7 @@ def markdown_table(variants: list[dict], routes: bool) -> str:
     extra = route_keys(variants) if routes else []
     if extra:
         headers += [f"route {k}" for k in extra]
-        caption += "; **route ...**: the stored rows' clusters against their routes (medsrl.study.routes)"
+        caption += "; **route ...**: the stored rows' clusters against their routes (studies.routes)"
     caption += ". Feature `-`: the answer-keyed memory (no features)."
     lines = [caption, "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for v in variants:
@@ -919,16 +932,14 @@ def report(s: AuditSettings, checkpoints: list[dict], prompts: list, trap: Seque
                     for ex, t in zip(prompts, trap, strict=True)],
         "visits": sampling_summary(samples, prompts, trap),
         "responses": len(samples),
-        "routes": "medsrl.study.routes" if routes is not None else
-                  "absent: route purity / ARI not computed (hook: audit.route_agreement)",
         "variants": variants,
         "seconds": seconds,
     }
-    _write_atomic(out / "audit.json", lambda p: p.write_text(json.dumps(result, indent=1, default=_json_default)))
+    atomic_write_text(out / "audit.json", json.dumps(result, indent=1, default=_json_default))
     head = (f"# MEDS memory audit (D1)\n\n{len(checkpoints)} checkpoints (steps "
             f"{', '.join(str(c['step']) for c in checkpoints)}) x {s.visits} visits x {len(prompts)} prompts "
             f"({s.traps} traps, {s.others} others) x {s.n} samples; run `{s.run}`.\n\n")
-    _write_atomic(out / "audit.md", lambda p: p.write_text(head + markdown_table(variants, routes is not None)))
+    atomic_write_text(out / "audit.md", head + markdown_table(variants, routes=True))
     return result
 
 
@@ -987,7 +998,7 @@ def run_audit(s: AuditSettings, *, report_only: bool = False) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     d = AuditSettings()
-    p = argparse.ArgumentParser(prog="python -m medsrl.study.audit", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m studies.audit", description=__doc__.split("\n\n")[0])
     p.add_argument("run", help="a training run directory (with checkpoints/ and .hydra/config.yaml)")
     p.add_argument("--out", default="", help="default <run>/audit")
     p.add_argument("--warm-start", default=d.warm_start, help="auto (from the run's config), none, or a path")
@@ -1003,14 +1014,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--alpha", type=float, default=d.alpha)
     p.add_argument("--mixed-groups-only", action="store_true", help="only groups with right and wrong responses")
     p.add_argument("--report-only", action="store_true", help="no sampling: report the cached samples")
-    a = p.parse_args(argv)
-    s = AuditSettings(run=a.run, out=a.out, warm_start=a.warm_start, visits=a.visits, n=a.n, traps=a.traps,
-                      others=a.others, pool=a.pool, seed=a.seed, max_checkpoints=a.max_checkpoints, threads=a.threads,
-                      features=list(a.features), alpha=a.alpha, mixed_groups_only=a.mixed_groups_only)
+    a = vars(p.parse_args(argv))
+    report_only = a.pop("report_only")
     t0 = time.perf_counter()
-    run_audit(s, report_only=a.report_only)
+    run_audit(AuditSettings(**a), report_only=report_only)
     print(f"[audit] done in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from medsrl.evaluation.tables import pass_at_k_axes, pyplot, save_png
-from medsrl.study.collect import Curve, Study
+from studies.collect import Curve, Study
 
 SMOOTH = 5  # steps in the moving average of the per-step training accuracy
 

@@ -31,7 +31,7 @@ import numpy as np
 from medsrl.data.precedence import is_trap, shortcut_answer
 from medsrl.evaluation.tables import md_row
 from medsrl.features.clustering import fit_cluster_labels
-from medsrl.study.stats import format_mean_std, mean_std
+from studies.stats import format_mean_std, mean_std
 
 GROUPS = ("trap", "other")
 _MEANS = ("accuracy", "shortcut_share", "top_wrong_share", "distinct_wrong", "wrong_per_problem",

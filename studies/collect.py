@@ -1,4 +1,4 @@
-"""Read a study directory (the layout of ``medsrl.study.runner``) into plain data: eval rows,
+"""Read a study directory (the layout of ``studies.runner``) into plain data: eval rows,
 per-problem samples and TensorBoard training curves.
 
 Nothing here writes into the study: a study that is still running (or was stopped) is read as

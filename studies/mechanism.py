@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from medsrl.evaluation.tables import md_row
-from medsrl.study.collect import Study
-from medsrl.study.error_modes import COLUMNS, seed_cell, seed_reports
-from medsrl.study.stats import format_mean_std, mean_std
+from studies.collect import Study
+from studies.error_modes import COLUMNS, seed_cell, seed_reports
+from studies.stats import format_mean_std, mean_std
 
 # (curve tag, column label, scale for printing: 100 = a percentage)
 MECHANISM: tuple[tuple[str, str, float], ...] = (

@@ -1,8 +1,7 @@
-"""``make study`` / ``medsrl-study``: every method of the study, every seed, both stages, evaluated.
+"""``make study`` and its kin: a protocol (``studies/protocols/<name>.yaml``) run part by part.
 
-The study (docs/STUDY.md) is a chain of Hydra multiruns, each a plain ``medsrl-train -m`` or
-``medsrl-eval -m`` command a user could type, run in a fixed directory tree under the study
-root (``logs/study/<name>``)::
+A part is a study: a chain of Hydra multiruns, each a plain ``medsrl-train -m`` or ``medsrl-eval
+-m`` command a user could type, run in a fixed directory tree under ``<root>/<part>``::
 
     study.json                      settings, commit, machine, phase timings
     precheck/                       medsrl-eval of the warm start on the val split (n samples),
@@ -14,10 +13,11 @@ root (``logs/study/<name>``)::
                                     n samples, and its error_modes.json (none with --no-eval)
     eval/warm_start/seed0           the same for the warm-started policy (the starting point)
 
-Rerunning the same command resumes: a training run with ``summary.json`` is skipped (and one
-with only a checkpoint continues from it: ``skip_if_done=true``), an evaluation with
-``results.json`` is not launched again, and one cut short continues from its generations file.
-A root made with other settings is refused rather than mixed.
+or an audit (v3's D1: a training run that keeps its checkpoints, then ``studies.audit``). Then
+``studies.report`` writes the protocol's report. Rerunning the same command resumes: a training
+run with ``summary.json`` is skipped (one with only a checkpoint continues from it), an evaluation
+with ``results.json`` is not launched again, and one cut short continues from its generations
+file. A root made with other settings is refused rather than mixed.
 """
 
 from __future__ import annotations
@@ -36,9 +36,12 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import yaml
+
 from medsrl.utils.atomic_file import atomic_write
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
+PROTOCOLS = Path(__file__).parent / "protocols"
 METHODS: dict[str, str] = {  # experiment=study_<name> -> label in the tables
     "grpo": "GRPO",
     "dapo": "DAPO",
@@ -238,12 +241,12 @@ def eval_overrides(s: StudySettings, split: str) -> list[str]:
 
 
 def _run(cmd: list[str]) -> None:
-    print("[medsrl-study] $", shlex.join(cmd), flush=True)
+    print("[study] $", shlex.join(cmd), flush=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     done = subprocess.run(cmd, cwd=ROOT, env=env)
     if done.returncode != 0:
         raise SystemExit(
-            f"[medsrl-study] failed (exit {done.returncode}): {shlex.join(cmd)}\n"
+            f"[study] failed (exit {done.returncode}): {shlex.join(cmd)}\n"
             "Fix the cause and run the same command again: finished runs are kept and skipped."
         )
 
@@ -260,7 +263,7 @@ def warm_start_dir(s: StudySettings) -> Path:
 
 def write_error_modes(eval_out: Path) -> dict:
     """error_modes.json next to an evaluation's generations (the study task's error figures)."""
-    from medsrl.study.error_modes import error_mode_report
+    from studies.error_modes import error_mode_report
 
     records = [json.loads(line) for line in (eval_out / "generations.jsonl").read_text().splitlines() if line.strip()]
     report = error_mode_report(records)
@@ -304,7 +307,7 @@ def open_study(root: Path, s: StudySettings) -> dict:
         if old != wanted:
             diff = sorted(k for k in wanted if old.get(k) != wanted[k])
             raise SystemExit(
-                f"[medsrl-study] {root} holds a study made with other settings ({', '.join(diff)}); "
+                f"[study] {root} holds a study made with other settings ({', '.join(diff)}); "
                 "use another --name, or delete that directory to start over"
             )
     else:
@@ -350,7 +353,7 @@ def _evaluate(root: Path, s: StudySettings, warm_start: Path, where: str = "eval
         write_error_modes(eval_dir(root, m, k, where))
 
 
-def run_study(root: Path, s: StudySettings, *, doc: Path, img_dir: Path) -> None:
+def run_study(root: Path, s: StudySettings) -> None:
     """Every phase in order; each skips what an earlier call finished."""
     s.check()
     open_study(root, s)
@@ -359,7 +362,7 @@ def run_study(root: Path, s: StudySettings, *, doc: Path, img_dir: Path) -> None
         warm_start = warm_start_dir(s)
         trap = precheck(root, s, warm_start)["trap"]
     print(
-        f"[medsrl-study] warm start on val traps: accuracy {trap['accuracy']:.3f}, "
+        f"[study] warm start on val traps: accuracy {trap['accuracy']:.3f}, "
         f"shortcut share of wrong answers {trap['shortcut_share']:.3f}, "
         f"largest error cluster {trap['largest_cluster_share']:.3f}",
         flush=True,
@@ -374,11 +377,34 @@ def run_study(root: Path, s: StudySettings, *, doc: Path, img_dir: Path) -> None
         with _timed(root, where):
             _evaluate(root, s, warm_start, where)
 
-    if s.evaluate:  # a training-only study is read by its own report (study/report_v3.py)
-        from medsrl.study.report import write_report
 
-        write_report(root, doc, img_dir)
-        print(f"[medsrl-study] report: {doc}", flush=True)
+def audit_part(root: Path, part: dict) -> None:
+    """An audit part (v3's D1): its training run, which keeps its checkpoints, then the audit."""
+    if not is_finished_run(root / "train"):  # as a study: a summary means done
+        _run([*_PYTHON_M, "medsrl.train", *part["train"], "skip_if_done=true", "logger=tensorboard",
+              f"hydra.run.dir={root / 'train'}"])
+    if not (root / "audit" / "audit.json").is_file():
+        _run([*_PYTHON_M, "studies.audit", str(root / "train"), "--out", str(root / "audit"), *part["audit"]])
+
+
+def load_protocol(name: str | None) -> dict:
+    """``studies/protocols/<name>.yaml`` or a YAML file, its doc and figure paths from the
+    repository root; ``None``: one study of the default settings."""
+    if name is None:
+        return {"parts": [{"name": StudySettings.name}]}
+    path = Path(name) if name.endswith((".yaml", ".yml")) else PROTOCOLS / f"{name}.yaml"
+    protocol = yaml.safe_load(path.read_text())
+    return {**protocol, **{k: ROOT / protocol[k] for k in ("doc", "img_dir") if k in protocol}}
+
+
+def part_settings(part: dict, given: dict, memory: list[str] | None = None) -> StudySettings:
+    """A study part's settings: the protocol's, then the command line's (``given``; its Hydra
+    overrides added to the part's). ``{memory}`` in a method: D1's chosen memory settings."""
+    fields = {k: v for k, v in part.items() if k in StudySettings.__dataclass_fields__}
+    if memory is not None:  # an empty choice (the reference memory) leaves no empty item
+        fields["methods"] = [m.format(memory=",".join(memory)).replace("@,", "@") for m in fields["methods"]]
+    lists = {k: [*fields.get(k, []), *given.get(k, [])] for k in ("overrides", "eval_overrides")}
+    return StudySettings(**{**fields, **given, **lists})
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -396,42 +422,65 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="medsrl-study", description=__doc__.split("\n\n")[0])
-    d = StudySettings()
-    p.add_argument("--name", default=d.name, help="the study root is <root>/<name>")
-    p.add_argument("--root", type=Path, default=ROOT / "logs" / "study")
-    p.add_argument("--methods", nargs="+", default=d.methods,
-                   help=f"of {', '.join(METHODS)}; a variant: meds@alpha=1.0,beta=2.0")
-    p.add_argument("--seeds", nargs="+", type=int, default=d.seeds)
-    p.add_argument("--steps-a", type=int, default=d.steps_a)
-    p.add_argument("--steps-b", type=int, default=d.steps_b)
-    p.add_argument("--eval-n", type=int, default=d.eval_n)
-    p.add_argument("--eval-problems", type=int, default=d.eval_problems, help="test problems per level")
-    p.add_argument("--pool-l1", type=int, default=d.pool_l1, help="training problems of level 1")
-    p.add_argument("--pool-l2", type=int, default=d.pool_l2, help="training problems of level 2 (stage B)")
-    p.add_argument("--eval-train", action="store_true", help="also evaluate on the training pools")
-    p.add_argument("--levels", nargs="+", type=int, default=d.levels, help="benchmark levels to evaluate")
-    p.add_argument("--no-eval", action="store_true", help="train only (the mechanism, from the curves)")
+    p = argparse.ArgumentParser(prog="python -m studies.runner", description=__doc__.split("\n\n")[0],
+                                epilog="key=value words anywhere: Hydra overrides of every training run")
+    names = sorted(f.stem for f in PROTOCOLS.glob("*.yaml"))
+    p.add_argument("protocol", nargs="?", help=f"{', '.join(names)} or a YAML file; none: one study of the options")
+    p.add_argument("--root", type=Path, default=ROOT / "logs" / "study", help="a part runs in <root>/<name>")
+    p.add_argument("--name", help="another name for the part of a one-part protocol")
+    p.add_argument("--methods", nargs="+", help=f"of {', '.join(METHODS)}; a variant: meds@alpha=1.0,beta=2.0")
+    p.add_argument("--seeds", nargs="+", type=int)
+    p.add_argument("--steps-a", type=int)
+    p.add_argument("--steps-b", type=int)
+    p.add_argument("--eval-n", type=int)
+    p.add_argument("--eval-problems", type=int, help="test problems per level")
+    p.add_argument("--pool-l1", type=int, help="training problems of level 1")
+    p.add_argument("--pool-l2", type=int, help="training problems of level 2 (stage B)")
+    p.add_argument("--eval-train", action="store_true", default=None, help="also evaluate on the training pools")
+    p.add_argument("--levels", nargs="+", type=int, help="benchmark levels to evaluate")
+    p.add_argument("--no-eval", dest="evaluate", action="store_false", default=None,
+                   help="train only (the mechanism, from the curves)")
     p.add_argument("--eval-override", action="append", default=[], dest="eval_overrides",
                    help="a Hydra override of every medsrl-eval (the task's options), repeatable")
-    p.add_argument("--doc", type=Path, default=None, help="the Markdown to update (default <study root>/STUDY.md)")
-    p.add_argument("--img-dir", type=Path, default=None)
-    p.add_argument("overrides", nargs="*", help="Hydra overrides for every training run (key=value)")
+    p.add_argument("--doc", type=Path, help="the Markdown to update (the protocol's, else <root>/<name>/STUDY.md)")
+    p.add_argument("--img-dir", type=Path)
     args, overrides = split_overrides(sys.argv[1:] if argv is None else list(argv))
     a = p.parse_args(args)
+    protocol = load_protocol(a.protocol)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if "threads" in protocol else ():
+        os.environ.setdefault(var, str(protocol["threads"]))  # before torch is imported, for every child too
+    parts = protocol["parts"]
+    if a.name:
+        if len(parts) != 1:
+            raise SystemExit(f"[study] --name renames the part of a one-part protocol; {a.protocol} has {len(parts)}")
+        parts = [{**parts[0], "name": a.name}]
+    given = {k: v for k, v in vars(a).items() if k in StudySettings.__dataclass_fields__ and v is not None}
+    given["overrides"] = overrides
     # the warm start trains in this process for ~10 minutes: show its progress lines
-    logging.basicConfig(level=logging.INFO, format="[medsrl-study] %(message)s", force=True)
-    s = StudySettings(a.name, a.methods, a.seeds, a.steps_a, a.steps_b, a.eval_n, a.eval_problems,
-                      [*overrides, *a.overrides], a.pool_l1, a.pool_l2, a.eval_train, a.levels, not a.no_eval,
-                      a.eval_overrides)
-    root = (a.root / a.name).resolve()
-    doc = a.doc or root / "STUDY.md"
+    logging.basicConfig(level=logging.INFO, format="[study] %(message)s", force=True)
+    root = a.root.resolve()
+    base = root / parts[0]["name"] if len(parts) == 1 else root
+    doc = a.doc or protocol.get("doc") or base / "STUDY.md"
+    img_dir = a.img_dir or protocol.get("img_dir") or (doc.parent / "img" / "study" if a.doc else base / "img")
     if not doc.exists():
         doc.parent.mkdir(parents=True, exist_ok=True)
-        doc.write_text(f"# Study {a.name}\n\n<!-- study-results:begin -->\n<!-- study-results:end -->\n")
+        title = parts[0]["name"] if len(parts) == 1 else Path(a.protocol).stem
+        doc.write_text(f"# Study {title}\n\n<!-- study-results:begin -->\n<!-- study-results:end -->\n")
+    from studies.audit import kept_memory  # imports torch: after the threads are set
+
     t0 = time.perf_counter()
-    run_study(root, s, doc=doc, img_dir=a.img_dir or (doc.parent / "img" / "study" if a.doc else root / "img"))
-    print(f"[medsrl-study] done in {time.perf_counter() - t0:.0f} s: {root}", flush=True)
+    memory = None
+    for part in (part for part in parts if part.get("run", True)):
+        if "audit" in part:
+            audit_part(root / part["name"], part)
+            name, memory = kept_memory(root / part["name"])
+            print(f"[study] {part['name']} chose the memory {name!r}: {memory}", flush=True)
+        else:
+            run_study(root / part["name"], part_settings(part, given, memory))
+    from studies.report import write_report  # matplotlib and the analyses: only now
+
+    write_report(root, doc, img_dir, parts)
+    print(f"[study] done in {time.perf_counter() - t0:.0f} s: {doc}", flush=True)
 
 
 if __name__ == "__main__":
