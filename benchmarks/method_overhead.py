@@ -66,9 +66,9 @@ VARIANTS = {  # name -> (algorithm preset, overrides); compare meds_dropped with
     "meds_dropped": ("meds", [FILTER_ONLY, "algorithm.plugins.meds.remember_dropped=true"]),
     "meds_256": ("meds", []),
     "meds_2048": ("meds", []),
-    # re-fit a store once it grew by 10 % (algorithm.plugins.meds.refit_growth), not every visit
-    "meds_256_growth": ("meds", ["algorithm.plugins.meds.refit_growth=0.1"]),
-    "meds_2048_growth": ("meds", ["algorithm.plugins.meds.refit_growth=0.1"]),
+    # re-fit a store once it grew by 10 % (algorithm.plugins.meds.memory.refit_growth), not every visit
+    "meds_256_growth": ("meds", ["algorithm.plugins.meds.memory.refit_growth=0.1"]),
+    "meds_2048_growth": ("meds", ["algorithm.plugins.meds.memory.refit_growth=0.1"]),
 }
 # rows per key at step 0
 PREFILL = {"meds_256": 256, "meds_2048": 2048, "meds_256_growth": 256, "meds_2048_growth": 2048}
@@ -105,7 +105,7 @@ def _prefill(run, steps: int, per_key: int) -> int:
     first re-fit of each key then clusters ``per_key`` + its new rows."""
     meds = next(p for p in run.module.plugins if isinstance(p, Meds))
     memory = meds.store.memory
-    dim = AnswerFeatureReader(run.module.policy, run.module.tokenizer, meds.spec).num_features
+    dim = AnswerFeatureReader(run.module.policy, run.module.tokenizer, meds.features).num_features
     rng = np.random.default_rng(0)
     keys = {p.key for s in range(steps) for p in run.datamodule.prompts_for_step(s)}
     for key in sorted(keys):

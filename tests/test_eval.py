@@ -155,11 +155,12 @@ def test_a_directory_that_is_not_a_checkpoint_is_refused_naming_it(tmp_path):
 
 def test_model_path_mapping_names_the_rows(tmp_path):
     from medsrl.eval import models_to_evaluate
+    from medsrl.run_config import EvalRunConfig
 
     cfg = _eval_cfg(tmp_path, "model_path={start: /m/a, rl: /runs/x/policy}")
-    assert models_to_evaluate(cfg) == [("start", "/m/a"), ("rl", "/runs/x/policy")]
+    assert models_to_evaluate(EvalRunConfig.parse(cfg)) == [("start", "/m/a"), ("rl", "/runs/x/policy")]
     cfg = _eval_cfg(tmp_path, "model_path=[/runs/x/policy,/runs/y/policy]")
-    assert models_to_evaluate(cfg) == [("x", "/runs/x/policy"), ("y", "/runs/y/policy")]
+    assert models_to_evaluate(EvalRunConfig.parse(cfg)) == [("x", "/runs/x/policy"), ("y", "/runs/y/policy")]
 
 
 def test_a_meds_run_is_evaluated_on_its_own_feature(tmp_path, trained_run, caplog):
@@ -169,7 +170,7 @@ def test_a_meds_run_is_evaluated_on_its_own_feature(tmp_path, trained_run, caplo
     shutil.copytree(trained_run / "policy", meds_run / "policy")
     (meds_run / ".hydra").mkdir()
     run_cfg = OmegaConf.load(trained_run / ".hydra" / "config.yaml")
-    run_cfg.algorithm = {"plugins": {"meds": {"layers": "all", "diff": True}}}
+    run_cfg.algorithm = {"plugins": {"meds": {"features": {"layers": "all", "diff": True}}}}
     OmegaConf.save(run_cfg, meds_run / ".hydra" / "config.yaml")
     out = tmp_path / "out"
     with caplog.at_level("INFO", logger="medsrl.eval"):
@@ -216,12 +217,28 @@ def test_two_benchmarks_of_one_name_are_refused_before_any_model_loads(tmp_path,
 
 
 def test_benchmark_names():
+    from medsrl.data.settings import Source
     from medsrl.eval import benchmark_name
 
-    assert benchmark_name("file", {"path": "/x/aime25.jsonl", "name": None}) == "aime25"
-    assert benchmark_name("file", {"path": "/x/aime25/test.jsonl"}) == "aime25"
-    assert benchmark_name("file", {"path": "/x/aime25.jsonl", "name": "foo"}) == "foo"
-    assert benchmark_name("study_l1", {"num": 64}) == "study_l1"
+    assert benchmark_name("file", Source(path="/x/aime25.jsonl", name=None)) == "aime25"
+    assert benchmark_name("file", Source(path="/x/aime25/test.jsonl")) == "aime25"
+    assert benchmark_name("file", Source(path="/x/aime25.jsonl", name="foo")) == "foo"
+    assert benchmark_name("study_l1", Source(num=64)) == "study_l1"
+
+
+def test_eval_yaml_lists_only_what_it_changes_and_composes_the_schemas_defaults():
+    """configs/eval.yaml extends the generated eval/_defaults.yaml (EvalRunConfig's defaults, which
+    docs/SETTINGS.md shows): it repeats none of them, and a run parses to exactly those defaults."""
+    from medsrl.run_config import EvalRunConfig
+
+    defaults = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "eval" / "_defaults.yaml"))
+    own = OmegaConf.to_container(OmegaConf.load(ROOT / "configs" / "eval.yaml"))
+    # rollout: nulls the rollout=hf|vllm presets' training keys, which are merged after the defaults
+    assert not [k for k, v in own.items() if k not in ("defaults", "rollout") and defaults.get(k) == v]
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        run = EvalRunConfig.parse(compose("eval", overrides=["paths.output_dir=/x"]))
+    skip = {"benchmark", "paths"}  # chosen by their config groups
+    assert run.model_dump(exclude=skip) == EvalRunConfig().model_dump(exclude=skip)
 
 
 def test_a_file_benchmark_is_named_after_its_file_or_its_name_key(tmp_path, trained_run):

@@ -147,7 +147,7 @@ def test_missing_unknown_and_related_values():
 
 def test_plugins_are_checked_by_their_target_under_any_key():
     found = problems({"algorithm": {"plugins": {
-        "memory": {"_target_": MEDS, "alpha": -0.1, "k": 0, "min_cluster_size": 1, "mode": "x", "beta": None},
+        "memory": {"_target_": MEDS, "alpha": -0.1, "clustering": {"k": 0, "min_cluster_size": 1, "mode": "x"}},
         "dyn": {"_target_": "medsrl.methods.dynamic_sampling.DynamicSampling", "max_rounds": -1},
         "r3": {"_target_": "medsrl.methods.r3.plugin.R3", "ranking": {"p": 0}, "replay": {"lam": 0}},
         "steer": {"_target_": "medsrl.methods.steer.Steer", "low": 1.2, "high": 0.8},
@@ -156,9 +156,9 @@ def test_plugins_are_checked_by_their_target_under_any_key():
         "settings_only": {"alpha": -1},  # no _target_: not a plug-in of this run (ignored, as in train)
     }}})
     assert "algorithm.plugins.memory.alpha must be a number >= 0, got -0.1" in found
-    assert "algorithm.plugins.memory.k must be an int >= 1, got 0" in found
-    assert "algorithm.plugins.memory.min_cluster_size must be an int >= 2, got 1" in found
-    assert "algorithm.plugins.memory.mode must be one of 'cluster', 'single', 'answer', got 'x'" in found
+    assert "algorithm.plugins.memory.clustering.k must be an int >= 1, got 0" in found
+    assert "algorithm.plugins.memory.clustering.min_cluster_size must be an int >= 2, got 1" in found
+    assert "algorithm.plugins.memory.clustering.mode must be one of 'cluster', 'single', 'answer', got 'x'" in found
     assert "algorithm.plugins.dyn.max_rounds must be an int >= 0, got -1" in found
     assert "algorithm.plugins.r3.ranking.p must be a number in (0, 1], got 0" in found
     assert "algorithm.plugins.r3.replay.lam must be a positive number, got 0" in found
@@ -263,7 +263,12 @@ def no_model(monkeypatch):
         (["algorithm.policy_loss=clip_cov", "+algorithm.policy_loss_options.clip_cov_ratio=2"],
          "algorithm.policy_loss_options.clip_cov_ratio must be a number in (0, 1], got 2"),
         (["algorithm=meds", "+algorithm.plugins.meds.alhpa=0.2"],
-         "algorithm.plugins.meds.alhpa is not a setting of Meds (known: alpha, beta, cap_per_key, "),
+         "algorithm.plugins.meds.alhpa is not a setting of Meds (known: alpha, beta, clustering, features, "),
+        # a key of before: named with its new place
+        (["algorithm=meds", "+algorithm.plugins.meds.feature_dtype=bfloat16", "+algorithm.plugins.meds.k=5"],
+         "algorithm.plugins.meds.feature_dtype was moved to algorithm.plugins.meds.features.dtype"),
+        (["algorithm=novelty", "+algorithm.plugins.novelty.layers=2"],
+         "algorithm.plugins.novelty.layers was moved to algorithm.plugins.novelty.features.layers"),
     ],
 )
 def test_medsrl_train_fails_at_start_before_the_model_is_built(tmp_path, no_model, overrides, message):

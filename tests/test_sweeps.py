@@ -28,7 +28,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:Deprecated API features detected"),
 ]
 
-SEARCHED = ["algorithm.plugins.meds.alpha", "algorithm.plugins.meds.beta", "algorithm.plugins.meds.layers"]
+SEARCHED = ["algorithm.plugins.meds.alpha", "algorithm.plugins.meds.beta", "algorithm.plugins.meds.features.layers"]
 
 
 def require(module: str) -> None:

@@ -10,7 +10,6 @@ and ``pass_at_k.png``.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gc
 import importlib.util
@@ -21,27 +20,24 @@ from pathlib import Path
 import hydra
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from medsrl.data.loaders import default_name
+from medsrl.data.settings import Source
 from medsrl.data.sources import set_data_dir_default
-from medsrl.evaluation.responses import (
-    EvalSettings,
-    problems_from,
-    sample_problems,
-    summarize_records,
-)
+from medsrl.evaluation.responses import SamplingSpec, problems_from, sample_problems, summarize_records
 from medsrl.evaluation.store import GenerationStore
 from medsrl.evaluation.tables import plot_pass_at_k, write_csv, write_json, write_markdown
 from medsrl.export import checkpoint_policy
 from medsrl.features.reader import FeatureSpec
+from medsrl.methods.meds.plugin import Meds
 from medsrl.models.checkpoint_files import is_checkpoint_path
 from medsrl.models.loading import load_policy, load_tokenizer
 from medsrl.reward.grader import MathGrader
 from medsrl.rollout.factory import build_engine, engine_max_model_len, model_positions
 from medsrl.rollout.settings import RolloutConfig
 from medsrl.run_config import CONFIG_DIR, EvalRunConfig
-from medsrl.settings import parse
+from medsrl.settings import parse, settings_model
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,17 +93,17 @@ def runs_in(runs_dir: str | Path) -> list[tuple[str, str]]:
     return found
 
 
-def models_to_evaluate(cfg: DictConfig) -> list[tuple[str, str]]:
+def models_to_evaluate(run: EvalRunConfig) -> list[tuple[str, str]]:
     """``(row name, model path)`` pairs: ``model_path`` (one, a list, or ``{name: path}``) and the
     runs of ``runs_dir``."""
-    paths = cfg.model_path
-    if isinstance(paths, DictConfig):
+    paths = run.model_path
+    if isinstance(paths, dict):
         models = [(str(name), str(path)) for name, path in paths.items()]
     else:
-        paths = [] if paths is None else list(paths) if isinstance(paths, ListConfig) else [paths]
+        paths = [] if paths is None else paths if isinstance(paths, list) else [paths]
         models = [(run_name(p), str(p)) for p in paths]
-    if cfg.runs_dir:
-        models += runs_in(cfg.runs_dir)
+    if run.runs_dir:
+        models += runs_in(run.runs_dir)
     if not models:
         raise ValueError(
             "nothing to evaluate: set model_path=<dir|name|.ckpt> (or a list, or {name: path}) "
@@ -119,77 +115,53 @@ def models_to_evaluate(cfg: DictConfig) -> list[tuple[str, str]]:
     return models
 
 
-# Where a training config keeps the MEDS settings: the plug-in, then the layout before plug-ins.
-_MEDS_KEYS = ("algorithm.plugins.meds", "algorithm.meds")
-# FeatureSpec's fields by the MEDS plug-in's names for them
-_FEATURE_KEYS = {"layers": "layers", "diff": "diff", "final_norm": "final_norm",
-                 "dtype": "feature_dtype", "logits": "feature_logits"}
-
-
-def _meds_settings(run_config: Path) -> DictConfig | None:
-    """The MEDS node of a training run's config, ``None`` when the run had no MEDS."""
-    cfg = OmegaConf.load(run_config)
-    for key in _MEDS_KEYS:
-        node = OmegaConf.select(cfg, key)
-        if isinstance(node, DictConfig):
-            return node
-    return None
-
-
 def feature_spec_for(model_path: str | Path, default: FeatureSpec | None) -> FeatureSpec | None:
-    """The features to compute for a model: its training run's MEDS settings when it has them
-    (so its diversity is measured on the feature it was shaped with; keys the run leaves out take
-    the plug-in's defaults), else ``default``. ``default=None`` (``features: null``): none."""
+    """The features to compute for a model: its training run's MEDS feature when it has one (so
+    its diversity is measured on the feature it was shaped with), else ``default``.
+    ``default=None`` (``features: null``): none."""
     if default is None:
         return None
     run = _run_of(Path(model_path))
     run_config = run / ".hydra" / "config.yaml" if run is not None else None
-    meds = _meds_settings(run_config) if run_config is not None and run_config.is_file() else None
-    if meds is None:
+    meds = OmegaConf.select(OmegaConf.load(run_config), "algorithm.plugins.meds") if (
+        run_config is not None and run_config.is_file()) else None
+    if not isinstance(meds, DictConfig):
         log.info("features of %s: %s (eval's features)", model_path, default)
         return default
-    meds = OmegaConf.to_container(meds, resolve=True)
-    spec = parse(FeatureSpec, {field: meds[key] for field, key in _FEATURE_KEYS.items() if key in meds},
-                 f"{run_config}: the MEDS feature")
-    log.info("features of %s: %s (the MEDS settings of its training run, %s)",
-             model_path, spec, run_config)
+    values = {k: v for k, v in OmegaConf.to_container(meds, resolve=True).items() if k != "_target_"}
+    try:
+        spec = parse(settings_model(Meds), values, "algorithm.plugins.meds").features
+    except ValueError as err:
+        raise ValueError(f"{run_config}, the MEDS feature of {model_path}: {err}") from None
+    log.info("features of %s: %s (the MEDS settings of its training run, %s)", model_path, spec, run_config)
     return spec
 
 
-def settings_from(run: EvalRunConfig) -> EvalSettings:
-    return EvalSettings(n=run.n, temperature=run.temperature, top_p=run.top_p,
-                        max_new_tokens=run.max_new_tokens, seed=run.seed, batch_size=run.batch_size,
-                        features=run.features, extra={"template": run.template.model_dump(), "limit": run.limit})
+def benchmark_name(key: str, source: Source) -> str:
+    """The label of a benchmark's rows: its ``name`` when set; for a file without one, the file's
+    name as the loader names it (``/x/aime25.jsonl`` and ``/x/aime25/test.jsonl`` -> ``aime25``),
+    so ``benchmark=file`` rows say which file; else its config key."""
+    return source.name or (default_name(source.path) if source.path else key)
 
 
-def benchmark_name(key: str, source: DictConfig | dict) -> str:
-    """The label of a benchmark's rows: its ``name`` key when set; for a file without one, the
-    file's name as the loader names it (``/x/aime25.jsonl`` and ``/x/aime25/test.jsonl`` ->
-    ``aime25``), so ``benchmark=file`` rows say which file; else its config key."""
-    name = source.get("name")
-    if name:
-        return str(name)
-    path = source.get("path")
-    return default_name(path) if path else str(key)
-
-
-def build_benchmarks(cfg: DictConfig) -> dict[str, list]:
+def build_benchmarks(run: EvalRunConfig) -> dict[str, list]:
     """``{label: examples}`` of every benchmark, cut to ``limit``. Built before any model loads:
     a benchmark without problems fails here (a file names its path), not in the report."""
     benchmarks: dict[str, list] = {}
     keys: dict[str, str] = {}
-    for key, source in cfg.benchmark.items():
-        name = benchmark_name(str(key), source)
+    for key, source in run.benchmark.items():
+        name = benchmark_name(key, source)
         if name in keys:
             raise ValueError(
                 f"benchmarks {keys[name]!r} and {key!r} are both named {name!r}; "
                 f"set benchmark.{key}.name to tell their rows apart"
             )
-        keys[name] = str(key)
-        examples = list(instantiate(source))
+        keys[name] = key
+        node = source.model_dump(exclude_unset=True)
+        examples = list(instantiate(node, _convert_="object"))
         if not examples:
-            raise ValueError(f"benchmark {name!r} (benchmark.{key}, {source.get('_target_')}) has no problems")
-        benchmarks[name] = examples[: cfg.limit]  # limit null: all
+            raise ValueError(f"benchmark {name!r} (benchmark.{key}, {node.get('_target_')}) has no problems")
+        benchmarks[name] = examples[: run.limit]  # limit null: all
         log.info("benchmark %s: %d problems", name, len(benchmarks[name]))
     return benchmarks
 
@@ -292,22 +264,21 @@ def _free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def evaluate_model(cfg: EvalRunConfig, run: str, path: str, benchmarks: dict[str, list], settings: EvalSettings,
-                   backend: str, device: str, store: GenerationStore, grader) -> list[dict]:
+def evaluate_model(cfg: EvalRunConfig, run: str, path: str, benchmarks: dict[str, list], backend: str,
+                   device: str, store: GenerationStore, grader) -> list[dict]:
     """One model's rows: its prompts checked against the engine's length first, then every
     benchmark sampled through one engine, closed at the end (vLLM keeps process-global state)."""
     policy, tok = load_for_eval(path, cfg.tokenizer, cfg.dtype)
-    problems = {bench: problems_from(ex, settings.extra["template"], tok) for bench, ex in benchmarks.items()}
+    problems = {bench: problems_from(ex, cfg.template, tok) for bench, ex in benchmarks.items()}
     lengths = prompt_tokens(problems, tok)
     engine_cfg = engine_config(cfg, backend, max(max(ns, default=1) for ns in lengths.values()))
     check_prompts_fit(lengths, engine_cfg, policy, cfg.max_new_tokens)
     # Per model: its run's MEDS feature when it has one (part of the fingerprint).
-    features = feature_spec_for(path, settings.features)
+    sampling: SamplingSpec = cfg.model_copy(update={"features": feature_spec_for(path, cfg.features)})
     # The HF copy goes to the device for HF generate or the features' forward; vLLM alone reads
     # its weights from host memory, as it reads a checkpoint.
-    policy.to(device if backend == "hf" or features is not None else "cpu").eval()
-    model_settings = dataclasses.replace(settings, features=features,
-                                         extra={**settings.extra, **engine_fingerprint(engine_cfg, policy)})
+    policy.to(device if backend == "hf" or sampling.features is not None else "cpu").eval()
+    extra = {"template": cfg.template.model_dump(), "limit": cfg.limit, **engine_fingerprint(engine_cfg, policy)}
     if backend == "vllm":
         log.info("vLLM for %s: max_model_len %s (longest prompt %d + max_new_tokens %d, at most the "
                  "model's positions, or rollout.vllm.max_model_len)", run, engine_max_model_len(engine_cfg, policy),
@@ -316,8 +287,8 @@ def evaluate_model(cfg: EvalRunConfig, run: str, path: str, benchmarks: dict[str
     rows = []
     try:
         for bench, ps in problems.items():
-            records = sample_problems(policy, tok, engine, grader, ps, model_settings, run=run, benchmark=bench,
-                                      store=store, fingerprint=model_settings.fingerprint(path, bench))
+            records = sample_problems(policy, tok, engine, grader, ps, sampling, run=run, benchmark=bench,
+                                      store=store, fingerprint=sampling.fingerprint(path, bench, **extra))
             row = summarize_records(run, bench, records)
             rows.append(row)
             log.info("%s / %s: pass@1 %.4f, pass@%d %.4f", run, bench, row["pass@1"], cfg.n, row[f"pass@{cfg.n}"])
@@ -332,10 +303,9 @@ def evaluate(cfg: DictConfig) -> list[dict]:
     Everything that can be checked without a model is checked first (the config's values, the
     benchmarks' problems, the models' paths), so a mistake costs no model load."""
     parsed = EvalRunConfig.parse(cfg)
-    out_dir = Path(cfg.paths.output_dir)
-    settings = settings_from(parsed)
-    benchmarks = build_benchmarks(cfg)
-    models = models_to_evaluate(cfg)
+    out_dir = Path(parsed.paths.output_dir)
+    benchmarks = build_benchmarks(parsed)
+    models = models_to_evaluate(parsed)
     grader_cfg = parsed.grader
     out_dir.mkdir(parents=True, exist_ok=True)
     device = parsed.device if parsed.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
@@ -348,7 +318,7 @@ def evaluate(cfg: DictConfig) -> list[dict]:
                    reasoning_end=grader_cfg.reasoning_end).start() as grader,
     ):
         for run, path in models:
-            rows += evaluate_model(parsed, run, path, benchmarks, settings, backend, device, store, grader)
+            rows += evaluate_model(parsed, run, path, benchmarks, backend, device, store, grader)
             _free_device_memory()
     write_markdown(rows, out_dir / "results.md")
     write_csv(rows, out_dir / "results.csv")

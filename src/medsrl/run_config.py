@@ -18,15 +18,13 @@ from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 from medsrl.algo.settings import AlgorithmConfig
 from medsrl.data.settings import DataConfig, Source
 from medsrl.data.template import PromptTemplate
-from medsrl.features.reader import FeatureSpec
+from medsrl.evaluation.responses import SamplingSpec
 from medsrl.models.settings import ModelConfig, ModelDtype
 from medsrl.plugins import Plugin
 from medsrl.reward.settings import GraderConfig
 from medsrl.rollout.settings import BACKENDS, RolloutConfig, VLLMConfig
 from medsrl.settings import (
     Flag,
-    Fraction,
-    NonNegative,
     Open,
     Positive,
     PositiveInt,
@@ -297,8 +295,9 @@ class EvalRollout(Settings):
     logprobs: Annotated[None, must("null: eval reads no engine log-probs")] = None
 
 
-class EvalRunConfig(Open):
-    """The evaluation config (configs/eval.yaml)."""
+class EvalRunConfig(SamplingSpec, Open):
+    """The evaluation config (configs/eval.yaml): the sampling (``SamplingSpec``), the models and
+    the benchmarks."""
 
     model_path: Annotated[
         str | list | dict | None, must("a path, a list of paths, a {name: path} mapping or null")
@@ -308,31 +307,18 @@ class EvalRunConfig(Open):
     """A (multi)run directory: every run in it with a policy/ export or checkpoints/last.ckpt."""
     tokenizer: nullable(Text) = None
     """The tokenizer; null: the model's own."""
-    dtype: ModelDtype = "auto"
-    """The weights' dtype for evaluation; auto: the checkpoint's."""
-    device: Text = "cpu"
+    dtype: ModelDtype = "float32"
+    """The weights' dtype for evaluation (bfloat16 for real models on a GPU); auto: the checkpoint's."""
+    device: Text = "auto"
     """cpu, cuda, cuda:N or auto (a GPU when there is one)."""
     template: PromptTemplate = Field(default_factory=PromptTemplate)
-    n: PositiveInt = 1
-    """Samples per problem (pass@k for k up to n)."""
-    temperature: NonNegative = 0.0
-    """0: greedy."""
-    top_p: Fraction = 1.0
-    """Nucleus sampling."""
-    max_new_tokens: PositiveInt = 256
-    """Tokens a response may have."""
-    seed: Seed = 0
-    """The sampling seed."""
-    batch_size: PositiveInt = 64
-    """Sequences per generation call (chunks of batch_size // n problems)."""
     limit: nullable(PositiveInt) = None
     """The first N problems of each benchmark; null: all."""
-    features: FeatureSpec | None = None
-    """The MEDS feature of each response (diversity); a model trained with MEDS: its run's."""
     grader: GraderConfig = Field(default_factory=GraderConfig)
     rollout: EvalRollout = Field(default_factory=EvalRollout)
     benchmark: dict[str, Source] = {}
     """The benchmarks by name (benchmark=paper | arithmetic | file ...), each a data source."""
+    paths: Paths = Field(default_factory=Paths)
 
     @classmethod
     def parse(cls, cfg: DictConfig | dict) -> EvalRunConfig:
@@ -365,7 +351,8 @@ def _benchmark_named(message: str, loc: tuple, values: dict) -> str:
 #   composes what the CLI does without importing medsrl first.
 # - configs/plugins/<name>.yaml: a plug-in's `_target_` and its constructor's defaults.
 # - docs/SETTINGS.md: every setting with its default and help.
-DEFAULTS_SCHEMAS = {"algorithm": AlgorithmSection, "optim": OptimConfig, "rollout": RolloutConfig, "model": ModelConfig}
+DEFAULTS_SCHEMAS = {"algorithm": AlgorithmSection, "optim": OptimConfig, "rollout": RolloutConfig, "model": ModelConfig,
+                    "eval": EvalRunConfig}  # configs/eval.yaml extends configs/eval/_defaults.yaml
 WRITE = "python -m medsrl.run_config --write"
 REFERENCE = CONFIG_DIR.parent / "docs" / "SETTINGS.md"
 _NOTICE = "GENERATED from {what}, where each setting is described: do not edit.\n# Regenerate: {write}"
@@ -421,7 +408,7 @@ def reference_md(config_dir: Path = CONFIG_DIR) -> str:
         if cls.__module__.startswith("medsrl."):
             out += _table(f"callbacks.{name} ({cls.__name__})", f"callbacks.{name}", settings_model(cls))
     out += _table("Evaluation (configs/eval.yaml)", "", EvalRunConfig,
-                  {k: f for k, f in EvalRunConfig.model_fields.items() if k != "rollout"})
+                  {k: f for k, f in EvalRunConfig.model_fields.items() if k not in ("rollout", "paths")})
     out += _table("Data sources (`source:` of a dataset, each benchmark)", "", Source)
     return "\n".join(out).rstrip() + "\n"
 

@@ -188,12 +188,12 @@ def _section(hint: Any) -> Any:
     return next((s for arg in get_args(hint) if (s := _section(arg)) is not None), None)
 
 
-def _known(schema: Any, path: tuple) -> list[str]:
-    """The settings of the section at ``path`` under ``schema``."""
+def _section_at(schema: Any, path: tuple) -> Any:
+    """The section at ``path`` under ``schema``."""
     for part in path:
         if not isinstance(part, int):
             schema = _section(_fields(schema)[part])
-    return sorted(_fields(schema))
+    return schema
 
 
 def message(schema: Any, error: dict, prefix: str, owner: str) -> str:
@@ -204,7 +204,10 @@ def message(schema: Any, error: dict, prefix: str, owner: str) -> str:
     if error["type"] == "must":
         return f"{key} {error['msg']}, got {error['input']!r}"
     if error["type"] == "extra_forbidden":
-        known = ", ".join(_known(schema, loc[:-1]))
+        section = _section_at(schema, loc[:-1])
+        if new := getattr(section, "moved", {}).get(loc[-1]):  # a key of before, and its place now
+            return f"{key} was moved to {_dotted(prefix, *loc[:-1], new)}"
+        known = ", ".join(sorted(_fields(section)))
         return f"{key} is not a setting of {_dotted(owner or prefix, *loc[:-1])} (known: {known})"
     if error["type"] == "missing":
         return f"{key} must be set"
@@ -278,7 +281,9 @@ def settings_model(target: Callable, skip: Iterable[str] = ()) -> type[BaseModel
     fields = {p.name: (hints.get(p.name, Any), ... if p.default is p.empty else p.default)
               for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in skip}
     # **kwargs: what it does not name is its own to check
-    return create_model(getattr(target, "__name__", "Options"), __base__=Open if takes_any else Settings, **fields)
+    model = create_model(getattr(target, "__name__", "Options"), __base__=Open if takes_any else Settings, **fields)
+    model.moved = getattr(target, "moved", {})  # {a key of before: where it is now}: message() names it
+    return model
 
 
 def help_of(field: Any) -> str:

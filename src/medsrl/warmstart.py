@@ -47,8 +47,6 @@ IGNORE = -100
 _MIN_SHARED_PREFIX = 16
 
 
-
-
 def task_examples(ws: WarmStartConfig, num: int, split: str) -> list[MathExample]:
     """The warm start's problems (with worked solutions) of one split."""
     if ws.task == "arithmetic":
@@ -284,7 +282,7 @@ def _quiet_lightning():
 def evaluate(model, tokenizer, ws: WarmStartConfig) -> dict[str, Any]:
     """Sampled (T=1, top_p=1) and greedy accuracy on ``ws.eval_examples`` val problems, sampled
     and graded as RL validation does, so the warm start's figure is the RL run's starting point."""
-    from medsrl.evaluation.responses import EvalSettings, problems_from, sample_problems
+    from medsrl.evaluation.responses import SamplingSpec, problems_from, sample_problems
     from medsrl.reward.grader import MathGrader
     from medsrl.rollout.hf import HFRolloutEngine
 
@@ -294,7 +292,7 @@ def evaluate(model, tokenizer, ws: WarmStartConfig) -> dict[str, Any]:
     result: dict[str, Any] = {"eval_examples": len(problems)}
     with MathGrader(num_workers=1) as grader:  # its worker starts only if an answer needs sympy
         for name, temperature in (("sampled", 1.0), ("greedy", 0.0)):
-            settings = EvalSettings(n=1, temperature=temperature, max_new_tokens=ws.eval_max_new_tokens,
+            settings = SamplingSpec(n=1, temperature=temperature, max_new_tokens=ws.eval_max_new_tokens,
                                     seed=ws.seed + 1, batch_size=128, features=None)
             t0 = time.perf_counter()
             records = sample_problems(model, tokenizer, engine, grader, problems, settings)

@@ -156,33 +156,38 @@ def test_validation_can_be_turned_off_or_skip_the_start(tmp_path):
     assert "val_accuracy_start" not in summary and "val_accuracy_end" in summary
 
 
-def test_validation_features_follow_the_runs_meds_plugin():
+def test_validation_samples_with_the_runs_feature_and_token_budget():
     from types import SimpleNamespace
 
+    from medsrl.evaluation.responses import SamplingSpec
     from medsrl.features.reader import FeatureSpec
     from medsrl.methods.meds.plugin import Meds
+    from medsrl.methods.novelty import NoveltyBonus
 
-    def resolved(features, plugins):
-        cb = PassAtKValidation(features=features)
-        cb.setup(None, SimpleNamespace(plugins=plugins), "fit")
-        return cb.settings.features
+    def resolved(plugins, **settings):
+        cb = PassAtKValidation(**settings)
+        cb.setup(None, SimpleNamespace(plugins=plugins, rollout_cfg=SimpleNamespace(max_new_tokens=77)), "fit")
+        return cb.sampling
 
-    meds = Meds(layers="half", diff=True, feature_dtype="float32")
-    assert resolved("run", [meds]) == FeatureSpec(layers="half", diff=True, dtype="float32")
-    assert resolved("run", []) == FeatureSpec()  # no MEDS in the run: the defaults
-    assert resolved(None, [meds]) is None
-    assert resolved({"layers": 3}, [meds]) == FeatureSpec(layers=3)
+    meds = Meds(features={"layers": "half", "diff": True, "dtype": "float32"})
+    assert resolved([meds], features="run").features == FeatureSpec(layers="half", diff=True, dtype="float32")
+    assert resolved([NoveltyBonus(features={"layers": 2})]).features == FeatureSpec(layers=2)
+    assert resolved([]).features == FeatureSpec()  # no feature plug-in in the run: the defaults
+    assert resolved([meds], features=None).features is None
+    assert resolved([meds], features={"layers": 3}).features == FeatureSpec(layers=3)
+    assert resolved([], max_new_tokens=None) == SamplingSpec(n=8, max_new_tokens=77, seed=1234, batch_size=128)
+    assert resolved([], max_new_tokens=5, n=2).max_new_tokens == 5
 
 
 def test_each_rank_takes_a_contiguous_share_of_the_problems_cut_where_the_chunks_are():
-    from medsrl.evaluation.responses import EvalSettings, chunks_of, share_chunks
+    from medsrl.evaluation.responses import SamplingSpec, chunks_of, share_chunks
 
-    chunked = EvalSettings(n=4, batch_size=32)  # chunks of 8: 0-8, 8-16, 16-24, 24-30
+    chunked = SamplingSpec(n=4, batch_size=32)  # chunks of 8: 0-8, 8-16, 16-24, 24-30
     parts = [share_chunks(30, chunked, r, 2) for r in range(2)]
     assert parts == [[range(0, 8), range(8, 15)], [range(15, 16), range(16, 24), range(24, 30)]]
     chunks = chunks_of(30, chunked)
     assert all(any(p.start >= c.start and p.stop <= c.stop for c in chunks) for p in parts[0] + parts[1])
-    one_chunk = EvalSettings(n=4, batch_size=128)  # AIME24: 30 problems, one chunk of 32
+    one_chunk = SamplingSpec(n=4, batch_size=128)  # AIME24: 30 problems, one chunk of 32
     assert [share_chunks(30, one_chunk, r, 8) for r in (0, 5, 6, 7)] == [
         [range(0, 4)], [range(20, 24)], [range(24, 27)], [range(27, 30)]]
     assert [share_chunks(1, one_chunk, r, 2) for r in range(2)] == [[range(0, 1)], []]

@@ -9,9 +9,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from medsrl.eval import feature_spec_for, settings_from
+from medsrl.eval import feature_spec_for
 from medsrl.evaluation.response_features import response_features
-from medsrl.evaluation.responses import EvalSettings
+from medsrl.evaluation.responses import SamplingSpec
 from medsrl.features.reader import FeatureSpec, round_to_bfloat16
 from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.tiny import build_tiny_model
@@ -39,10 +39,7 @@ def meds_run(tmp_path, meds: dict, name: str = "run"):
 
 
 def test_a_meds_run_gives_its_own_feature_settings(tmp_path, caplog):
-    run = meds_run(
-        tmp_path,
-        {"layers": "half", "diff": True, "final_norm": True, "feature_dtype": "bfloat16"},
-    )
+    run = meds_run(tmp_path, {"features": {"layers": "half", "diff": True, "final_norm": True, "dtype": "bfloat16"}})
     want = FeatureSpec(layers="half", diff=True, final_norm=True, dtype="bfloat16")
     with caplog.at_level(logging.INFO, logger="medsrl.eval"):
         assert feature_spec_for(run / "policy", EVAL_DEFAULT) == want
@@ -51,13 +48,18 @@ def test_a_meds_run_gives_its_own_feature_settings(tmp_path, caplog):
 
 
 def test_missing_plugin_keys_take_the_plugin_defaults_not_evals(tmp_path):
-    run = meds_run(tmp_path, {"layers": [20, 24]})
+    run = meds_run(tmp_path, {"features": {"layers": [20, 24]}})
     assert feature_spec_for(run / "policy", EVAL_DEFAULT) == FeatureSpec(layers=(20, 24))
+    assert feature_spec_for(meds_run(tmp_path, {}, "bare").joinpath("policy"), EVAL_DEFAULT) == FeatureSpec()
 
 
-def test_runs_before_the_plugins_keep_meds_under_algorithm(tmp_path):
-    run = make_run(tmp_path, {"algorithm": {"name": "meds", "meds": {"layers": 7, "diff": True}}})
-    assert feature_spec_for(run / "policy", EVAL_DEFAULT) == FeatureSpec(layers=7, diff=True)
+def test_a_run_with_the_flat_feature_keys_of_before_names_their_new_place(tmp_path):
+    run = meds_run(tmp_path, {"layers": 7, "feature_dtype": "bfloat16"})
+    with pytest.raises(ValueError) as err:
+        feature_spec_for(run / "policy", EVAL_DEFAULT)
+    assert str(run / ".hydra" / "config.yaml") in str(err.value)
+    assert "algorithm.plugins.meds.layers was moved to algorithm.plugins.meds.features.layers" in str(err.value)
+    assert "algorithm.plugins.meds.feature_dtype was moved to algorithm.plugins.meds.features.dtype" in str(err.value)
 
 
 def test_models_without_a_meds_run_get_evals_features(tmp_path, caplog):
@@ -69,7 +71,7 @@ def test_models_without_a_meds_run_get_evals_features(tmp_path, caplog):
     )
     disabled = make_run(tmp_path, {"algorithm": {"plugins": {"meds": None}}}, "off")
     model_only = make_run(tmp_path, {"model": {"name": "tiny"}}, "model_only")
-    elsewhere = meds_run(tmp_path, {"layers": 5}, "elsewhere")
+    elsewhere = meds_run(tmp_path, {"features": {"layers": 5}}, "elsewhere")
     paths = [
         no_cfg / "policy",
         no_cfg / "checkpoints" / "last.ckpt",
@@ -86,7 +88,7 @@ def test_models_without_a_meds_run_get_evals_features(tmp_path, caplog):
 
 
 def test_features_null_turns_features_off_even_for_a_meds_run(tmp_path):
-    run = meds_run(tmp_path, {"layers": 5})
+    run = meds_run(tmp_path, {"features": {"layers": 5}})
     assert feature_spec_for(run / "policy", None) is None
 
 
@@ -99,7 +101,7 @@ def compose_eval(*overrides):
 
 
 def _settings(*overrides):
-    return settings_from(EvalRunConfig.parse(compose_eval("paths.output_dir=/nowhere", *overrides)))
+    return EvalRunConfig.parse(compose_eval("paths.output_dir=/nowhere", *overrides))
 
 
 def test_eval_yaml_features():
@@ -113,9 +115,30 @@ def test_eval_yaml_features():
         _settings("features.dtype=half")
 
 
+def test_stored_evaluations_keep_their_fingerprints():
+    """The resume fingerprints of generations stored before SamplingSpec (EvalSettings's, computed
+    by that code): same keys, values and JSON, so those evaluations still resume."""
+    def fp(run, model, benchmark, features="eval", engine=None):
+        spec = run if features == "eval" else run.model_copy(update={"features": features})
+        extra = {"template": run.template.model_dump(), "limit": run.limit, **({"engine": engine} if engine else {})}
+        return spec.fingerprint(model, benchmark, **extra)
+
+    default = _settings()
+    assert fp(default, "logs/train/runs/x/policy", "arithmetic") == "530f7ac8fd04"
+    run = _settings("features=null", "n=4", "temperature=0.6", "limit=10", "max_new_tokens=2815", "seed=3",
+                    "batch_size=4096", "top_p=0.95")
+    assert fp(run, "Qwen/Qwen2.5-Math-7B", "math500") == "b5e1023a9675"
+    chat = _settings("template.kind=chat", "template.system_prompt=null", "template.enable_thinking=false")
+    engine = {"backend": "vllm", "dtype": "bfloat16", "per_request_seeds": False}
+    assert fp(chat, "r/checkpoints/last.ckpt", "aime24", FeatureSpec(layers="half", dtype="bfloat16", diff=True),
+              engine) == "8cb84b0e7158"
+    digits = FeatureSpec(layers=(20, 24), logits="digits", final_norm=True)
+    assert fp(default, "r/policy", "gsm8k", digits) == "24f29bfbc342"
+
+
 def test_the_feature_spec_is_part_of_the_fingerprint():
     def fp(**kw):
-        return EvalSettings(**kw).fingerprint("run/policy", "math500")
+        return SamplingSpec(**kw).fingerprint("run/policy", "math500")
 
     assert fp(features=FeatureSpec(layers=[2, 5])) == fp(features=FeatureSpec(layers=(2, 5)))
     prints = {

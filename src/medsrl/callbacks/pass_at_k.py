@@ -18,7 +18,6 @@ time), cut by the run's token budget, all of it under the run's autocast.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 from typing import Annotated, Literal
 
@@ -28,8 +27,12 @@ from typing_extensions import Doc
 from medsrl.callbacks.progress import set_progress_status
 from medsrl.evaluation.response_features import response_features
 from medsrl.evaluation.responses import (
-    EvalSettings,
+    BatchSize,
     SampledChunk,
+    Samples,
+    SamplingSpec,
+    Temperature,
+    TopP,
     chunk_records,
     joined_rollout,
     sample_chunk,
@@ -37,7 +40,7 @@ from medsrl.evaluation.responses import (
     summarize_records,
 )
 from medsrl.features.reader import FeatureSpec
-from medsrl.settings import Count, Flag, Fraction, NonNegative, PositiveInt, Seed, nullable
+from medsrl.settings import Count, Flag, PositiveInt, Seed, nullable
 from medsrl.utils.distributed import all_gather_objects, rank_and_size
 
 _NOT_LOGGED = ("run", "benchmark", "problems", "n", "mean@n")  # mean@n == pass@1
@@ -52,38 +55,38 @@ class PassAtKValidation(Callback):
         self,
         every_n_steps: Annotated[Count, Doc("validate every N steps, also before the first (at_start) and after "
                                             "the last; 0: off")] = 20,
-        n: Annotated[PositiveInt, Doc("samples per problem")] = 8,
+        n: Samples = 8,
         num_problems: Annotated[nullable(PositiveInt), Doc("the first N held-out prompts; null: all")] = None,
         at_start: Annotated[Flag, Doc("validate before the first step too")] = True,
-        temperature: Annotated[NonNegative, Doc("sampling temperature; 0: greedy")] = 1.0,
-        top_p: Annotated[Fraction, Doc("nucleus sampling")] = 1.0,
+        temperature: Temperature = 1.0,
+        top_p: TopP = 1.0,
         max_new_tokens: Annotated[nullable(PositiveInt), Doc("null: rollout.max_new_tokens")] = None,
         features: Annotated[Literal["run"] | dict | None, Doc(
-            "the diversity feature: run (the MEDS plug-in's when the run has one), a FeatureSpec mapping, "
-            "or null: none")] = "run",
-        batch_size: Annotated[PositiveInt, Doc("sequences per generation call (chunks of batch_size // n "
-                                               "problems)")] = 128,
+            "the diversity feature: run (the feature plug-in's, MEDS or novelty, when the run has one), "
+            "a FeatureSpec mapping, or null: none")] = "run",
+        batch_size: BatchSize = 128,
         seed: Annotated[Seed, Doc("the sampling seed (the same draws at every validation)")] = 1234,
     ) -> None:
         self.every_n_steps = every_n_steps
         self.num_problems = num_problems
         self.at_start = at_start
-        self.max_new_tokens = max_new_tokens
-        self.settings = EvalSettings(n=n, temperature=temperature, top_p=top_p, seed=seed,
-                                     batch_size=batch_size)
-        self.features = features
+        self._sampling = dict(n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                              features=features, batch_size=batch_size, seed=seed)
+        self.sampling: SamplingSpec | None = None
         self.last_rows: list[dict] = []
         self.history: list[tuple[int, float]] = []  # (step, val/accuracy) for the run summary
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        """The diversity features: ``"run"`` = the MEDS plug-in's feature spec when the run has
-        one (else the defaults), a dict = an explicit ``FeatureSpec``, null = none."""
-        spec = FeatureSpec(**self.features) if isinstance(self.features, dict) else None
-        if self.features == "run":
-            plugins = getattr(pl_module, "plugins", [])
-            meds = [p.spec for p in plugins if isinstance(getattr(p, "spec", None), FeatureSpec)]
-            spec = meds[0] if meds else FeatureSpec()
-        self.settings = dataclasses.replace(self.settings, features=spec)
+        """The sampling: ``max_new_tokens`` null = ``rollout.max_new_tokens``; the features
+        ``"run"`` = a plug-in's feature (MEDS, novelty) when the run has one (else the defaults),
+        a dict = an explicit ``FeatureSpec``, null = none."""
+        values = dict(self._sampling)
+        if values["features"] == "run":
+            specs = [p.features for p in getattr(pl_module, "plugins", [])
+                     if isinstance(getattr(p, "features", None), FeatureSpec)]
+            values["features"] = specs[0] if specs else FeatureSpec()
+        values["max_new_tokens"] = values["max_new_tokens"] or pl_module.rollout_cfg.max_new_tokens
+        self.sampling = SamplingSpec.model_validate(values)
 
     def on_train_start(self, trainer, pl_module) -> None:
         if trainer.global_step == 0 and self.at_start:
@@ -103,8 +106,7 @@ class PassAtKValidation(Callback):
         if not problems or self.every_n_steps <= 0:
             return
         set_progress_status(trainer, "validating")  # the step bar, instead of looking stuck
-        max_new = self.max_new_tokens or pl_module.rollout_cfg.max_new_tokens
-        settings = dataclasses.replace(self.settings, max_new_tokens=max_new)
+        settings = self.sampling
         with trainer.precision_plugin.forward_context():
             mine = _sample_share(pl_module, problems, settings)
         records = _gathered_records(mine)
@@ -129,7 +131,7 @@ class PassAtKValidation(Callback):
         set_progress_status(trainer, "")
 
 
-def _sample_share(pl_module, problems, settings: EvalSettings) -> list[dict]:
+def _sample_share(pl_module, problems, settings: SamplingSpec) -> list[dict]:
     """This rank's records: its share of ``problems`` sampled, the engine released, then the
     features read. Every rank runs each step, with no problems too: the sync and the release
     are decided together, and under FSDP the feature pass is a collective."""
@@ -142,7 +144,7 @@ def _sample_share(pl_module, problems, settings: EvalSettings) -> list[dict]:
     return _with_features(pl_module, sampled, settings)
 
 
-def _with_features(pl_module, sampled: list[SampledChunk], settings: EvalSettings) -> list[dict]:
+def _with_features(pl_module, sampled: list[SampledChunk], settings: SamplingSpec) -> list[dict]:
     """The sampled parts' records with their responses' features (None without a feature spec),
     read in one pass over all of them (an empty one on a rank that sampled nothing)."""
     feats = [None] * sum(len(c.rollout) for c in sampled)

@@ -11,10 +11,11 @@ the number of ranks.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import numpy as np
+from typing_extensions import Doc
 
 from medsrl.data.example import Prompt
 from medsrl.data.template import PromptTemplate
@@ -23,32 +24,42 @@ from medsrl.evaluation.store import GenerationStore, settings_fingerprint
 from medsrl.evaluation.tables import summarize_benchmark
 from medsrl.features.reader import FeatureSpec
 from medsrl.rollout.base import RolloutBatch, SamplingParams
+from medsrl.settings import Fraction, NonNegative, PositiveInt, Seed, Settings
 from medsrl.utils.distributed import shard_bounds
 
+# The sampling settings with their help: SamplingSpec's fields, and validation's (flat) parameters
+Samples = Annotated[PositiveInt, Doc("samples per problem (pass@k for k up to n)")]
+Temperature = Annotated[NonNegative, Doc("sampling temperature; 0: greedy")]
+TopP = Annotated[Fraction, Doc("nucleus sampling")]
+BatchSize = Annotated[PositiveInt, Doc("sequences per generation call (chunks of batch_size // n problems)")]
 
-@dataclass(frozen=True)
-class EvalSettings:
-    """What decides the generations (all of it goes into the resume fingerprint)."""
 
-    n: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 128
-    seed: int = 0
-    batch_size: int = 64
-    features: FeatureSpec | None = FeatureSpec()  # MEDS features (diversity); None: no features
-    extra: dict[str, Any] = field(default_factory=dict)  # template etc.: fingerprinted only
+class SamplingSpec(Settings):
+    """How a policy is sampled to be measured: medsrl-eval's settings, RL validation's
+    (``callbacks.pass_at_k``) and the warm start's. An evaluation fingerprints all of it."""
+
+    n: Samples = 16
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    max_new_tokens: Annotated[PositiveInt, Doc("tokens a response may have")] = 128
+    seed: Annotated[Seed, Doc("the sampling seed: the chunk at problem s is sampled with seed + s")] = 0
+    batch_size: BatchSize = 64
+    features: Annotated[FeatureSpec | None, Doc(
+        "the MEDS feature of each response (diversity); null: none")] = FeatureSpec()
 
     @property
     def chunk_size(self) -> int:
         return max(1, self.batch_size // self.n)
 
-    def fingerprint(self, run_source: str, benchmark: str) -> str:
-        features = None if self.features is None else self.features.model_dump()
-        return settings_fingerprint({**asdict(self), "features": features, "model": run_source, "benchmark": benchmark})
+    def fingerprint(self, model: str, benchmark: str, **extra: Any) -> str:
+        """The resume fingerprint of this sampling of ``model`` on ``benchmark`` (``extra``: the
+        rest that decides the generations: template, limit, engine)."""
+        values = {k: getattr(self, k) for k in SamplingSpec.model_fields}
+        values["features"] = None if self.features is None else self.features.model_dump()
+        return settings_fingerprint({**values, "extra": extra, "model": model, "benchmark": benchmark})
 
 
-def problems_from(examples, template: dict[str, Any], tokenizer=None) -> list[Prompt]:
+def problems_from(examples, template: PromptTemplate | dict[str, Any], tokenizer=None) -> list[Prompt]:
     """The ``MathExample`` s as prompts rendered in the prompt format ``template``
     (``data.template`` settings; ``kind=chat`` renders with ``tokenizer``)."""
     fmt = PromptTemplate.from_config(template)
@@ -65,7 +76,7 @@ class SampledChunk:
     grades: list
 
 
-def sample_chunk(engine, grader, problems: Sequence[Prompt], indices: range, settings: EvalSettings) -> SampledChunk:
+def sample_chunk(engine, grader, problems: Sequence[Prompt], indices: range, settings: SamplingSpec) -> SampledChunk:
     """Sample and grade the chunk of ``problems`` at ``indices``, seeded by its first problem."""
     batch = [problems[i] for i in indices]
     params = SamplingParams(
@@ -77,13 +88,13 @@ def sample_chunk(engine, grader, problems: Sequence[Prompt], indices: range, set
     return SampledChunk(indices, batch, rollout, grades)
 
 
-def chunks_of(num_problems: int, settings: EvalSettings) -> list[range]:
+def chunks_of(num_problems: int, settings: SamplingSpec) -> list[range]:
     """The fixed sampling chunks of ``num_problems`` problems."""
     size = settings.chunk_size
     return [range(s, min(s + size, num_problems)) for s in range(0, num_problems, size)]
 
 
-def share_chunks(num_problems: int, settings: EvalSettings, rank: int, size: int) -> list[range]:
+def share_chunks(num_problems: int, settings: SamplingSpec, rank: int, size: int) -> list[range]:
     """Rank ``rank`` of ``size``'s contiguous share of the problems (``shard_bounds``: 15 and 15
     of 30 on 2 ranks, even when they make one chunk), as its parts in the fixed chunks: no call
     holds more than a chunk, and a chunk no share boundary cuts is sampled as one process does."""
@@ -126,7 +137,7 @@ def joined_rollout(chunks: Sequence[SampledChunk]) -> RolloutBatch:
 
 
 def sample_problems(
-    policy, tokenizer, engine, grader, problems: Sequence[Prompt], settings: EvalSettings, *,
+    policy, tokenizer, engine, grader, problems: Sequence[Prompt], settings: SamplingSpec, *,
     run: str = "", benchmark: str = "", store: GenerationStore | None = None,
     fingerprint: str | None = None,
 ) -> list[dict[str, Any]]:

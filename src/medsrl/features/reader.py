@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Any
 
 import torch
 from pydantic import ConfigDict
 from torch import nn
-from typing_extensions import Doc
 
 from medsrl.features.answer_locator import locate_answers
 from medsrl.features.logit_capture import (
@@ -39,35 +38,28 @@ from medsrl.features.logit_capture import (
 from medsrl.settings import Flag, Layers, Settings, one_of
 
 FEATURE_DTYPES = ("auto", "float32", "bfloat16")
-FEATURE_LOGITS = ("answer", "digits")
-FeatureDtype = one_of(FEATURE_DTYPES)
-# The feature's settings with their help, one home for FeatureSpec and the plug-ins that read the
-# feature (MEDS, the novelty bonus), whose constructors take them flat
-FeatureLayers = Annotated[Layers, Doc(
-    "the feature's layers: the last N decoder layers, \"half\", \"all\" or a list of 1-based layers; paper: the "
-    "last half (14 of 28), the reference script: 14")]
-FeatureDiff = Annotated[Flag, Doc(
-    "first differences of the per-layer logits, as the reference's option takes them: over all layers, then keep "
-    "the selected")]
-FeatureFinalNorm = Annotated[Flag, Doc("apply the final norm to intermediate layers too (logit lens); reference: off")]
-FeatureLogits = Annotated[one_of(FEATURE_LOGITS), Doc(
-    "answer: the answer token's logit per layer (reference) | digits: the ten digit tokens' logits per layer "
-    "(beyond the reference; study v3's audit)")]
-FeatureDtypeSetting = Annotated[FeatureDtype, Doc(
-    "auto: bf16-rounded when the policy computes in bf16 (the reference applies the LM head under bf16 autocast); "
-    "float32 | bfloat16 to force")]
 
 
 class FeatureSpec(Settings):
-    """What the MEDS feature is made of (the training plug-in's and evaluation's settings)."""
+    """What the MEDS feature is made of: ``features`` of the MEDS and novelty plug-ins and of
+    evaluation (``medsrl-eval``, ``callbacks.pass_at_k``)."""
 
     model_config = ConfigDict(frozen=True)
 
-    layers: FeatureLayers = DEFAULT_LAST_N
-    diff: FeatureDiff = False
-    final_norm: FeatureFinalNorm = False
-    dtype: FeatureDtypeSetting = "auto"
-    logits: FeatureLogits = "answer"
+    layers: Layers = DEFAULT_LAST_N
+    """The feature's layers: the last N decoder layers, "half", "all" or a list of 1-based layers;
+    paper: the last half (14 of 28), the reference script: 14."""
+    diff: Flag = False
+    """First differences of the per-layer logits, as the reference's option takes them: over all
+    layers, then keep the selected."""
+    final_norm: Flag = False
+    """Apply the final norm to intermediate layers too (logit lens); reference: off."""
+    dtype: one_of(FEATURE_DTYPES) = "auto"
+    """auto: bf16-rounded when the policy computes in bf16 (the reference applies the LM head under
+    bf16 autocast); float32 | bfloat16 to force."""
+    logits: one_of(("answer", "digits")) = "answer"
+    """answer: the answer token's logit per layer (reference) | digits: the ten digit tokens'
+    logits per layer (beyond the reference; study v3's audit)."""
 
 
 def capture_layers(selected: Sequence[int], diff: bool) -> list[int]:

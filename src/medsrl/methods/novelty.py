@@ -19,14 +19,7 @@ from typing_extensions import Doc
 
 from medsrl.algo.logprobs import masked_mean
 from medsrl.features.logit_capture import find_final_norm
-from medsrl.features.reader import (
-    AnswerFeatureReader,
-    FeatureDiff,
-    FeatureDtypeSetting,
-    FeatureFinalNorm,
-    FeatureLayers,
-    FeatureSpec,
-)
+from medsrl.features.reader import AnswerFeatureReader, FeatureSpec
 from medsrl.plugins.base import Plugin, StepContext
 from medsrl.settings import one_of
 from medsrl.step.rollouts import StepRollouts
@@ -78,6 +71,7 @@ class NoveltyBonus(Plugin):
     """Replaces the correctness part of each score by EVOL-RL's novelty reward."""
 
     name = "novelty"
+    moved = {**{k: f"features.{k}" for k in FeatureSpec.model_fields}, "feature_dtype": "features.dtype"}
 
     def __init__(
         self,
@@ -85,13 +79,11 @@ class NoveltyBonus(Plugin):
             "meds_features (MEDS's logit features: the twin of MEDS) | hidden_mean (the mean normed "
             "last hidden state; the paper embeds the text with an embedding model, none is loaded "
             "here)")] = "meds_features",
-        layers: FeatureLayers = 14,  # the feature's settings apply to vectors=meds_features
-        diff: FeatureDiff = False,
-        final_norm: FeatureFinalNorm = False,
-        feature_dtype: FeatureDtypeSetting = "auto",
+        features: Annotated[FeatureSpec, Doc(
+            "MEDS's feature (vectors=meds_features)")] = FeatureSpec(),  # noqa: B008 - never mutated
     ) -> None:
         self.vectors = vectors
-        self.spec = FeatureSpec(layers=layers, diff=diff, final_norm=final_norm, dtype=feature_dtype)
+        self.features = FeatureSpec.model_validate(features)
         self.reader: AnswerFeatureReader | None = None
         self._norm: torch.nn.Module | None = None
         self._rows: torch.Tensor = torch.zeros(0, dtype=torch.long)
@@ -101,7 +93,7 @@ class NoveltyBonus(Plugin):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.vectors == "meds_features" and self.reader is None:
-            self.reader = AnswerFeatureReader(pl_module.policy, pl_module.tokenizer, self.spec,
+            self.reader = AnswerFeatureReader(pl_module.policy, pl_module.tokenizer, self.features,
                                               pl_module.grader_cfg.reasoning_end)
         if self.vectors == "hidden_mean" and self._norm is None:
             self._norm = find_final_norm(pl_module.policy)

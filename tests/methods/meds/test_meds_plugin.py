@@ -59,11 +59,12 @@ def _step(step: int, groups: list[tuple[str, list[tuple[np.ndarray, bool]]]], st
     return HandMadeStep(r, torch.tensor(np.stack(feats), dtype=torch.float32))
 
 
-def _plugin(tmp_path, refit="sync", **settings):
+def _plugin(tmp_path, refit="sync", reset_on_stage_change=False, **settings):
     """A MEDS plug-in fed hand-made features (every response has one) instead of a forward
     (``_run`` gives it a :class:`HandMadeReader`)."""
     settings = {"panels_every_n_steps": 0, "snapshot_every_n_steps": 0, "mixed_groups_only": False, **settings}
-    plugin = Meds(refit=refit, snapshot_dir=str(tmp_path), **settings)
+    memory = {"refit": refit, "reset_on_stage_change": reset_on_stage_change}
+    plugin = Meds(memory=memory, snapshot_dir=str(tmp_path), **settings)
     plugin.store.open()
     return plugin
 
@@ -122,7 +123,7 @@ def test_penalty_cap_and_noise_policy(tmp_path):
 
     spread = [np.eye(6, dtype=np.float32)[i] for i in range(6)]  # orthogonal: all noise
     for noise_is_cluster, expected in [(True, -0.1 * math.log(7)), (False, 0.0)]:
-        mem = _plugin(tmp_path / str(noise_is_cluster), noise_is_cluster=noise_is_cluster)
+        mem = _plugin(tmp_path / str(noise_is_cluster), clustering={"noise_is_cluster": noise_is_cluster})
         _run(mem, _step(0, [("n", [(f, False) for f in spread])]))
         s = _run(mem, _step(1, [("n", [(np.ones(6, np.float32), False)])]))
         assert s[0].item() == pytest.approx(expected, abs=1e-6)
@@ -130,7 +131,7 @@ def test_penalty_cap_and_noise_policy(tmp_path):
 
 def test_single_mode_counts_the_whole_history(tmp_path):
     rng = np.random.default_rng(2)
-    mem = _plugin(tmp_path, mode="single")
+    mem = _plugin(tmp_path, clustering={"mode": "single"})
     _run(mem, _step(0, [("k", [(f, False) for f in _blob([1, 0], 3, rng) + _blob([0, 1], 2, rng)])]))
     s = _run(mem, _step(1, [("k", [(np.array([1, 0], np.float32), False)])]))
     assert s[0].item() == pytest.approx(-0.1 * math.log(6), abs=1e-6)
@@ -230,7 +231,7 @@ def test_answer_mode_sizes_a_response_by_the_earlier_count_of_its_answer(tmp_pat
     """The answer-keyed memory (study v3's D1 bound): the answer given 4 times before costs
     ln(5), the one given once ln(2), a new one nothing, whatever the features say."""
     rng = np.random.default_rng(8)
-    mem = _plugin(tmp_path, mode="answer")
+    mem = _plugin(tmp_path, clustering={"mode": "answer"})
     first = [(f, False) for f in _blob([1, 0], 5, rng)] + [(np.array([0, 1], np.float32), True)]
     _run(mem, _step(0, [("k", first)], answers=["14", "14", "14", "14", "9", "11"]))
     assert mem.answer_counts == {"k": {"14": 4, "9": 1}}  # wrong answers only
@@ -242,10 +243,10 @@ def test_answer_mode_sizes_a_response_by_the_earlier_count_of_its_answer(tmp_pat
 
 
 def test_answer_counts_survive_a_checkpoint_and_a_stage_reset(tmp_path):
-    mem = _plugin(tmp_path, mode="answer", reset_on_stage_change=True)
+    mem = _plugin(tmp_path, clustering={"mode": "answer"}, reset_on_stage_change=True)
     _run(mem, _step(0, [("k", [(np.array([1.0, 0.0], np.float32), False)] * 2)], answers=["3", "3"]))
     state = torch.load(_saved(mem.state_dict(), tmp_path), weights_only=True)
-    mem2 = _plugin(tmp_path / "b", mode="answer", reset_on_stage_change=True)
+    mem2 = _plugin(tmp_path / "b", clustering={"mode": "answer"}, reset_on_stage_change=True)
     mem2.load_state_dict(state)
     assert mem2.answer_counts == {"k": {"3": 2}} and mem2.digest() == mem.digest()
     _run(mem2, _step(1, [("k", [(np.array([1.0, 0.0], np.float32), False)])], stage="B", answers=["5"]))
@@ -262,7 +263,7 @@ def test_gate_figures_are_logged_on_a_hand_made_step(tmp_path):
     """Store: answer "14" x3 in one tight blob, "9" x2 in another. The next visit's wrong
     responses: "14" twice (size 3), "9" once (size 2), and one right one."""
     rng = np.random.default_rng(9)
-    mem = _plugin(tmp_path, min_cluster_size=2)
+    mem = _plugin(tmp_path, clustering={"min_cluster_size": 2})
     e1, e2 = [1, 0, 0], [0, 1, 0]
     _run(mem, _step(0, [("k", [(f, False) for f in _blob(e1, 3, rng) + _blob(e2, 2, rng)])],
                     answers=["14", "14", "14", "9", "9"]))
@@ -331,7 +332,7 @@ def test_dedup_counts_every_copy_but_clusters_the_distinct_rows(tmp_path):
     e1, b, c = (np.eye(6, dtype=np.float32)[i] for i in range(3))
     rows = [(e1, False)] * 3 + [(f, False) for f in _blob(b, 3, rng) + _blob(c, 3, rng)]
     for dedup, copies_are_noise in ((False, False), (True, True)):
-        mem = _plugin(tmp_path / str(dedup), dedup=dedup)
+        mem = _plugin(tmp_path / str(dedup), clustering={"dedup": dedup})
         _run(mem, _step(0, [("k", rows)]))
         labels = mem.store.labels_for("k", False).labels
         assert (labels[:3] == -1).all() == copies_are_noise and len(set(labels[:3].tolist())) == 1

@@ -40,15 +40,7 @@ from medsrl.features.clustering import (
     predict_labels,
     single_cluster_sizes,
 )
-from medsrl.features.reader import (
-    AnswerFeatureReader,
-    FeatureDiff,
-    FeatureDtypeSetting,
-    FeatureFinalNorm,
-    FeatureLayers,
-    FeatureLogits,
-    FeatureSpec,
-)
+from medsrl.features.reader import AnswerFeatureReader, FeatureSpec
 from medsrl.methods.dynamic_sampling import DynamicSampling
 from medsrl.methods.meds.clustered_memory import ClusteredMemory
 from medsrl.methods.meds.diagnostics import cluster_answer_purity, penalty_on_top_answer
@@ -71,6 +63,7 @@ from medsrl.settings import (
     Flag,
     NonNegative,
     PositiveInt,
+    Settings,
     Text,
     at_least,
     nullable,
@@ -84,10 +77,52 @@ from medsrl.utils.distributed import all_reduce_sum, is_distributed
 log = logging.getLogger(__name__)
 
 
+class ClusteringSettings(Settings):
+    """How a response's cluster, and its size, are read from its store."""
+
+    mode: one_of(("cluster", "single", "answer")) = "cluster"
+    """cluster (reference) | single (ablation: the whole history is one cluster; on 0/1 rewards an
+    exact no-op, docs/MEDS.md) | answer (beyond the reference: size = earlier count of the same
+    extracted answer for the prompt; study v3's D1 bound)."""
+    k: PositiveInt = 3
+    """Neighbours in the k-NN vote (cosine) that predicts a response's cluster from the stored labels."""
+    min_cluster_size: at_least(2) = 2
+    """HDBSCAN's min_cluster_size."""
+    min_samples: PositiveInt = 1
+    """HDBSCAN's min_samples."""
+    noise_is_cluster: Flag = True
+    """HDBSCAN's noise points count as one cluster (reference), so a prompt whose errors never
+    cluster still accumulates pressure; false: noise gets size 0."""
+    dedup: Flag = False
+    """Beyond the reference: HDBSCAN and the k-NN vote over a store's distinct rows (one step's
+    identical responses are one point; sizes count every copy)."""
+
+
+class MemorySettings(Settings):
+    """What the memory keeps, and when its clusters are re-fitted."""
+
+    cap_per_key: nullable(PositiveInt) = None
+    """Rows kept per store (prompt key and correctness), oldest out; null: unbounded (reference)."""
+    refit: one_of(("background", "sync")) = "background"
+    """background (HDBSCAN re-fits in worker processes, off the step's critical path) | sync
+    (reference order); same penalties."""
+    refit_workers: PositiveInt = 1
+    """Worker processes for background re-fits."""
+    refit_growth: NonNegative = 0.0
+    """0: re-fit a store after every add (reference); f: only once the rows added since its last
+    fit reach f x the rows fitted (large stores: docs/BENCHMARKS.md)."""
+    reset_on_stage_change: Flag = False
+    """Empty the memory (and its answer counts) when the data's stage changes."""
+
+
 class Meds(Plugin):
     """Memory-enhanced dynamic reward shaping. Defaults are the reference's choices."""
 
     name = "meds"
+    # the flat keys of before, named by their new place when a config still sets one
+    moved = {**{k: f"{group}.{k}" for group, schema in (("features", FeatureSpec), ("clustering", ClusteringSettings),
+                                                         ("memory", MemorySettings)) for k in schema.model_fields},
+             "feature_dtype": "features.dtype", "feature_logits": "features.logits"}
 
     def __init__(
         self,
@@ -95,43 +130,18 @@ class Meds(Plugin):
             "penalty scale; paper: 0.1 (Qwen3-1.7B, Qwen2.5-Math-7B), 0.02 (Qwen3-8B)")] = 0.1,
         beta: Annotated[nullable(NonNegative), Doc(
             "cap of the penalty min(alpha * ln(|C| + 1), beta); null: 2 * alpha (reference)")] = None,
-        layers: FeatureLayers = 14,
-        diff: FeatureDiff = False,
-        final_norm: FeatureFinalNorm = False,
-        feature_dtype: FeatureDtypeSetting = "auto",
-        feature_logits: FeatureLogits = "answer",
         target: Annotated[one_of(TARGETS), Doc(
             "the responses the penalty applies to: wrong (reference) | right | both | none")] = "wrong",
-        noise_is_cluster: Annotated[Flag, Doc(
-            "HDBSCAN's noise points count as one cluster (reference), so a prompt whose errors never "
-            "cluster still accumulates pressure; false: noise gets size 0")] = True,
-        k: Annotated[PositiveInt, Doc(
-            "neighbours in the k-NN vote (cosine) that predicts a response's cluster from the stored "
-            "labels")] = 3,
-        min_cluster_size: Annotated[at_least(2), Doc("HDBSCAN's min_cluster_size")] = 2,
-        min_samples: Annotated[PositiveInt, Doc("HDBSCAN's min_samples")] = 1,
-        dedup: Annotated[Flag, Doc(
-            "beyond the reference: HDBSCAN and the k-NN vote over a store's distinct rows (one step's "
-            "identical responses are one point; sizes count every copy)")] = False,
-        cap_per_key: Annotated[nullable(PositiveInt), Doc(
-            "rows kept per store (prompt key and correctness), oldest out; null: unbounded "
-            "(reference)")] = None,
-        mode: Annotated[one_of(("cluster", "single", "answer")), Doc(
-            "cluster (reference) | single (ablation: the whole history is one cluster; on 0/1 rewards "
-            "an exact no-op, docs/MEDS.md) | answer (beyond the reference: size = earlier count of the "
-            "same extracted answer for the prompt; study v3's D1 bound)")] = "cluster",
         placement: Annotated[one_of(("score", "advantage")), Doc(
             "score (reference: the penalty before group normalisation, where its group mean cancels) "
             "| advantage (subtracted from wrong responses' advantages after normalisation, so the mean "
             "penalty survives; needs target=wrong)")] = "score",
-        refit: Annotated[one_of(("background", "sync")), Doc(
-            "background (HDBSCAN re-fits in worker processes, off the step's critical path) | sync "
-            "(reference order); same penalties")] = "background",
-        refit_workers: Annotated[PositiveInt, Doc(
-            "worker processes for background re-fits")] = 1,
-        refit_growth: Annotated[NonNegative, Doc(
-            "0: re-fit a store after every add (reference); f: only once the rows added since its last "
-            "fit reach f x the rows fitted (large stores: docs/BENCHMARKS.md)")] = 0.0,
+        features: Annotated[FeatureSpec, Doc(
+            "each response's answer feature, which the memory stores and clusters")] = FeatureSpec(),  # noqa: B008
+        clustering: Annotated[ClusteringSettings, Doc(
+            "a response's cluster and its size")] = ClusteringSettings(),  # noqa: B008 - never mutated
+        memory: Annotated[MemorySettings, Doc(
+            "the stores and their re-fits")] = MemorySettings(),  # noqa: B008 - never mutated
         mixed_groups_only: Annotated[Flag, Doc(
             "reference: groups all right / all wrong never reach MEDS (DAPO drops them); false: "
             "without dynamic sampling, shape and remember them too")] = True,
@@ -139,8 +149,6 @@ class Meds(Plugin):
             "beyond the reference: also remember the groups DAPO's filter drops (a no-grad forward "
             "over them; never trained on), so an error a prompt makes in every sample costs when it "
             "next gives a mixed group")] = False,
-        reset_on_stage_change: Annotated[Flag, Doc(
-            "empty the memory (and its answer counts) when the data's stage changes")] = False,
         snapshot_every_n_steps: Annotated[Count, Doc(
             "write the memory to <snapshot_dir>/memory/memory.npz every N steps (rank 0); "
             "0: never")] = 20,
@@ -155,15 +163,15 @@ class Meds(Plugin):
         if placement == "advantage" and target != "wrong":
             raise ValueError(f"meds.placement=advantage penalises wrong responses only; got target={target!r}")
         self.alpha, self.beta, self.target, self.placement = alpha, beta, target, placement
-        self.noise_is_cluster, self.k, self.mode = noise_is_cluster, k, mode
-        self.spec = FeatureSpec(layers=layers, diff=diff, final_norm=final_norm, dtype=feature_dtype,
-                                logits=feature_logits)
-        self.dedup = dedup
-        self.store = ClusteredMemory(cap_per_key, refit, refit_workers, min_cluster_size, min_samples, refit_growth,
-                                     dedup)
+        # Hydra passes mappings: the same schemas turn them into settings
+        self.features = FeatureSpec.model_validate(features)
+        self.clustering = ClusteringSettings.model_validate(clustering)
+        self.memory = MemorySettings.model_validate(memory)
+        c, m = self.clustering, self.memory
+        self.store = ClusteredMemory(m.cap_per_key, m.refit, m.refit_workers, c.min_cluster_size, c.min_samples,
+                                     m.refit_growth, c.dedup)
         self.mixed_groups_only = mixed_groups_only
         self.remember_dropped = remember_dropped
-        self.reset_on_stage_change = reset_on_stage_change
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self.panels_every_n_steps, self.panel_prompts = panels_every_n_steps, panel_prompts
         self.snapshot_dir = snapshot_dir
@@ -185,7 +193,7 @@ class Meds(Plugin):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.reader is None:
-            self.reader = AnswerFeatureReader(pl_module.policy, pl_module.tokenizer, self.spec,
+            self.reader = AnswerFeatureReader(pl_module.policy, pl_module.tokenizer, self.features,
                                               pl_module.grader_cfg.reasoning_end)
         algo = self._algo = pl_module.algorithm  # the micro-batch budget of the dropped groups' forward
         self._budget = dict(micro_batch_size=algo.micro_batch_size, max_tokens=algo.max_tokens_per_microbatch)
@@ -258,7 +266,7 @@ class Meds(Plugin):
 
     def enter_stage(self, stage: str | None) -> None:
         """At a stage change, reset the memory first (option), before anything reads it."""
-        if self.reset_on_stage_change and self._stage is not None and stage != self._stage:
+        if self.memory.reset_on_stage_change and self._stage is not None and stage != self._stage:
             log.info("MEDS memory reset at stage change %s -> %s", self._stage, stage)
             self.store.reset()
             self.answer_counts = {}
@@ -382,20 +390,20 @@ class Meds(Plugin):
                 continue  # first visit: size 0, the step only fills memory
             if not ok:
                 self._read_labels.append(entry.fitted_labels)
-            if self.mode == "answer":  # the answer-keyed memory: earlier count of the same answer
+            if self.clustering.mode == "answer":  # the answer-keyed memory: earlier count of the same answer
                 history = self.answer_counts if not ok else {}
                 sizes[js] = earlier_answer_counts([key] * len(js), [answers[rows[j]] for j in js], history)
                 continue
-            if self.mode == "single":
+            if self.clustering.mode == "single":
                 sizes[js] = single_cluster_sizes(len(entry), len(js))
                 continue
             stored, stored_labels = entry.fitted_features, entry.fitted_labels
-            if self.dedup:  # the vote among distinct rows; sizes still count every copy
+            if self.clustering.dedup:  # the vote among distinct rows; sizes still count every copy
                 first, _ = distinct_rows(stored)
                 stored, stored_labels = stored[first], stored_labels[first]
-            pred = predict_labels(stored, stored_labels, feats[js], k=self.k)
+            pred = predict_labels(stored, stored_labels, feats[js], k=self.clustering.k)
             labels[js] = pred
-            sizes[js] = cluster_sizes(entry.fitted_labels, pred, noise_is_cluster=self.noise_is_cluster)
+            sizes[js] = cluster_sizes(entry.fitted_labels, pred, noise_is_cluster=self.clustering.noise_is_cluster)
         return sizes, labels
 
     def step_additions(self, rollouts: StepRollouts, ctx: StepContext):
