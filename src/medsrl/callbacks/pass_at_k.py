@@ -85,8 +85,10 @@ class PassAtKValidation(Callback):
             specs = [p.features for p in getattr(pl_module, "plugins", [])
                      if isinstance(getattr(p, "features", None), FeatureSpec)]
             values["features"] = specs[0] if specs else FeatureSpec()
+        elif isinstance(values["features"], dict):
+            values["features"] = FeatureSpec.model_validate(values["features"])
         values["max_new_tokens"] = values["max_new_tokens"] or pl_module.rollout_cfg.max_new_tokens
-        self.sampling = SamplingSpec.model_validate(values)
+        self.sampling = SamplingSpec.model_construct(**values)  # checked at start, as this class's settings
 
     def on_train_start(self, trainer, pl_module) -> None:
         if trainer.global_step == 0 and self.at_start:
