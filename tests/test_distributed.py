@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from medsrl.plugins.rounds import batch_share
+from medsrl.plugins.host import batch_share
 from run_helpers import (
     CPU_TWO_PROCESSES,
     TWO_RANK_RUN,

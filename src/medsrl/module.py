@@ -34,7 +34,6 @@ from medsrl.models.sharding import (
     shard_policy,
 )
 from medsrl.plugins import Plugin, PluginHost, StepContext
-from medsrl.plugins.rounds import fill_batch
 from medsrl.reward.grader import MathGrader
 from medsrl.reward.settings import GraderConfig
 from medsrl.rollout.base import SamplingParams, sync_engine
@@ -97,6 +96,7 @@ class RLModule(L.LightningModule):
         self.lora = lora.is_lora(policy)
         self.merge_on_export = merge_on_export
         r = self.rollout_cfg
+        self.update_cfg = UpdateConfig(self.algorithm, self.optim_cfg.grad_clip, r.max_new_tokens)
         check_engine_correction(self.algorithm.engine_is_cap, r.logprobs, r.temperature, r.top_p)
         self.save_hyperparameters({
             "algorithm": self.algorithm.model_dump(exclude={"plugins"}), "plugins": [p.name for p in self.plugins],
@@ -219,7 +219,7 @@ class RLModule(L.LightningModule):
         sample = partial(self._sample, step, timer)  # (prompts, round) -> this rank's groups
         groups = sample(prompts, 0)
         ctx.metrics["zero_spread_group_frac"] = zero_spread_group_frac(groups)
-        groups = fill_batch(groups, sample, self.trainer.datamodule, self.plugins, ctx)
+        groups = self.host.fill_batch(groups, sample, self.trainer.datamodule, ctx)
         self.engine.release()  # sampling is over: the engine's memory goes to scoring and the update
         groups, balance = balance_groups(groups, self.algorithm.mini_batch_prompts)  # ranks: like tokens
         ctx.metrics.update(balance)
@@ -265,8 +265,7 @@ class RLModule(L.LightningModule):
             advantages = self.host.shape_advantages(rollouts, advantages, ctx)
             ctx.metrics.update(shaping_metrics(self.algorithm, inputs, rollouts, advantages))
         with timer("update"):
-            cfg = UpdateConfig(self.algorithm, self.optim_cfg.grad_clip, self.rollout_cfg.max_new_tokens)
-            ctx.metrics.update(policy_update(self.policy, stepper, rollouts, advantages, cfg, self.guard))
+            ctx.metrics.update(policy_update(self.policy, stepper, rollouts, advantages, self.update_cfg, self.guard))
         with timer("sync"):
             self.sync_engine()
         self.last_rollouts = rollouts

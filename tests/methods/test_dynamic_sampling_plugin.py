@@ -1,4 +1,4 @@
-"""DAPO's filter (a plug-in) and its refill rounds (a loop of the step, ``plugins/rounds.py``), with
+"""DAPO's filter (a plug-in) and its refill rounds (a loop of the step, ``PluginHost.fill_batch``), with
 generation faked by hand-made groups."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from medsrl.data.example import Prompt
 from medsrl.methods.dynamic_sampling import DynamicSampling
 from medsrl.plugins.base import StepContext
-from medsrl.plugins.rounds import batch_share, fill_batch
+from medsrl.plugins.host import PluginHost, batch_share
 from medsrl.reward.grader import GradeResult
 from medsrl.rollout.base import RolloutBatch
 from medsrl.step.metrics import PhaseTimer
@@ -30,7 +30,7 @@ def _ctx(rounds: dict[int, list[Group]], num_prompts: int):
 
 
 def _fill(first: list[Group], max_rounds: int, ctx, sample, dm) -> list[Group]:
-    return fill_batch(first, sample, dm, [DynamicSampling(max_rounds=max_rounds)], ctx)
+    return PluginHost([DynamicSampling(max_rounds=max_rounds)]).fill_batch(first, sample, dm, ctx)
 
 
 def test_spread_means_both_right_and_wrong():

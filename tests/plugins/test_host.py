@@ -11,7 +11,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from medsrl.plugins import Plugin, PluginHost, StepContext
-from medsrl.plugins.rounds import fill_batch
 from medsrl.step.metrics import PhaseTimer
 
 
@@ -56,7 +55,7 @@ def test_hooks_run_in_order_and_additions_commit_once_per_step():
             calls.append(self.name)
             return groups + [self.name]
 
-    assert fill_batch([], None, None, PluginHost([Tag("a"), Tag("b")]).plugins, _ctx()) == ["a", "b"]
+    assert PluginHost([Tag("a"), Tag("b")]).fill_batch([], None, None, _ctx()) == ["a", "b"]
     assert calls == ["a", "b"]
     counter = KeyCounter()
     PluginHost([counter]).commit(SimpleNamespace(keys=["x", "x", "y"]), _ctx())

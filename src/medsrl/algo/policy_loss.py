@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 import torch
@@ -84,6 +85,19 @@ def _factory_options(factory: Callable[..., TokenReducer]) -> set[str]:
     return set(inspect.signature(factory).parameters)
 
 
+def _own_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` less those of the loss's stats' factories (not passed to the loss)."""
+    taken = set().union(*(_factory_options(f) for f in POLICY_LOSS_STATS[name].values()))
+    return {k: v for k, v in options.items() if k not in taken}
+
+
+def policy_loss(algo: Any) -> Callable[..., PolicyLossOutput]:
+    """``algo.policy_loss`` with its settings bound, resolved once per run: the clip settings it
+    names and its own ``policy_loss_options``. Called ``(logp, old_logp, advantages, mask, **stats)``."""
+    name = algo.policy_loss
+    return partial(_lookup(name), **clip_settings(name, algo), **_own_options(name, algo.policy_loss_options))
+
+
 def policy_loss_reducers(name: str, options: dict[str, Any]) -> dict[str, TokenReducer]:
     """The per-token reducers the loss ``name`` needs from the scoring forward, built from
     ``options`` (``algorithm.policy_loss_options``); empty for most losses."""
@@ -106,9 +120,7 @@ def compute_policy_loss(
     """Per-token loss from the policy loss registered as ``name``; ``advantages`` [B] or [B,T].
     ``options``: its own (checked at start against ``POLICY_LOSS_OPTIONS[name]``), its clip
     settings and token stats; those of its stats' factories are not passed on."""
-    fn = _lookup(name)
-    taken = set().union(*(_factory_options(f) for f in POLICY_LOSS_STATS[name].values()))
-    return fn(logp, old_logp, advantages, mask, **{k: v for k, v in options.items() if k not in taken})
+    return _lookup(name)(logp, old_logp, advantages, mask, **_own_options(name, options))
 
 
 def clamped_log_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:

@@ -1,6 +1,6 @@
 """DAPO dynamic sampling: keep only the trainable groups (``Group.trainable``: responses differ in
 accuracy, or a plug-in listed before it kept the group); the step samples extra rounds of prompts
-until its batch is full or ``max_rounds`` ran (``plugins/rounds.py``). Dropped groups go to
+until its batch is full or ``max_rounds`` ran (``PluginHost.fill_batch``). Dropped groups go to
 ``ctx.dropped`` (MEDS can remember them)."""
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ class Plugin(Callback):
     # does may an on-policy step skip that forward (``RLModule.scoring_forward_needed``).
     reads_scoring_forward: bool = True
     # A filter that has the step generate extra rounds until the batch is full again (DAPO), at
-    # most this many; None: not such a filter (plugins/rounds.py)
+    # most this many; None: not such a filter (``PluginHost.fill_batch``)
     max_rounds: int | None = None
 
     @property
@@ -94,7 +94,7 @@ class Plugin(Callback):
 
     def transform_groups(self, groups: list[Group], ctx: StepContext) -> list[Group]:
         """The step's groups (this rank's share), changed; return the list to keep. Before DAPO's
-        filter: called once per generation round (``plugins/rounds.py``)."""
+        filter: called once per generation round (``PluginHost.fill_batch``)."""
         return groups
 
     def batch_filled(self, extra_rounds: int, kept: float, ctx: StepContext) -> None:

@@ -1,7 +1,7 @@
 """Balanced ranks: once the step's batch is filled, whole groups are re-dealt across ranks so that
 every rank scores and updates about the same number of tokens (verl's ``_balance_batch``, by groups
 instead of sequences). Without it, DAPO's fill leaves the last round's groups on the low ranks
-(``plugins/rounds.py`` ``batch_share``) and the other ranks wait for them in every collective.
+(``plugins/host.py`` ``batch_share``) and the other ranks wait for them in every collective.
 
 Every rank computes the same deal from every rank's ``(origin, tokens)`` list (one all-gather),
 and only the groups that change rank travel (a second all-gather, skipped when none does). One

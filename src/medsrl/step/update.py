@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import torch
 
-from medsrl.algo import aggregate_loss, compute_policy_loss, kl_estimate, masked_mean
+from medsrl.algo import aggregate_loss, kl_estimate, masked_mean
 from medsrl.algo.engine_correction import engine_is_stats
 from medsrl.algo.engine_correction import engine_is_weights as weights_of_mode
-from medsrl.algo.policy_loss import POLICY_LOSS_STATS, clip_settings
+from medsrl.algo.policy_loss import POLICY_LOSS_STATS, PolicyLossOutput, policy_loss
 from medsrl.models.sharding import grad_norm, is_sharded
 from medsrl.step.micro_batches import padding_fraction
 from medsrl.step.rollouts import SAMPLED, StepRollouts
@@ -40,6 +42,11 @@ class UpdateConfig:
     grad_clip: float  # optim.grad_clip (0: off)
     max_new_tokens: int  # rollout.max_new_tokens: the length normaliser of some loss aggregations
 
+    @cached_property
+    def loss(self) -> Callable[..., PolicyLossOutput]:
+        """The policy loss with its options, resolved once (:func:`policy_loss`)."""
+        return policy_loss(self.algorithm)
+
 
 def micro_loss(policy, cfg: UpdateConfig, rollouts: StepRollouts, advantages, rows, num_tokens: float, num_seqs: float):
     """The loss of ``rows`` (with grad) and its detached metrics."""
@@ -52,10 +59,7 @@ def micro_loss(policy, cfg: UpdateConfig, rollouts: StepRollouts, advantages, ro
     stats = {k: rollouts.token_stats[k][rows] for k in POLICY_LOSS_STATS.get(algo.policy_loss, {})}
     # no scoring forward (``RLModule.scoring_forward_needed``): on-policy, old = current
     old_logp = logp.detach() if rollouts.old_logp is None else rollouts.old_logp[rows]
-    pl = compute_policy_loss(
-        algo.policy_loss, logp, old_logp, advantages[rows], mask,
-        **clip_settings(algo.policy_loss, algo), **algo.policy_loss_options, **stats,
-    )
+    pl = cfg.loss(logp, old_logp, advantages[rows], mask, **stats)
     loss_mat = pl.loss_mat if rollouts.loss_weights is None else pl.loss_mat * rollouts.loss_weights[rows]
     is_stats = {}
     if algo.engine_is_cap is not None:  # the engine sampled from a slightly different policy

@@ -15,7 +15,7 @@ from medsrl.methods.dynamic_sampling import DynamicSampling
 from medsrl.methods.r3.history import StoredResponse
 from medsrl.methods.r3.plugin import R3
 from medsrl.plugins.base import StepContext
-from medsrl.plugins.rounds import fill_batch
+from medsrl.plugins.host import PluginHost
 from medsrl.reward.grader import GradeResult
 from medsrl.rollout.base import RolloutBatch
 from medsrl.step.metrics import PhaseTimer
@@ -108,7 +108,7 @@ def test_groups_of_dapos_extra_rounds_pass_through_r3_first():
     dm = SimpleNamespace(extra_prompts=lambda step, r, k: [f"x{r}"] * k)
     ctx = _ctx(num_prompts=2)
     first = [_group("a", [1, 0, 0, 1]), _group("z", [1, 1, 1, 1])]
-    kept = fill_batch(first, lambda prompts, r: extra[r], dm, [r3, DynamicSampling(max_rounds=3)], ctx)
+    kept = PluginHost([r3, DynamicSampling(max_rounds=3)]).fill_batch(first, lambda prompts, r: extra[r], dm, ctx)
     # round 0 keeps a; round 1's all-wrong b is rescued by replay before the filter and kept
     assert [g.prompt.key for g in kept] == ["a", "b"] and kept[1].source[-1] == "r3"
     assert ctx.metrics["r3/replay/rescued_groups"] == 1
