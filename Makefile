@@ -128,8 +128,8 @@ $(TRL_STAMP): pyproject.toml $(LOCK)
 bench-trl: $(TRL_STAMP) ## Peer benchmark: medsrl vs TRL's GRPOTrainer, in its own env (.venv-trl)
 	$(VLLM_ENV) $(TRL_VENV)/bin/python benchmarks/peer_trl.py $(ARGS)
 
-lint: install ## Ruff over src, tests and benchmarks
-	$(BIN)/ruff check src tests benchmarks
+lint: install ## Ruff over src, tests, benchmarks and studies
+	$(BIN)/ruff check src tests benchmarks studies
 
 tensorboard: install ## TensorBoard over every run under logs/
 	$(BIN)/tensorboard --logdir logs --bind_all
