@@ -124,8 +124,8 @@ def policy_dir(cfg) -> Path:
 
 def overlong_plugin(run):
     """DAPO's overlong plug-in as the run builds it (its class's defaults for keys not set), or None."""
-    built = run.plugins.get("overlong")
-    return None if built is None else built[0](**dict(built[1]))
+    built = run.algorithm.plugins.get("overlong")
+    return None if built is None else built.cls(**dict(built.settings))
 
 
 def settings(cfg) -> dict:
@@ -136,7 +136,7 @@ def settings(cfg) -> dict:
 
     run = RunConfig.parse(cfg)
     algo, optim, rollout, grader = run.algorithm, run.optim, run.rollout, run.grader
-    plugins = sorted(run.plugins)
+    plugins = sorted(run.algorithm.plugins)
     problems = []
     if set(plugins) - MIRRORED_PLUGINS:
         problems.append(f"plug-ins {sorted(set(plugins) - MIRRORED_PLUGINS)} have no TRL counterpart here")
@@ -348,7 +348,7 @@ def trl_side(cfg, steps: int, out: Path) -> TrlSide:
 
     s = settings(cfg)
     path = policy_dir(cfg)
-    datamodule = MathDataModule.from_config(RunConfig.parse(cfg).data)
+    datamodule = MathDataModule(RunConfig.parse(cfg).data)
     prompts = [p for step in range(steps) for p in datamodule.prompts_for_step(step)]
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     medsrl_tok = load_tokenizer(str(path))

@@ -29,7 +29,7 @@ EXPECTED_PLUGINS = {
 def test_preset_composes_into_settings_and_plugins_in_order(tmp_path, name):
     cfg = compose_train(tmp_path, [f"algorithm={name}"], debug=None)
     run = RunConfig.parse(cfg)  # valid names and values
-    plugins = build_plugins(run.plugins)
+    plugins = build_plugins(run.algorithm.plugins)
     assert [p.name for p in plugins] == EXPECTED_PLUGINS[name]
 
 

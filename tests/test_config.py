@@ -42,7 +42,7 @@ def test_the_generated_files_are_current():
     presets on the old value, and the reference wrong."""
     from omegaconf import OmegaConf
 
-    from medsrl.run_config import DEFAULTS_SCHEMAS, WRITE, defaults_path, generated_files
+    from medsrl.config_files import DEFAULTS_SCHEMAS, WRITE, defaults_path, generated_files
 
     for path, text in generated_files().items():
         assert path.is_file() and path.read_text() == text, f"{path} is out of date: regenerate it with `{WRITE}`"
@@ -55,7 +55,7 @@ def test_presets_list_only_what_they_change():
     """A preset that extends its section's defaults (not another preset) repeats none of them."""
     from omegaconf import OmegaConf
 
-    from medsrl.run_config import DEFAULTS_SCHEMAS, defaults_path
+    from medsrl.config_files import DEFAULTS_SCHEMAS, defaults_path
 
     repeated = []
     for group in DEFAULTS_SCHEMAS:

@@ -20,7 +20,7 @@ LAYERS = [
     {"plugins"},
     {"methods", "evaluation"},  # side by side: neither imports the other
     {"callbacks", "module"},
-    {"train", "eval", "export", "plan", "warmstart", "run_config"},
+    {"train", "eval", "export", "plan", "warmstart", "run_config", "config_files"},
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -9,6 +9,7 @@ import torch
 from medsrl.algo.settings import AlgorithmConfig
 from medsrl.data.arithmetic import generate_arithmetic
 from medsrl.data.datamodule import MathDataModule
+from medsrl.data.settings import DataConfig
 from medsrl.methods.dynamic_sampling import DynamicSampling
 from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.loading import load_tokenizer, random_model_like
@@ -23,12 +24,12 @@ pytestmark = pytest.mark.slow
 
 
 def _datamodule(n_prompts: int = 2) -> MathDataModule:
-    return MathDataModule(
+    return MathDataModule(DataConfig(
         stages=[{"name": "A", "start_step": 0, "datasets": [
             {"name": "a", "weight": 1.0, "source": generate_arithmetic(16, level=1, seed=0, split="train")}]}],
         val=None,
         prompts_per_step=n_prompts,
-    )
+    ))
 
 
 def _fit(module: RLModule, dm: MathDataModule, steps: int = 1) -> L.Trainer:

@@ -146,11 +146,12 @@ def test_missing_unknown_and_related_values():
 
 
 def test_plugins_are_checked_by_their_target_under_any_key():
+    steer = {"_target_": "medsrl.methods.steer.Steer", "low": 1.2, "high": 0.8}
     found = problems({"algorithm": {"plugins": {
         "memory": {"_target_": MEDS, "alpha": -0.1, "clustering": {"k": 0, "min_cluster_size": 1, "mode": "x"}},
         "dyn": {"_target_": "medsrl.methods.dynamic_sampling.DynamicSampling", "max_rounds": -1},
         "r3": {"_target_": "medsrl.methods.r3.plugin.R3", "ranking": {"p": 0}, "replay": {"lam": 0}},
-        "steer": {"_target_": "medsrl.methods.steer.Steer", "low": 1.2, "high": 0.8},
+        "steer": steer,
         "typo": {"_target_": MEDS, "alhpa": 0.1},
         "gone": {"_target_": "medsrl.plugins.nothing.Here"},
         "settings_only": {"alpha": -1},  # no _target_: not a plug-in of this run (ignored, as in train)
@@ -162,10 +163,12 @@ def test_plugins_are_checked_by_their_target_under_any_key():
     assert "algorithm.plugins.dyn.max_rounds must be an int >= 0, got -1" in found
     assert "algorithm.plugins.r3.ranking.p must be a number in (0, 1], got 0" in found
     assert "algorithm.plugins.r3.replay.lam must be a positive number, got 0" in found
-    assert "algorithm.plugins.steer.low must be <= algorithm.plugins.steer.high (0.8), got 1.2" in found
     assert any(f.startswith("algorithm.plugins.typo.alhpa is not a setting of Meds") for f in found)
     assert "algorithm.plugins.gone._target_ must be a medsrl Plugin class, got 'medsrl.plugins.nothing.Here'" in found
-    assert len(found) == 10, found
+    assert len(found) == 9, found
+    # a bound between settings: checked on the typed run, once every section parses
+    assert problems({"algorithm": {"plugins": {"steer": steer}}}) == [
+        "algorithm.plugins.steer.low must be <= algorithm.plugins.steer.high (0.8), got 1.2"]
 
 
 def test_a_generator_source_names_its_dataset_and_generator():
@@ -326,7 +329,7 @@ def test_lora_targets_of_a_real_architecture_are_checked_from_its_shape(tmp_path
 # ---------------------------------------------------------------- parsed once, read typed
 
 # The entry layer: the modules that turn a composed config into a RunConfig (tests/test_import_layers.py's top layer).
-ENTRY_LAYER = ("train.py", "eval.py", "warmstart.py", "run_config.py", "plan/", "study/")
+ENTRY_LAYER = ("train.py", "eval.py", "warmstart.py", "run_config.py", "config_files.py", "plan/", "study/")
 # Keys that name a setting but are read from other mappings (each with what it reads)
 NOT_CONFIG = {("data/datamodule.py", "stages"): "the datamodule's checkpoint state",
               ("models/loading.py", "model"): "a tokenizer.json's model section"}
@@ -380,23 +383,42 @@ def test_no_setting_is_read_with_a_default_below_the_entry_layer():
     assert not found, found
 
 
-def test_a_run_parses_its_config_once(tmp_path):
+def test_a_run_parses_its_config_once(tmp_path, monkeypatch):
     """One training run (two steps, validation, a checkpoint, a resume's worth of state) builds
-    each settings class of its config once, at the start: nothing below re-parses a section."""
-    from medsrl import settings
+    its settings once, at the start: nothing below parses a section again (every build of a
+    settings class is counted, by ``model_validate`` or by its constructor)."""
+    from collections import Counter
+
+    from pydantic import BaseModel
+
+    from medsrl.settings import Settings
     from medsrl.train import train
 
+    built: Counter[str] = Counter()
+    validate, init = Settings.model_validate.__func__, Settings.__init__
+
+    def counted_validate(cls, *args, **kwargs):
+        built[cls.__qualname__] += 1
+        return validate(cls, *args, **kwargs)
+
+    def counted_init(self, *args, **kwargs):
+        built[type(self).__qualname__] += 1
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Settings, "model_validate", classmethod(counted_validate))
+    monkeypatch.setattr(Settings, "__init__", counted_init)
     cfg = compose_train(tmp_path / "run", ["algorithm=meds", "algorithm.plugins.dynamic_sampling=null",
                                            "+callbacks.pass_at_k.features=null"])
-    settings.BUILT.clear()
     RunConfig.parse(cfg)
-    at_start = dict(settings.BUILT)
-    settings.BUILT.clear()
+    at_start = dict(built)
+    built.clear()
     train(cfg)
-    run = dict(settings.BUILT)
-    sections = {"RunConfig", "AlgorithmSection", "RolloutConfig", "VLLMConfig", "OptimConfig", "GraderConfig",
-                "ModelConfig", "LoraSettings", "DataConfig", "Stage", "Dataset", "PromptTemplate", "TrainerSettings",
-                "Meds", "OverlongPenalty", "PassAtKValidation"}
-    assert sections <= set(at_start), sorted(at_start)
-    assert {k: run[k] for k in sections if k in run} == {k: at_start[k] for k in sections if k in run}
-    assert run["RunConfig"] == 1 and "AlgorithmConfig" not in run
+    assert {"RunConfig", "Meds", "OverlongPenalty", "PassAtKValidation"} <= set(at_start), sorted(at_start)
+    sections, todo = set(at_start), [RunConfig]  # and every section a RunConfig holds
+    while todo:
+        model = todo.pop()
+        sections.add(model.__qualname__)
+        todo += [t for f in model.model_fields.values() for t in _models(f.annotation)
+                 if issubclass(t, BaseModel) and t.__qualname__ not in sections]
+    again = {k: built[k] for k in sections if built[k] != at_start.get(k, 0)}
+    assert not again, again  # train(cfg) parses once, as at the start, and builds no section again

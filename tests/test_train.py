@@ -134,7 +134,7 @@ def test_plugins_are_built_in_order_named_by_their_keys(caplog):
         "bonus": {"_target_": "medsrl.methods.entropy_bonus.EntropyBonus", "coef": 0.2},
     }
     with caplog.at_level("WARNING"):
-        plugins = build_plugins(RunConfig.parse({**BASE_CONFIG, "algorithm": {"plugins": group}}).plugins)
+        plugins = build_plugins(RunConfig.parse({**BASE_CONFIG, "algorithm": {"plugins": group}}).algorithm.plugins)
     assert [(p.name, type(p).__name__) for p in plugins] == [
         ("overlong", "OverlongPenalty"), ("bonus", "EntropyBonus")]
     assert plugins[1].coef == 0.2
@@ -206,7 +206,7 @@ def test_skip_if_done_continues_an_interrupted_run_from_its_last_checkpoint(tmp_
 
 
 def test_skip_if_done_refuses_a_dir_of_a_run_with_other_settings(tmp_path):
-    from medsrl.train import check_identity
+    from medsrl.utils.rerun import check_identity
 
     out = tmp_path / "run"
     check_identity(compose_train(out, ["skip_if_done=true"]), out)

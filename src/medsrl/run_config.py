@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import importlib
 import logging
+from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
-from omegaconf import DictConfig, OmegaConf
-from pydantic import BaseModel, Field, PrivateAttr, ValidationError
+from omegaconf import DictConfig
+from pydantic import BaseModel, BeforeValidator, Field, InstanceOf, ValidationError
 
 from medsrl.algo.settings import AlgorithmConfig
 from medsrl.data.settings import DataConfig, Source
@@ -32,13 +33,13 @@ from medsrl.settings import (
     Settings,
     Text,
     bound_problems,
-    help_of,
     lookup,
     message,
     must,
     nullable,
     one_of,
     plain,
+    raise_problems,
     settings_model,
 )
 from medsrl.step.settings import OptimConfig
@@ -46,6 +47,71 @@ from medsrl.step.settings import OptimConfig
 log = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+# --------------------------------------------------------------------------- instantiated classes
+
+
+class Built(NamedTuple):
+    """A ``{_target_: class, settings}`` node, checked: the class and its settings, parsed from
+    its annotated ``__init__`` (None: a library class pydantic cannot read; Hydra builds it)."""
+
+    cls: type
+    settings: BaseModel | None
+
+
+def target_class(target: Any) -> type | None:
+    """The class a ``_target_`` names, or None when it cannot be imported."""
+    if not isinstance(target, str) or "." not in target:
+        return None
+    module, name = target.rsplit(".", 1)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def _built(node: dict, where: str, base: type | None) -> tuple[Built | None, list[str]]:
+    """``(node as Built, problems)``; ``base``: the class it must be."""
+    cls, kind = target_class(node["_target_"]), "a medsrl Plugin" if base is Plugin else "an importable"
+    if cls is None or (base is not None and not (isinstance(cls, type) and issubclass(cls, base))):
+        return None, [f"{where}._target_ must be {kind} class, got {node['_target_']!r}"]
+    try:
+        schema = settings_model(cls)
+    except Exception:  # an annotation pydantic cannot check (a library's class): Hydra builds it
+        return Built(cls, None), []
+    try:
+        return Built(cls, schema.model_validate({k: v for k, v in node.items() if not k.startswith("_")})), []
+    except ValidationError as err:
+        return None, [message(schema, e, where, cls.__name__) for e in err.errors()]
+
+
+def _nodes(section: Any, group: str) -> dict[str, dict]:
+    """The entries of a group of named ``_target_`` nodes. A null entry is not built, nor one
+    without ``_target_``: settings an experiment gives a plug-in this run does not choose."""
+    nodes = {}
+    for name, node in (section or {}).items():
+        if isinstance(node, dict) and "_target_" in node:
+            nodes[str(name)] = node
+        elif node is not None:
+            log.warning("%s.%s has settings but no _target_: not built in this run, ignored", group, name)
+    return nodes
+
+
+def _group(group: str, base: type | None, section: Any) -> dict[str, Built]:
+    if section is not None and not isinstance(section, dict):
+        raise_problems([f"{group} must be a mapping {{name: {{_target_: class, settings}}}}, got {section!r}"])
+    built, found = {}, []
+    for name, node in _nodes(section, group).items():
+        built[name], bad = _built(node, f"{group}.{name}", base)
+        found += bad
+    raise_problems(found)
+    return built
+
+
+def nodes(group: str, base: type | None = None) -> Any:
+    """``{name: Built}`` from the named ``{_target_: class, settings}`` nodes of ``group``."""
+    return Annotated[dict[str, InstanceOf[Built]], BeforeValidator(partial(_group, group, base))]
+
 
 # --------------------------------------------------------------------------- sections
 
@@ -86,53 +152,8 @@ class Paths(Open):
 
 
 class AlgorithmSection(AlgorithmConfig):
-    plugins: dict[str, Any] | None = {}
+    plugins: nodes("algorithm.plugins", Plugin) = {}
     """The plug-ins, in order: {name: {_target_: class, its settings}}; each checked by its class."""
-
-
-# --------------------------------------------------------------------------- instantiated classes
-
-
-def _class(target: Any) -> type | None:
-    """The class a ``_target_`` names, or None when it cannot be imported."""
-    if not isinstance(target, str) or "." not in target:
-        return None
-    module, name = target.rsplit(".", 1)
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return None
-
-
-def instantiated(node: dict, where: str, run: dict, base: type | None = None) -> tuple[Any, list[str]]:
-    """``(the class's settings, problems)`` of a ``{_target_: class, settings}`` node: its
-    settings checked against the class's annotated ``__init__`` (:func:`settings_model`);
-    ``base``: the class it must be."""
-    cls, kind = _class(node["_target_"]), "a medsrl Plugin" if base is Plugin else "an importable"
-    if cls is None or (base is not None and not (isinstance(cls, type) and issubclass(cls, base))):
-        return None, [f"{where}._target_ must be {kind} class, got {node['_target_']!r}"]
-    try:
-        schema = settings_model(cls)
-    except Exception:  # an annotation pydantic cannot check (a library's class): Hydra builds it
-        return None, []
-    values = {k: v for k, v in node.items() if not k.startswith("_")}
-    try:
-        settings = schema.model_validate(values)
-    except ValidationError as err:
-        return None, [message(schema, e, where, cls.__name__) for e in err.errors()]
-    return (cls, settings), bound_problems(settings, where, run)
-
-
-def _nodes(section: Any, group: str) -> dict[str, dict]:
-    """The entries of a group of named ``_target_`` nodes. A null entry is not built, nor one
-    without ``_target_``: settings an experiment gives a plug-in this run does not choose."""
-    nodes = {}
-    for name, node in (section or {}).items() if isinstance(section, dict) else ():
-        if isinstance(node, dict) and "_target_" in node:
-            nodes[str(name)] = node
-        elif node is not None:
-            log.warning("%s.%s has settings but no _target_: not built in this run, ignored", group, name)
-    return nodes
 
 
 # --------------------------------------------------------------------------- the training run
@@ -162,52 +183,29 @@ class RunConfig(Open):
     data: DataConfig
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)
     grader: GraderConfig = Field(default_factory=GraderConfig)
-    callbacks: dict[str, Any] | None = None
+    callbacks: nodes("callbacks") = {}
     """Lightning callbacks by name ({_target_, settings}); medsrl's own are checked by their signatures."""
     logger: dict[str, Any] | None = None
     """Lightning loggers by name (logger=tensorboard | csv | wandb | many)."""
     paths: Paths = Field(default_factory=Paths)
 
-    _plugins: dict[str, tuple[type, BaseModel]] = PrivateAttr(default_factory=dict)
-    _callbacks: dict[str, tuple[type, BaseModel]] = PrivateAttr(default_factory=dict)
-
-    @property
-    def plugins(self) -> dict[str, tuple[type, BaseModel]]:
-        """``{name: (plug-in class, its settings)}`` of ``algorithm.plugins``, in order."""
-        return self._plugins
-
-    @property
-    def callback_settings(self) -> dict[str, tuple[type, BaseModel]]:
-        """``{name: (callback class, its settings)}`` of ``callbacks``."""
-        return self._callbacks
-
     @classmethod
     def parse(cls, cfg: DictConfig | dict, *checks) -> RunConfig:
-        """The run's settings, or one ``ValueError`` naming every problem (``checks``: more
-        checks of the typed run, e.g. ``train.lora_target_problems``)."""
+        """The run's settings, or one ``ValueError`` naming every problem; once the sections
+        parse, the checks that span them run on the typed run (``checks``: more of them, e.g.
+        ``train.lora_target_problems``)."""
         missing: list[str] = []
         values = plain(cfg, missing) if isinstance(cfg, DictConfig) else dict(cfg)
         found = [f"{key} must be set (it is ???)" for key in missing]
-        typed = {}
-        for group, base, into in (("algorithm.plugins", Plugin, "_plugins"), ("callbacks", None, "_callbacks")):
-            typed[into] = {}
-            for name, node in _nodes(lookup(values, group), group).items():
-                built, bad = instantiated(node, f"{group}.{name}", values, base)
-                found += bad
-                if built is not None:
-                    typed[into][name] = built
-        found += precision_problems(values) + logger_problems(values)
         run = None
         try:
             run = cls.model_validate(values)
         except ValidationError as err:
             found += [_dataset_named(message(cls, e, "", ""), e["loc"], values) for e in err.errors()]
         if run is not None and not found:
-            for check in checks:
+            for check in (bound_checks, precision_problems, logger_problems, *checks):
                 found += check(run)
         _raise(found, "training")
-        for into, built in typed.items():
-            setattr(run, into, built)
         return run
 
 
@@ -228,11 +226,18 @@ def _raise(found: list[str], what: str) -> None:
         raise ValueError(f"{len(found)} bad value(s) in the {what} config:\n  {listed}")
 
 
+def bound_checks(run: RunConfig) -> list[str]:
+    """The bounds (:func:`medsrl.settings.below`) of the plug-ins' and callbacks' settings."""
+    return [problem for group, built in (("algorithm.plugins", run.algorithm.plugins), ("callbacks", run.callbacks))
+            for name, (_, settings) in built.items() if settings is not None
+            for problem in bound_problems(settings, f"{group}.{name}", run)]
+
+
 LOW_PRECISION_WEIGHTS = ("bfloat16", "bf16", "float16", "fp16", "half", "16")
 PURE_16BIT_PRECISIONS = ("bf16-true", "16-true")
 
 
-def precision_problems(run: dict) -> list[str]:
+def precision_problems(run: RunConfig) -> list[str]:
     """16-bit master weights train only when asked for by name (``model.allow_16bit_weights``).
 
     AdamW's update at lr 1e-6 is far below one bf16 step of a weight of size 0.02, so pure bf16
@@ -240,15 +245,14 @@ def precision_problems(run: dict) -> list[str]:
     ``trainer.precision=bf16-mixed`` compute in bf16 and keep every update. With LoRA the masters
     are the adapters (``model.dtype``); a 16-bit frozen base (``model.lora.base_dtype``, bf16 by
     default under bf16-mixed) loses nothing, no update reaching it."""
-    if lookup(run, "model.allow_16bit_weights") is True or lookup(run, "optim.optimizer.lr") == 0:
+    if run.model.allow_16bit_weights or run.optim.optimizer.lr == 0:
         return []
-    dtype = str(lookup(run, "model.dtype")).lower().removeprefix("torch.")
-    precision = str(lookup(run, "trainer.precision")).lower()
-    lora = lookup(run, "model.lora.r") not in (None, 0)
+    dtype = str(run.model.dtype).lower().removeprefix("torch.")
+    precision = str(run.trainer.precision).lower()
     found = []
     if dtype in LOW_PRECISION_WEIGHTS:
         whose = ("the LoRA adapters (the only trained weights; the frozen base's dtype is model.lora.base_dtype)"
-                 if lora else "the master weights")
+                 if run.model.lora.enabled else "the master weights")
         found.append(f"model.dtype={dtype} keeps {whose} and AdamW states in 16 bits: updates "
                      "smaller than one bf16 step are lost (about 98 % of weights unchanged at lr 1e-6, "
                      "docs/GPU.md); use model.dtype=float32 with trainer.precision=bf16-mixed, or set "
@@ -260,14 +264,14 @@ def precision_problems(run: dict) -> list[str]:
     return found
 
 
-def logger_problems(run: dict) -> list[str]:
+def logger_problems(run: RunConfig) -> list[str]:
     """A logger whose package is not installed: W&B (``logger=wandb`` / ``many``) is the
     ``wandb`` extra, so say how to install it rather than fail in Lightning's constructor."""
     from medsrl.utils.wandb_log import INSTALL_HINT, is_wandb_target, wandb_installed
 
     return [f"logger.{name} ({node['_target_']}) needs the wandb package, which is not installed: "
             f"{INSTALL_HINT} (or choose logger=tensorboard)"
-            for name, node in _nodes(run.get("logger"), "logger").items()
+            for name, node in _nodes(run.logger, "logger").items()
             if is_wandb_target(node["_target_"]) and not wandb_installed()]
 
 
@@ -340,149 +344,3 @@ def _benchmark_named(message: str, loc: tuple, values: dict) -> str:
         target = node.get("_target_") if isinstance(node, dict) else None
         return f"{message} (benchmark {loc[1]!r}, {target})"
     return message
-
-
-# --------------------------------------------------------------------------- generated files
-
-# Written from the schemas, never by hand (tests/test_run_config.py fails when one is stale):
-# - configs/<group>/_defaults.yaml: a section's defaults, which its presets extend (`- _defaults`),
-#   so a preset lists only what it changes and every setting still overrides without `+`. Files,
-#   not ConfigStore nodes registered on import: Hydra's compose API (a notebook, a benchmark)
-#   composes what the CLI does without importing medsrl first.
-# - configs/plugins/<name>.yaml: a plug-in's `_target_` and its constructor's defaults.
-# - docs/SETTINGS.md: every setting with its default and help.
-DEFAULTS_SCHEMAS = {"algorithm": AlgorithmSection, "optim": OptimConfig, "rollout": RolloutConfig, "model": ModelConfig,
-                    "eval": EvalRunConfig}  # configs/eval.yaml extends configs/eval/_defaults.yaml
-WRITE = "python -m medsrl.run_config --write"
-REFERENCE = CONFIG_DIR.parent / "docs" / "SETTINGS.md"
-_NOTICE = "GENERATED from {what}, where each setting is described: do not edit.\n# Regenerate: {write}"
-
-
-def defaults_path(group: str, config_dir: Path = CONFIG_DIR) -> Path:
-    return Path(config_dir) / group / "_defaults.yaml"
-
-
-def defaults_yaml(group: str) -> str:
-    """The text of ``configs/<group>/_defaults.yaml``: what it is, then the schema's defaults."""
-    schema = DEFAULTS_SCHEMAS[group]
-    what = f"the defaults of {schema.__name__} ({schema.__module__})"
-    return (f"# {_NOTICE.format(what=what, write=WRITE)}\n# Not a preset: the base the {group} presets extend "
-            f"(`- _defaults` in their defaults list).\n"
-            + OmegaConf.to_yaml(schema().model_dump(mode="json", by_alias=True)))
-
-
-def plugin_yaml(target: str) -> str:
-    """The text of ``configs/plugins/<name>.yaml``: the plug-in's class and its defaults."""
-    cls = _class(target)
-    what = f"the signature of {cls.__name__} ({cls.__module__})"
-    values = {"_target_": target, **settings_model(cls)().model_dump(mode="json")}
-    return f"# {_NOTICE.format(what=what, write=WRITE)}\n" + OmegaConf.to_yaml(values)
-
-
-def reference_md(config_dir: Path = CONFIG_DIR) -> str:
-    """docs/SETTINGS.md: each section's settings, their defaults and help."""
-    from medsrl.algo.advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_OPTIONS
-    from medsrl.algo.policy_loss import POLICY_LOSS_OPTIONS, POLICY_LOSSES
-
-    what = "the schemas (src/medsrl/**/settings.py, plug-in and callback signatures)"
-    notice = _NOTICE.format(what=what, write=WRITE).replace("\n# ", " ")
-    out = ["# Settings", "", f"<!-- {notice} -->", "",
-           "Every setting of `medsrl-train` (configs/train.yaml) and `medsrl-eval` (configs/eval.yaml), with its "
-           "default and what it does. Override any on the command line: `medsrl-train rollout.n=16`.", ""]
-    top = {k: f for k, f in RunConfig.model_fields.items() if not _nested(f.annotation)}
-    out += _table("Run", "", RunConfig, top)
-    for name in ("model", "data", "rollout", "algorithm", "optim", "grader", "trainer"):
-        schema = _nested(RunConfig.model_fields[name].annotation)
-        out += _table(name, name, schema)
-    for kind, models, names in (("advantage", ADVANTAGE_OPTIONS, ADVANTAGE_ESTIMATORS),
-                                ("policy_loss", POLICY_LOSS_OPTIONS, POLICY_LOSSES)):
-        for name, model in sorted((n, models[n]) for n in names):
-            if model.model_fields:
-                out += _table(f"algorithm.{kind}={name}", f"algorithm.{kind}_options", model)
-    for path in sorted((Path(config_dir) / "plugins").glob("*.yaml")):
-        cls = _class(OmegaConf.load(path)["_target_"])
-        out += _table(f"plugins={path.stem} ({cls.__name__})", f"algorithm.plugins.{path.stem}", settings_model(cls))
-    callbacks = OmegaConf.load(Path(config_dir) / "callbacks" / "default.yaml")
-    for name, node in callbacks.items():
-        cls = _class(node["_target_"])
-        if cls.__module__.startswith("medsrl."):
-            out += _table(f"callbacks.{name} ({cls.__name__})", f"callbacks.{name}", settings_model(cls))
-    out += _table("Evaluation (configs/eval.yaml)", "", EvalRunConfig,
-                  {k: f for k, f in EvalRunConfig.model_fields.items() if k not in ("rollout", "paths")})
-    out += _table("Data sources (`source:` of a dataset, each benchmark)", "", Source)
-    return "\n".join(out).rstrip() + "\n"
-
-
-def _nested(hint: Any) -> type | None:
-    """The settings model inside an annotation (``X | None``, ``Annotated[...]``), if any."""
-    return _inner(hint)[0]
-
-
-def _inner(hint: Any) -> tuple[type | None, str]:
-    """``(the model inside hint, how it is held: "" one, "[]" a list, ".<name>" a mapping)``."""
-    from typing import get_args, get_origin
-
-    if isinstance(hint, type) and issubclass(hint, BaseModel):
-        return hint, ""
-    origin = get_origin(hint)
-    for arg in get_args(hint):
-        model, held = _inner(arg)
-        if model is not None:
-            return model, "[]" if origin is list else ".<name>" if origin is dict else held
-    return None, ""
-
-
-def _table(title: str, prefix: str, schema: type, fields: dict | None = None) -> list[str]:
-    return [f"## {title}", "", "| setting | default | |", "|---|---|---|", *_rows(prefix, schema, fields), ""]
-
-
-def _rows(prefix: str, schema: type, fields: dict | None = None) -> list[str]:
-    import json
-
-    rows = []
-    for name, field in (fields if fields is not None else schema.model_fields).items():
-        key = f"{prefix}.{name}" if prefix else name
-        sub, held = _inner(field.annotation)
-        if sub is Source:
-            rows.append(f"| `{key + held}` | | a data source: its `_target_` and arguments (Data sources, below) |")
-            continue
-        if sub is not None and sub is not schema and issubclass(sub, Settings):
-            rows += _rows(key + held, sub)
-            continue
-        default = "(required)" if field.is_required() else json.dumps(
-            field.get_default(call_default_factory=True), default=str)
-        help_ = help_of(field).replace("|", "\\|")  # a table cell
-        rows.append(f"| `{key}` | `{default}` | {help_} |")
-    return rows
-
-
-def generated_files(config_dir: Path = CONFIG_DIR) -> dict[Path, str]:
-    """Every generated file and its text."""
-    files = {defaults_path(group, config_dir): defaults_yaml(group) for group in DEFAULTS_SCHEMAS}
-    for path in sorted((Path(config_dir) / "plugins").glob("*.yaml")):
-        files[path] = plugin_yaml(OmegaConf.load(path)["_target_"])
-    files[REFERENCE] = reference_md(config_dir)
-    return files
-
-
-def write_generated(config_dir: Path = CONFIG_DIR) -> list[Path]:
-    """Write every generated file; returns those whose text changed."""
-    changed = []
-    for path, text in generated_files(config_dir).items():
-        if not path.is_file() or path.read_text() != text:
-            path.write_text(text)
-            changed.append(path)
-    return changed
-
-
-if __name__ == "__main__":
-    import argparse
-
-    ap = argparse.ArgumentParser(description="The run config's generated files.")
-    ap.add_argument("--write", action="store_true", help="regenerate the _defaults, plug-in and reference files")
-    if not ap.parse_args().write:
-        ap.error("nothing to do: pass --write")
-    from medsrl import run_config  # the schemas as medsrl names them, not as __main__'s
-
-    for path in run_config.write_generated():
-        print(f"wrote {path}")

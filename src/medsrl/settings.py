@@ -7,7 +7,6 @@ numbers here, nor bools ints.
 """
 
 import inspect
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
@@ -133,12 +132,7 @@ Layers = Annotated[
 ]
 
 
-
 # --------------------------------------------------------------------------- sections
-
-# How many times each settings class was built (validated) in this process: a run parses its
-# config once (tests/test_run_config.py counts).
-BUILT: Counter[str] = Counter()
 
 
 class Settings(BaseModel):
@@ -146,9 +140,6 @@ class Settings(BaseModel):
     docstring is its help (docs/SETTINGS.md, generated)."""
 
     model_config = STRICT
-
-    def model_post_init(self, context: Any) -> None:
-        BUILT[type(self).__qualname__] += 1
 
 
 class Open(Settings):
@@ -215,9 +206,10 @@ def message(schema: Any, error: dict, prefix: str, owner: str) -> str:
 
 
 def raise_problems(found: list[str]) -> None:
-    """From a model validator: its messages, each naming its key, as they are (:func:`message`)."""
+    """From a validator: its messages, each naming its key, as they are (:func:`message`)."""
     if found:
-        raise PydanticCustomError("problems", "{text}", {"text": "; ".join(found)})
+        raise ValidationError.from_exception_data("problems", [
+            {"type": PydanticCustomError("problems", "{text}", {"text": f}), "loc": (), "input": None} for f in found])
 
 
 def problems(schema: Any, values: Any, prefix: str = "", owner: str = "") -> list[str]:
@@ -253,10 +245,12 @@ def plain(node: Any, missing: list[str], key: str = "") -> Any:
 
 
 def lookup(values: Any, key: str) -> Any:
-    """The value at a dotted key of plain ``values``, or None."""
+    """The value at a dotted key of plain ``values`` or of a parsed config, or None."""
     for part in key.split("."):
         if isinstance(values, list) and part.isdigit():
             values = values[int(part)] if int(part) < len(values) else None
+        elif isinstance(values, BaseModel):
+            values = getattr(values, part, None)
         else:
             values = values.get(part) if isinstance(values, dict) else None
     return values

@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ProgressBar
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from medsrl.callbacks.hparams import WandbRunConfig, log_final_hparams, run_config
 from medsrl.callbacks.pass_at_k import _NOT_LOGGED, PassAtKValidation
@@ -35,9 +35,10 @@ from medsrl.models.sharding import loads_on_rank0_only
 from medsrl.module import RLModule
 from medsrl.plugins import Plugin
 from medsrl.rollout.factory import describe_prompt_token_limit, prompt_token_limit
-from medsrl.run_config import CONFIG_DIR, RunConfig, TrainerSettings
+from medsrl.run_config import CONFIG_DIR, Built, RunConfig, TrainerSettings
 from medsrl.utils.atomic_file import atomic_write
 from medsrl.utils.checkpoint_io import AtomicCheckpointIO
+from medsrl.utils.rerun import check_identity, finished_summary
 from medsrl.utils.wandb_log import describe as describe_wandb
 from medsrl.utils.wandb_log import finish as finish_wandb
 from medsrl.utils.wandb_log import wandb_loggers
@@ -74,16 +75,16 @@ def parse_run(cfg: DictConfig) -> RunConfig:
     return RunConfig.parse(cfg, lora_target_problems)
 
 
-def instantiate_group(group: DictConfig | None, parsed: dict[str, tuple[type, Any]] | None = None) -> list[Any]:
+def instantiate_group(group: DictConfig | None, parsed: dict[str, Built] | None = None) -> list[Any]:
     """Every entry of a config group of named ``_target_`` configs, in order: from its parsed
-    settings (``RunConfig.callback_settings``) when it has them, else by Hydra."""
+    settings (``RunConfig.callbacks``) when it has them, else by Hydra."""
     parsed = parsed or {}
-    return [parsed[k][0](**dict(parsed[k][1])) if k in parsed else instantiate(c)
+    return [b.cls(**dict(b.settings)) if (b := parsed.get(k)) and b.settings is not None else instantiate(c)
             for k, c in (group or {}).items() if c is not None and "_target_" in c]
 
 
-def build_plugins(plugins: dict[str, tuple[type, Any]]) -> list[Plugin]:
-    """``{name: (class, settings)}`` (``RunConfig.plugins``) -> plug-ins named by their keys, in order."""
+def build_plugins(plugins: dict[str, Built]) -> list[Plugin]:
+    """``RunConfig.algorithm.plugins`` -> plug-ins named by their keys, in order."""
     built = []
     for name, (cls, settings) in plugins.items():
         plugin = cls(**dict(settings))
@@ -150,7 +151,7 @@ def build_run(cfg: DictConfig) -> Run:
     L.seed_everything(run.seed, workers=True)
     torch.set_float32_matmul_precision("high")
 
-    datamodule = MathDataModule.from_config(run.data)  # Hydra builds its sources
+    datamodule = MathDataModule(run.data)  # Hydra builds its sources
     # under trainer=fsdp only rank 0 loads the weights; the others build on the meta device
     policy, tokenizer = build_policy(warm_started(run.model, run.paths.cache_dir),
                                      on_meta=loads_on_rank0_only(run.trainer.strategy),
@@ -164,12 +165,12 @@ def build_run(cfg: DictConfig) -> Run:
         tokenizer,
         algorithm=run.algorithm,
         rollout=run.rollout, optim=run.optim, grader=run.grader,
-        plugins=build_plugins(run.plugins),
+        plugins=build_plugins(run.algorithm.plugins),
         seed=run.seed,
         merge_on_export=run.model.lora.merge_on_export,
     )
     # the plug-ins join through the module
-    callbacks = with_step_progress_bar(instantiate_group(cfg.get("callbacks"), run.callback_settings), run)
+    callbacks = with_step_progress_bar(instantiate_group(cfg.get("callbacks"), run.callbacks), run)
     loggers = instantiate_group(cfg.get("logger"))
     if wandb_loggers(loggers):
         callbacks.append(WandbRunConfig(run_config(cfg)))  # the resolved config as the W&B run config
@@ -263,74 +264,6 @@ def write_summary(out_dir: Path, summary: dict[str, float]) -> Path:
     """``summary.json``, atomically: a crash mid-write never leaves a half file that reads as done."""
     data = json.dumps(summary, indent=2).encode()
     return atomic_write(out_dir / "summary.json", lambda f: f.write(data))
-
-
-# ---------------------------------------------------------------- re-running a multirun
-
-# Keys that may differ between an interrupted run and its re-run without changing what it computes.
-_IDENTITY_EXEMPT = ("hydra", "paths", "logger", "skip_if_done", "ckpt_path", "resume_mode", "optimized_metric")
-# Display only, also inside a section: the progress bar (added after runs were stored).
-_IDENTITY_EXEMPT_KEYS = (("callbacks", "progress_bar"), ("trainer", "enable_progress_bar"))
-
-
-def run_identity(cfg: DictConfig) -> dict[str, Any]:
-    """What makes a run this run: its config without paths and resume keys, unresolved (so no
-    time stamp or directory enters). A re-run compares it with the one stored in its dir."""
-    container = OmegaConf.to_container(cfg, resolve=False)
-    identity = {k: v for k, v in container.items() if k not in _IDENTITY_EXEMPT}
-    for section, key in _IDENTITY_EXEMPT_KEYS:
-        if isinstance(identity.get(section), dict):
-            identity[section].pop(key, None)
-    return identity
-
-
-def check_identity(cfg: DictConfig, out_dir: Path) -> None:
-    """Fail when ``out_dir`` holds a run of other settings (an Optuna study kept in a database
-    asks other trials on a re-run): skipping or resuming it would report the wrong run."""
-    path = out_dir / "run_identity.json"
-    mine = json.loads(json.dumps(run_identity(cfg)))  # tuples -> lists, as stored
-    if path.exists():
-        stored = json.loads(path.read_text())
-        mine = _settings_known_to(stored, mine)
-        if stored != mine:
-            diff = sorted(_diff_keys(stored, mine))
-            raise ValueError(
-                f"skip_if_done: {out_dir} holds a run of other settings (differ: {diff[:10]}); "
-                "re-run into a new hydra.sweep.dir / hydra.run.dir, or delete that run"
-            )
-    elif _is_rank_zero():
-        data = json.dumps(mine, indent=2, sort_keys=True).encode()
-        atomic_write(path, lambda f: f.write(data))
-
-
-def _settings_known_to(stored: Any, mine: Any) -> Any:
-    """``mine`` without the settings ``stored`` does not have: keys added to the code since that
-    run was stored (``data.template.kind``, ``model.lora``) leave it the same run."""
-    if isinstance(stored, dict) and isinstance(mine, dict):
-        return {k: _settings_known_to(stored[k], v) for k, v in mine.items() if k in stored}
-    return mine
-
-
-def _diff_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """Dotted keys at which two nested dicts differ (for the error message)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [k for key in sorted(set(a) | set(b), key=str)
-                for k in _diff_keys(a.get(key), b.get(key), f"{prefix}{key}.")]
-    return [] if a == b else [prefix.rstrip(".")]
-
-
-def _is_rank_zero() -> bool:
-    """Before the trainer exists: rank 0 of a DDP launch (Lightning sets ``RANK`` for the others)."""
-    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0
-
-
-def finished_summary(out_dir: Path) -> dict[str, float] | None:
-    """The summary of a run that completed in ``out_dir`` (written last, atomically), else None."""
-    try:
-        summary = json.loads((out_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return summary if isinstance(summary, dict) else None
 
 
 def train_or_skip(cfg: DictConfig) -> dict[str, float]:

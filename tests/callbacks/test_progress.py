@@ -112,7 +112,7 @@ def test_config_always_gets_the_step_bar_never_lightnings_epoch_bar():
 def test_the_bar_is_not_part_of_a_runs_identity(tmp_path):
     """skip_if_done compares run identities: a stored run (before the bar existed, or with
     another refresh rate) is still the same run."""
-    from medsrl.train import run_identity
+    from medsrl.utils.rerun import run_identity
     from run_helpers import compose_train
 
     plain = run_identity(compose_train(tmp_path / "a"))

@@ -9,14 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from medsrl.data.datamodule import (
-    DatasetSpec,
-    MathDataModule,
-    StageSpec,
-    largest_remainder_quotas,
-)
+from medsrl.data.datamodule import MathDataModule, largest_remainder_quotas
 from medsrl.data.example import MathExample, Prompt, prompt_key
+from medsrl.data.settings import DataConfig
 from medsrl.data.template import render_prompt
+from medsrl.settings import parse
 
 LOGGER = "medsrl.data.datamodule"
 
@@ -34,6 +31,11 @@ B = make_examples("b", 30)
 C = make_examples("c", 9)
 
 
+def datamodule(stages, **settings) -> MathDataModule:
+    """The module of ``stages`` and the other ``data`` settings, parsed as a run parses them."""
+    return MathDataModule(parse(DataConfig, {"stages": stages, **settings}, "data"))
+
+
 def two_stage(**kwargs) -> MathDataModule:
     stages = [
         {"name": "A", "start_step": 0, "datasets": [{"name": "a", "weight": 1.0, "source": A}]},
@@ -47,7 +49,7 @@ def two_stage(**kwargs) -> MathDataModule:
         },
     ]
     kwargs.setdefault("prompts_per_step", 4)
-    return MathDataModule(stages, **kwargs)
+    return datamodule(stages, **kwargs)
 
 
 def keys(prompts: list[Prompt]) -> list[str]:
@@ -94,7 +96,7 @@ def test_starved_dataset_warns(caplog):
         }
     ]
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        MathDataModule(stages, prompts_per_step=2)
+        datamodule(stages, prompts_per_step=2)
     assert any("too small" in r.getMessage() and "'b'" in r.getMessage() for r in caplog.records)
 
 
@@ -121,7 +123,7 @@ def test_steps_and_seeds_differ():
 
 def test_full_epoch_covers_each_item_exactly_once():
     dm = two_stage(prompts_per_step=4)  # stage A: 40 items, 4 per step -> 10 steps per epoch
-    stage_a = MathDataModule(
+    stage_a = datamodule(
         [{"name": "A", "start_step": 0, "datasets": [{"name": "a", "weight": 1, "source": A}]}],
         prompts_per_step=4,
     )
@@ -185,7 +187,7 @@ def test_stage_switch_prompts_and_log(caplog):
 
 def test_stage_b_starts_its_own_sequence():
     dm = two_stage()
-    only_b = MathDataModule(
+    only_b = datamodule(
         [
             {
                 "name": "B",
@@ -226,7 +228,7 @@ def test_state_dict_and_schedule_change_warning(caplog):
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         two_stage(seed=4).load_state_dict(state)
     assert not caplog.records
-    only_b = MathDataModule(
+    only_b = datamodule(
         [{"name": "B", "start_step": 0, "datasets": [{"name": "b", "weight": 1, "source": B}]}],
         seed=5,
     )
@@ -315,20 +317,20 @@ def stage(name, start, datasets=None):
 )
 def test_invalid_config(stages, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        MathDataModule(stages, **kwargs)
+        datamodule(stages, **kwargs)
 
 
-def test_spec_objects_and_lazy_callable_source():
+def test_lazy_callable_source():
     calls = []
 
     def load():
         calls.append(1)
         return B
 
-    dm = MathDataModule(
+    dm = datamodule(
         [
-            StageSpec("A", 0, [DatasetSpec("a", 1.0, A)]),
-            StageSpec("B", 3, [DatasetSpec("b", 1.0, load)]),
+            {"name": "A", "start_step": 0, "datasets": [{"name": "a", "source": A}]},
+            {"name": "B", "start_step": 3, "datasets": [{"name": "b", "source": load}]},
         ],
         prompts_per_step=2,
     )
@@ -339,7 +341,7 @@ def test_spec_objects_and_lazy_callable_source():
     dm.prompts_for_step(4)
     assert calls == [1]
 
-    empty = MathDataModule([StageSpec("A", 0, [DatasetSpec("a", 1.0, lambda: [])])])
+    empty = datamodule([{"name": "A", "start_step": 0, "datasets": [{"name": "a", "source": lambda: []}]}])
     with pytest.raises(ValueError, match="'a' is empty"):
         empty.prompts_for_step(0)
 
@@ -373,9 +375,7 @@ def test_val_union_shuffled_and_cut():
 # Hydra
 
 
-def test_hydra_instantiate(tmp_path):
-    pytest.importorskip("hydra")
-    from hydra.utils import instantiate
+def test_file_sources_are_built_by_hydra(tmp_path):
     from omegaconf import OmegaConf
 
     path = tmp_path / "toy.jsonl"
@@ -387,7 +387,6 @@ def test_hydra_instantiate(tmp_path):
     )
     cfg = OmegaConf.create(
         {
-            "_target_": "medsrl.data.datamodule.MathDataModule",
             "prompts_per_step": 3,
             "template": {"system_prompt": None},
             "stages": [
@@ -429,10 +428,8 @@ def test_hydra_instantiate(tmp_path):
             ],
         }
     )
-    # a list of MathExample dataclasses cannot live in an OmegaConf node: convert to plain python
-    dm = instantiate(cfg, _convert_="partial")
-    assert isinstance(dm, MathDataModule)
-    assert dm.stages[0].datasets[0].is_loaded and not dm.stages[1].datasets[0].is_loaded
+    dm = MathDataModule(parse(DataConfig, cfg, "data"))
+    assert ("A", "toy") in dm._loaded and ("B", "lazy") not in dm._loaded  # _partial_: loaded at first use
     assert {p.answer for s in (0, 1) for p in dm.prompts_for_step(s)} == {
         "0",
         "2",

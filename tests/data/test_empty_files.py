@@ -9,8 +9,9 @@ import json
 import pytest
 
 from medsrl.data.arithmetic import generate_arithmetic
-from medsrl.data.datamodule import DatasetSpec, MathDataModule, StageSpec
+from medsrl.data.datamodule import MathDataModule
 from medsrl.data.loaders import DataError, default_name, load_math_file
+from medsrl.data.settings import DataConfig
 from run_helpers import compose_train
 
 ONE = [{"problem": "1 + 1", "answer": "2"}]
@@ -53,7 +54,8 @@ def test_default_name_is_the_files_or_its_folders():
 
 def test_an_empty_generated_source_names_its_dataset_and_generator():
     lazy = functools.partial(generate_arithmetic, num=0, split="train")
-    dm = MathDataModule([StageSpec("A", 0, [DatasetSpec("easy", 1.0, lazy)])])
+    stage = {"name": "A", "start_step": 0, "datasets": [{"name": "easy", "source": lazy}]}
+    dm = MathDataModule(DataConfig(stages=[stage]))
     with pytest.raises(ValueError) as err:
         dm.prompts_for_step(0)
     msg = str(err.value)
@@ -62,9 +64,9 @@ def test_an_empty_generated_source_names_its_dataset_and_generator():
 
 
 def test_an_empty_val_source_fails_when_the_datamodule_is_built():
-    stage = StageSpec("A", 0, [DatasetSpec("a", 1.0, generate_arithmetic(4))])
+    stage = {"name": "A", "start_step": 0, "datasets": [{"name": "a", "source": generate_arithmetic(4)}]}
     with pytest.raises(ValueError, match="dataset 'held_out' is empty"):
-        MathDataModule([stage], val=[DatasetSpec("held_out", 1.0, [])])
+        MathDataModule(DataConfig(stages=[stage], val=[{"name": "held_out", "source": []}]))
 
 
 def _file_source(path, partial=False):
@@ -101,20 +103,15 @@ def test_training_on_an_empty_file_fails_before_the_model_and_names_the_file(tmp
 
 
 def test_a_lazily_loaded_empty_file_names_itself_when_its_stage_comes(tmp_path):
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
     path = write(tmp_path / "later.jsonl")
-    cfg = OmegaConf.create({
-        "_target_": "medsrl.data.datamodule.MathDataModule",
+    dm = MathDataModule(DataConfig.model_validate({
         "prompts_per_step": 1,
         "stages": [
             {"name": "A", "start_step": 0, "datasets": [{"name": "a", "source": list(ONE * 2)}]},
             {"name": "B", "start_step": 1, "datasets": [{"name": "b", "source": {
                 "_target_": "medsrl.data.loaders.load_math_file", "_partial_": True, "path": str(path)}}]},
         ],
-    })
-    dm = instantiate(cfg, _convert_="partial")
+    }))
     dm.prompts_for_step(0)
     with pytest.raises(DataError, match="holds no rows") as err:
         dm.prompts_for_step(1)

@@ -205,8 +205,8 @@ def test_a_clone_without_shared_reads_data_math_from_what_make_data_fetched(mirr
     set_data_dir_default(clone)  # the entry point, before Hydra composes
     cfg = compose_train(tmp_path / "out", ["data=math"], debug=None)
     assert Path(cfg.paths.data_dir) == clone / "data"
-    dm = MathDataModule.from_config(RunConfig.parse(cfg).data)
-    loaded = {ds.name: len(ds.loaded) for stage in dm.stages for ds in stage.datasets}
+    dm = MathDataModule(RunConfig.parse(cfg).data)
+    loaded = {ds.name: len(dm.loaded((stage.name, ds.name))) for stage in dm.stages for ds in stage.datasets}
     assert loaded == {"math_train": 7470, "dapo_math_17k": 17917, "math_l3_5": 8521}
     assert len(dm.prompts_for_step(0)) == len(dm.prompts_for_step(100)) == 512
     assert {p.source for p in dm.prompts_for_step(100)} == {"dapo_math_17k", "math_l3_5"}

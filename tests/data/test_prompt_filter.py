@@ -13,6 +13,7 @@ import pytest
 
 from medsrl.data.datamodule import MathDataModule, prompt_token_counts
 from medsrl.data.example import MathExample, prompt_key
+from medsrl.data.settings import DataConfig
 from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.loading import load_tokenizer
 from medsrl.rollout.factory import describe_prompt_token_limit, prompt_token_limit
@@ -49,8 +50,9 @@ def module(**kwargs) -> MathDataModule:
                                                      {"name": "mixed", "weight": 1, "source": MIXED}]},
     ]
     kwargs.setdefault("max_dropped_prompt_share", 0.05)
-    return MathDataModule(stages, val=[{"name": "val", "source": VAL}], prompts_per_step=8,
-                          val_size=None, template=PLAIN, seed=1, **kwargs)
+    return MathDataModule(parse(DataConfig, {"stages": stages, "val": [{"name": "val", "source": VAL}],
+                                             "prompts_per_step": 8, "val_size": None, "template": PLAIN, "seed": 1,
+                                             **kwargs}, "data"))
 
 
 def lengths(prompts) -> list[int]:
@@ -144,8 +146,8 @@ def test_the_limit_is_saved_and_a_changed_one_warned_on_resume(caplog):
 
 def test_the_limit_counts_the_rendered_prompt():
     system = {"kind": "plain", "system_prompt": "S" * 20}  # "S...S\n\n" + problem + "\n"
-    dm = MathDataModule([{"name": "A", "start_step": 0, "datasets": [{"name": "short", "source": SHORT}]}],
-                        template=system, max_dropped_prompt_share=1.0)
+    stage = {"name": "A", "start_step": 0, "datasets": [{"name": "short", "source": SHORT}]}
+    dm = MathDataModule(DataConfig(stages=[stage], template=system, max_dropped_prompt_share=1.0))
     drops = dm.limit_prompt_tokens(TOK, 40)
     assert (drops[0].dropped, drops[0].longest_kept) == (len([e for e in SHORT if len(e.problem) > 17]), 40)
 
@@ -182,7 +184,7 @@ def test_step_100_of_data_math_fits_the_engine_after_the_filter(caplog):
         require_shared("data", *part.split("/"))
     cfg = composed("qwen2.5-math-1.5b_dapo")
     limit = limit_of(cfg)
-    dm = MathDataModule.from_config(RunConfig.parse(cfg).data)
+    dm = MathDataModule(RunConfig.parse(cfg).data)
     dm.use_tokenizer(tokenizer)
     assert dm.stage_at(100).name == "B" and dm.stage_at(99).name == "A"
     before = prompt_token_counts(tokenizer, [p.text for p in dm.prompts_for_step(100)])

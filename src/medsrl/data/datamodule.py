@@ -22,7 +22,7 @@ import hashlib
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -30,17 +30,9 @@ import lightning
 import numpy as np
 
 from medsrl.data.example import MathExample, Prompt, prompt_key
-from medsrl.data.settings import DataConfig, Dataset, Source
-from medsrl.settings import parse
+from medsrl.data.settings import DataConfig, Dataset, Source, Stage
 
-__all__ = [
-    "DatasetSpec",
-    "MathDataModule",
-    "PromptDrop",
-    "StageSpec",
-    "largest_remainder_quotas",
-    "prompt_token_counts",
-]
+__all__ = ["MathDataModule", "PromptDrop", "largest_remainder_quotas", "prompt_token_counts"]
 
 log = logging.getLogger(__name__)
 
@@ -48,55 +40,6 @@ ExampleSource = Sequence[MathExample] | Callable[[], Sequence[MathExample]]
 
 PROMPT_TOKEN_BATCH = 1024  # prompts per tokenizer call when counting: bounded memory, fast-tokenizer batches
 LIMIT_SETTINGS = "rollout.max_prompt_tokens / rollout.max_new_tokens / rollout.vllm.max_model_len"
-
-
-@dataclass
-class DatasetSpec:
-    """A named dataset of a stage. ``source`` is a list of examples or a zero-arg callable
-    returning one (resolved on first use, then cached)."""
-
-    name: str
-    weight: float = 1.0
-    source: ExampleSource | None = None
-    _examples: list[MathExample] | None = field(default=None, init=False, repr=False)
-    _kept: list[MathExample] | None = field(default=None, init=False, repr=False)
-
-    @property
-    def examples(self) -> list[MathExample]:
-        """The examples the schedule draws from: :attr:`loaded`, less those :meth:`keep` left out."""
-        return self.loaded if self._kept is None else self._kept
-
-    def keep(self, kept: list[MathExample] | None) -> None:
-        """Draw from ``kept`` (a subset of :attr:`loaded`) from now on; None: every loaded one."""
-        self._kept = kept
-
-    @property
-    def loaded(self) -> list[MathExample]:
-        """Every example of the source (none dropped)."""
-        if self._examples is None:
-            src = self.source
-            if src is None:
-                raise ValueError(f"dataset {self.name!r}: no source")
-            if callable(src) and not isinstance(src, Sequence):
-                src = src()
-            examples = [_as_example(e, self.name, i) for i, e in enumerate(src)]
-            if not examples:
-                raise ValueError(f"dataset {self.name!r} is empty: {describe_source(self.source)} gave no examples")
-            self._examples = examples
-        return self._examples
-
-    @property
-    def is_loaded(self) -> bool:
-        return self._examples is not None or (
-            isinstance(self.source, Sequence) and not callable(self.source)
-        )
-
-
-@dataclass
-class StageSpec:
-    name: str
-    start_step: int
-    datasets: list[DatasetSpec]
 
 
 def describe_source(source: Any) -> str:
@@ -128,24 +71,14 @@ def _as_example(item: Any, dataset: str, i: int) -> MathExample:
     )
 
 
-def _as_mapping(item: Mapping[str, Any] | StageSpec | DatasetSpec) -> Any:
-    """A stage or dataset given as a spec, as the mapping :class:`DataConfig` parses."""
-    if isinstance(item, StageSpec):
-        return {"name": item.name, "start_step": item.start_step, "datasets": [_as_mapping(d) for d in item.datasets]}
-    if isinstance(item, DatasetSpec):
-        return {"name": item.name, "weight": item.weight, "source": item.source}
-    return item
-
-
-def _spec(d: Dataset) -> DatasetSpec:
-    """A parsed dataset as the schedule's :class:`DatasetSpec`: a ``_target_`` source (a loader
-    or generator) built by Hydra, examples or a zero-arg callable as they are."""
-    source = d.source
-    if isinstance(source, Source):
+def _source(d: Dataset) -> ExampleSource:
+    """A dataset's examples, or a zero-arg callable returning them (loaded at first use): a
+    ``_target_`` source (a loader or generator) built by Hydra, examples or a callable as they are."""
+    if isinstance(d.source, Source):
         from hydra.utils import instantiate
 
-        source = instantiate(source.model_dump(exclude_unset=True), _convert_="object")
-    return DatasetSpec(name=d.name, weight=d.weight, source=source)
+        return instantiate(d.source.model_dump(exclude_unset=True), _convert_="object")
+    return d.source
 
 
 def largest_remainder_quotas(weights: Sequence[float], total: int) -> list[int]:
@@ -236,63 +169,55 @@ class _TrainSteps:
 
 
 class MathDataModule(lightning.LightningDataModule):
-    """Prompts for RL training, in stages, as a stateless function of ``(seed, step)``.
+    """Prompts for RL training, in stages, as a stateless function of ``(seed, step)``, from the
+    run's parsed ``data`` section (:class:`DataConfig`). The held-out set is the union of the val
+    datasets, shuffled with the seed and cut to ``val_size``. ``Prompt.source`` is the dataset's
+    name in this config. A dataset losing more than ``max_dropped_prompt_share`` to
+    :meth:`limit_prompt_tokens` stops the run (the limit, not a few outliers, is then wrong)."""
 
-    ``stages``: :class:`StageSpec` s or mappings ``{name, start_step, datasets: [{name, weight,
-    source}]}`` (a source: see :class:`DatasetSpec`). ``val``: datasets ``{name, source}`` whose
-    union, shuffled with the seed and cut to ``val_size``, is the held-out set. ``template``:
-    ``PromptTemplate`` settings. ``Prompt.source`` is the dataset's name in this config.
-    ``max_dropped_prompt_share``: the largest share of a dataset :meth:`limit_prompt_tokens` may
-    drop as too long before the run refuses to start (a larger loss means the limit, not a few
-    outliers, is wrong: the data's long, hard problems would silently go).
-    """
-
-    def __init__(
-        self,
-        stages: Sequence[Mapping[str, Any] | StageSpec] = (),
-        val: Sequence[Mapping[str, Any] | DatasetSpec] | None = None,
-        prompts_per_step: int = 16,
-        val_size: int | None = 64,  # None: every held-out prompt
-        template: Mapping[str, Any] | None = None,
-        seed: int = 0,
-        max_dropped_prompt_share: float = 0.01,
-        *,
-        config: DataConfig | None = None,
-    ):
-        """The settings as keyword arguments (checked by :class:`DataConfig`), or ``config``:
-        the run's parsed ``data`` section (:meth:`from_config`)."""
+    def __init__(self, config: DataConfig):
         super().__init__()
-        if config is None:
-            config = parse(DataConfig, {
-                "stages": [_as_mapping(s) for s in stages], "prompts_per_step": prompts_per_step,
-                "val": None if val is None else [_as_mapping(d) for d in val], "val_size": val_size,
-                "template": template or {}, "seed": seed, "max_dropped_prompt_share": max_dropped_prompt_share}, "data")
-        self.max_dropped_prompt_share = config.max_dropped_prompt_share
+        self.config = config
+        self.stages, self.seed, self.template = config.stages, config.seed, config.template
         self.prompt_token_limit: int | None = None  # set by limit_prompt_tokens
         self.prompt_drops: list[PromptDrop] = []
-        self.prompts_per_step, self.val_size, self.seed = config.prompts_per_step, config.val_size, config.seed
-        self.template = config.template
         self.tokenizer = None  # the policy's, for kind=chat (use_tokenizer)
-
-        self.stages = [StageSpec(s.name, s.start_step, [_spec(d) for d in s.datasets]) for s in config.stages]
-        self.val = None if config.val is None else [_spec(d) for d in config.val]
+        # by (stage name, None for the val datasets; dataset name): its source, every example of
+        # it once loaded, and those limit_prompt_tokens kept
+        self._sources = {key: _source(d) for key, d in self._datasets()}
+        self._loaded: dict[tuple, list[MathExample]] = {}
+        self._kept: dict[tuple, list[MathExample]] = {}
         self._quotas: dict[str, list[int]] = {}
         for s in self.stages:
-            quotas = largest_remainder_quotas([d.weight for d in s.datasets], self.prompts_per_step)
+            quotas = largest_remainder_quotas([d.weight for d in s.datasets], config.prompts_per_step)
             self._quotas[s.name] = quotas
             starved = [d.name for d, q in zip(s.datasets, quotas, strict=True) if q == 0]
             if starved:
                 log.warning("stage %s: prompts_per_step=%d is too small to give datasets %s a slot",
-                            s.name, self.prompts_per_step, starved)
-        for d in [d for s in self.stages for d in s.datasets] + (self.val or []):
-            if d.is_loaded:
-                _ = d.examples  # eager sources: an empty one fails now, not at its first step
+                            s.name, config.prompts_per_step, starved)
+        for key, source in self._sources.items():
+            if not callable(source):
+                self.loaded(key)  # eager sources: an empty one fails now, not at its first step
         self._val_prompts: list[Prompt] | None = None
 
-    @classmethod
-    def from_config(cls, data: DataConfig) -> MathDataModule:
-        """From the run's parsed ``data`` section (run_config.RunConfig): nothing parsed again."""
-        return cls(config=data)
+    def _datasets(self) -> list[tuple[tuple[str | None, str], Dataset]]:
+        """Every dataset the run reads, by its key: each stage's, then the val ones."""
+        named = [((s.name, d.name), d) for s in self.stages for d in s.datasets]
+        return named + [((None, d.name), d) for d in self.config.val or []]
+
+    def loaded(self, key: tuple[str | None, str]) -> list[MathExample]:
+        """Every example of a dataset (none dropped), loaded at its first use."""
+        if key not in self._loaded:
+            source = self._sources[key]
+            examples = [_as_example(e, key[1], i) for i, e in enumerate(source() if callable(source) else source)]
+            if not examples:
+                raise ValueError(f"dataset {key[1]!r} is empty: {describe_source(source)} gave no examples")
+            self._loaded[key] = examples
+        return self._loaded[key]
+
+    def examples(self, key: tuple[str | None, str]) -> list[MathExample]:
+        """The examples the schedule draws from: :meth:`loaded`, less those too long."""
+        return self._kept[key] if key in self._kept else self.loaded(key)
 
     def use_tokenizer(self, tokenizer) -> None:
         """The policy's tokenizer: ``template.kind=chat`` renders prompts with its chat template."""
@@ -312,32 +237,25 @@ class MathDataModule(lightning.LightningDataModule):
             raise ValueError(f"the prompt token limit must be >= 1, got {limit} ({why or LIMIT_SETTINGS})")
         self.prompt_token_limit = None if limit is None else int(limit)
         self._val_prompts = None
-        named = self._named_datasets()
+        self._kept.clear()
         if self.prompt_token_limit is None:
-            for _, ds in named:
-                ds.keep(None)
             self.prompt_drops = []
             return []
-        self.prompt_drops = [self._drop_overlong(where, ds, tokenizer, self.prompt_token_limit)
-                             for where, ds in named]
+        limit = self.prompt_token_limit
+        self.prompt_drops = [self._drop_overlong(key, tokenizer, limit) for key, _ in self._datasets()]
         for drop in self.prompt_drops:
             self._log_drop(drop)
         self._check_drops(why)
         return self.prompt_drops
 
-    def _named_datasets(self) -> list[tuple[str, DatasetSpec]]:
-        """Every dataset the run reads, named for a log line: each stage's, then the val ones."""
-        named = [(f"stage {s.name!r} dataset {d.name!r}", d) for s in self.stages for d in s.datasets]
-        return named + [(f"val dataset {d.name!r}", d) for d in self.val or []]
-
-    def _drop_overlong(self, where: str, ds: DatasetSpec, tokenizer, limit: int) -> PromptDrop:
-        """Keep ``ds``'s examples whose rendered prompt has at most ``limit`` tokens."""
-        examples = ds.loaded
+    def _drop_overlong(self, key: tuple[str | None, str], tokenizer, limit: int) -> PromptDrop:
+        """Keep the dataset's examples whose rendered prompt has at most ``limit`` tokens."""
+        examples = self.loaded(key)
         counts = prompt_token_counts(tokenizer, [self.render(ex.problem) for ex in examples])
-        kept = [ex for ex, n in zip(examples, counts, strict=True) if n <= limit]
-        ds.keep(kept)
+        self._kept[key] = [ex for ex, n in zip(examples, counts, strict=True) if n <= limit]
         longest = max((n for n in counts if n <= limit), default=0)
-        return PromptDrop(where, ds.name, len(examples) - len(kept), len(examples), longest)
+        where = f"stage {key[0]!r} dataset {key[1]!r}" if key[0] is not None else f"val dataset {key[1]!r}"
+        return PromptDrop(where, key[1], len(examples) - len(self._kept[key]), len(examples), longest)
 
     def _log_drop(self, drop: PromptDrop) -> None:
         limit = self.prompt_token_limit
@@ -350,7 +268,7 @@ class MathDataModule(lightning.LightningDataModule):
 
     def _check_drops(self, why: str) -> None:
         """Refuse a dataset that lost more than the allowed share, or everything."""
-        share = self.max_dropped_prompt_share
+        share = self.config.max_dropped_prompt_share
         bad = [d for d in self.prompt_drops if d.dropped and (d.share > share or d.dropped == d.total)]
         if bad:
             lost = "; ".join(d.describe(self.prompt_token_limit) for d in bad)
@@ -368,19 +286,19 @@ class MathDataModule(lightning.LightningDataModule):
     def _render(self, ex: MathExample, source: str) -> Prompt:
         return Prompt(ex.key, self.render(ex.problem), ex.problem, ex.answer, source)
 
-    def _item(self, stage: StageSpec, ds: DatasetSpec, i: int) -> int:
-        """Index (into ``ds.examples``) of item ``i`` of the dataset's infinite sequence."""
-        n = len(ds.examples)
+    def _item(self, stage: Stage, ds: Dataset, i: int) -> int:
+        """Index (into its examples) of item ``i`` of the dataset's infinite sequence."""
+        n = len(self.examples((stage.name, ds.name)))
         epoch, pos = divmod(i, n)
         return int(_permutation(n, self.seed, stage.name, ds.name, epoch)[pos])
 
-    def _step_indices(self, step: int) -> tuple[StageSpec, list[tuple[DatasetSpec, list[int]]]]:
+    def _step_indices(self, step: int) -> tuple[Stage, list[tuple[Dataset, list[int]]]]:
         stage = self.stage_at(step)
         k = step - stage.start_step
         quotas = zip(stage.datasets, self._quotas[stage.name], strict=True)
         return stage, [(ds, [self._item(stage, ds, k * q + j) for j in range(q)]) for ds, q in quotas]
 
-    def stage_at(self, step: int) -> StageSpec:
+    def stage_at(self, step: int) -> Stage:
         """The stage whose ``start_step`` is the largest ``<= step``."""
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
@@ -388,8 +306,8 @@ class MathDataModule(lightning.LightningDataModule):
 
     def prompts_for_step(self, step: int) -> list[Prompt]:
         """The prompts of training step ``step`` (a pure function of ``seed`` and ``step``)."""
-        _, parts = self._step_indices(step)
-        return [self._render(ds.examples[i], ds.name) for ds, idx in parts for i in idx]
+        stage, parts = self._step_indices(step)
+        return [self._render(self.examples((stage.name, ds.name))[i], ds.name) for ds, idx in parts for i in idx]
 
     def extra_prompts(self, step: int, round: int, n: int) -> list[Prompt]:
         """``n`` more prompts of ``step``'s stage for DAPO dynamic sampling round ``round``,
@@ -411,14 +329,15 @@ class MathDataModule(lightning.LightningDataModule):
         for (ds, used), q in zip(regular, counts.tolist(), strict=True):
             if q == 0:
                 continue
-            size = len(ds.examples)
+            examples = self.examples((stage.name, ds.name))
+            size = len(examples)
             perm = np.random.default_rng(
                 _seed_int(self.seed, "extra", stage.name, ds.name, step, round)
             ).permutation(size)
             used_set = set(used)
             order = sorted(perm.tolist(), key=used_set.__contains__)  # used ones: if too small
             picks = [order[j % size] for j in range(q)]
-            out.extend(self._render(ds.examples[i], ds.name) for i in picks)
+            out.extend(self._render(examples[i], ds.name) for i in picks)
         return out
 
     def train_dataloader(self) -> _TrainSteps:
@@ -428,12 +347,12 @@ class MathDataModule(lightning.LightningDataModule):
     def val_prompts(self) -> list[Prompt]:
         """The held-out prompts: the union of the val datasets, shuffled with the seed, cut to
         ``val_size``. Empty when ``val`` is None."""
-        if self.val is None:
+        if self.config.val is None:
             return []
         if self._val_prompts is None:
-            pool = [(ex, ds.name) for ds in self.val for ex in ds.examples]
+            pool = [(ex, ds.name) for ds in self.config.val for ex in self.examples((None, ds.name))]
             perm = np.random.default_rng(_seed_int(self.seed, "val")).permutation(len(pool))
-            self._val_prompts = [self._render(*pool[int(i)]) for i in perm[: self.val_size]]
+            self._val_prompts = [self._render(*pool[int(i)]) for i in perm[: self.config.val_size]]
         return self._val_prompts
 
     # checkpointing: the schedule is stateless; this only detects a changed schedule

@@ -1,6 +1,6 @@
-"""``data``: the prompt schedule's stages and datasets, the held-out set and the prompt format.
-Hydra instantiates the section (``MathDataModule``) and each dataset's ``source`` (a loader or
-generator): the keys named here are checked at start, with their dataset named."""
+"""``data``: the prompt schedule's stages and datasets, the held-out set and the prompt format,
+read by ``MathDataModule``. Hydra instantiates each dataset's ``source`` (a loader or generator):
+the keys named here are checked at start, with their dataset named."""
 
 from collections.abc import Callable
 from typing import Annotated, Any

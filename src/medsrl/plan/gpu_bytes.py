@@ -41,6 +41,7 @@ GIB = 2**30
 USABLE_FRACTION = 0.90
 RUNTIME_BYTES = 1 * GIB  # CUDA context, cuBLAS workspaces (and NCCL buffers with several ranks): assumed
 DEFAULT_PROMPT_TOKENS = 1024  # the reference run's longest prompt (docs/REFERENCE.md)
+SHARD_KNOB = "trainer=fsdp trainer.devices=N"  # what shrinks a replicated holder
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2}
 
 
@@ -112,6 +113,12 @@ class RunShape:
     @property
     def tokens_per_row(self) -> int:
         return self.prompt_tokens + self.response_tokens
+
+    @property
+    def resid_bytes(self) -> int:
+        """An element of the residual stream: fp32 under autocast over fp32 weights, else (FSDP's
+        gathered weights) the compute dtype."""
+        return self.compute_bytes if self.sharded or not self.autocast else 4
 
 
 @dataclass(frozen=True)
@@ -237,18 +244,18 @@ def dtype_bytes(name: str, default: int) -> int:
 
 def milestone_settings(run: RunConfig) -> Any:
     """``callbacks.milestones``' settings; every_n_steps 0 (off) when the run builds no such callback."""
-    built = run.callback_settings.get("milestones")
-    return settings_model(WeightMilestones)(every_n_steps=0) if built is None else built[1]
+    built = run.callbacks.get("milestones")
+    return settings_model(WeightMilestones)(every_n_steps=0) if built is None else built.settings
 
 
 def validation_settings(run: RunConfig) -> Any:
     """``callbacks.pass_at_k``'s settings (the callback's defaults where the config leaves one
     out); every_n_steps 0 (validation off) when the run builds no such callback (null, or
     settings without a ``_target_``: ``callbacks=none`` under an experiment's settings)."""
-    built = run.callback_settings.get("pass_at_k")
+    built = run.callbacks.get("pass_at_k")
     if built is None:
         return settings_model(PassAtKValidation)(every_n_steps=0)
-    return built[1]
+    return built.settings
 
 
 def _count(v: Any) -> int:
@@ -399,7 +406,7 @@ def resident_items(size: ModelSize, run: RunShape) -> list[Item]:
     P, Pt, shards = size.params, size.trained, run.shards
     m, w = run.master_bytes, run.weight_bytes
     share = f" / {shards} ranks" if shards > 1 else ""
-    shard_knob = "" if run.sharded else "trainer=fsdp trainer.devices=N"
+    shard_knob = "" if run.sharded else SHARD_KNOB
     base = " (the frozen base: model.lora.base_dtype)" if size.lora else ""
     items = [Item("weights", w * P // shards, f"{P:,} params x {w} B{share}{base}", shard_knob)]
     if size.lora:
@@ -414,120 +421,149 @@ def resident_items(size: ModelSize, run: RunShape) -> list[Item]:
 
 
 def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
-    """The bytes per GPU of every phase of a step (see the module docstring)."""
-    P, shards = size.params, run.shards
-    Pt = size.trained  # with gradients and AdamW states: all, or with LoRA the adapters
-    c, m = run.compute_bytes, run.master_bytes
-    V, H = size.vocab_size, size.hidden_size
-    share = f" / {shards} ranks" if shards > 1 else ""
-    T = run.tokens_per_row
-    mb_tokens = run.micro_batch_tokens
-    mb_knob = "algorithm.micro_batch_size" if run.max_tokens is None else "algorithm.max_tokens_per_microbatch"
-
-    shard_knob = "" if run.sharded else "trainer=fsdp trainer.devices=N"
+    """The bytes per GPU of every phase of a step (see the module docstring), in the order a run
+    meets them."""
     resident = resident_items(size, run)
     engine = _engine_item(size, run)
     engines = [engine] if engine is not None else []
     awake = engines if not run.vllm_sleep else []  # in every later phase
-    rollouts = Item(
-        "rollout tensors",
-        run.sequences_per_rank * (T * 3 * 8 + run.response_tokens * 4 * 4),
-        f"{run.sequences_per_rank} rows x {T} tokens: ids, mask, positions (int64); log-probs, stats (fp32)",
-        "data.prompts_per_step",
-    )
-    # every forward but HF generation goes through the policy module: under FSDP its wrapper
-    # gathers a unit at a time in the compute dtype (and the residual stream is in it); without
-    # FSDP autocast casts the fp32 weight of every op
+    held = [*resident, rollout_item(run)]
+    phases = [resume_phase(size, run, resident, engines)]
+    if engine is not None:  # at train start the engine was just built: awake whole (weights and KV cache)
+        phases.append(Phase("first weight sync", [*resident, engine, *sync_items(size, run)]))
+    phases += [generation_phase(size, run, [*resident, *engines]), scoring_phase(size, run, [*held, *awake]),
+               *update_phases(size, run, held, awake)]
+    if engine is not None:
+        phases.append(weight_sync_phase(size, run, held, engine))
+    if run.validation:
+        phases += validation_phases(size, run, held, engines, awake)
+    if run.milestone_bytes:
+        phases.append(milestone_phase(size, run, [*held, *awake]))
+    return MemoryPlan(run, size, phases, plan_notes(size, run, engine))
+
+
+def rollout_item(run: RunShape) -> Item:
+    """The step's packed rollouts, held from scoring to the next generation."""
+    T = run.tokens_per_row
+    return Item("rollout tensors", run.sequences_per_rank * (T * 3 * 8 + run.response_tokens * 4 * 4),
+                f"{run.sequences_per_rank} rows x {T} tokens: ids, mask, positions (int64); log-probs, stats (fp32)",
+                "data.prompts_per_step")
+
+
+def forward_items(size: ModelSize, run: RunShape) -> tuple[list[Item], list[Item]]:
+    """``(units, cast)`` of every forward but HF generation, through the policy module: under FSDP
+    its wrapper gathers a unit at a time in the compute dtype; without FSDP autocast casts the
+    fp32 weight of every op (the largest, the LM head's)."""
+    V, H, c = size.vocab_size, size.hidden_size, run.compute_bytes
     units = [gathered_units(size, c)] if run.sharded else []
     cast = [Item("bf16 cast of a weight", V * H * c, f"the largest matrix ({V} x {H}) cast per op")
             ] if run.autocast and not run.sharded else []
-    resid = c if run.sharded or not run.autocast else 4
+    return units, cast
 
-    generation = Phase("generation", [*resident, *engines])
-    if run.backend == "hf":  # the policy generates (vLLM: the engine, from its own copy)
+
+def _micro_batch_knob(run: RunShape) -> str:
+    return "algorithm.micro_batch_size" if run.max_tokens is None else "algorithm.max_tokens_per_microbatch"
+
+
+def generation_phase(size: ModelSize, run: RunShape, held: list[Item]) -> Phase:
+    """Sampling the step's responses: with HF the policy generates, vLLM from its own copy."""
+    generation = Phase("generation", list(held))
+    if run.backend == "hf":
         generation.items += hf_generation_items(size, run, run.generate_rows, run.response_tokens,
                                                 "rollout.max_batch_size (rows per generate call)")
+    return generation
 
-    scoring = Phase("scoring", [
-        *resident, rollouts, *awake, *units,
-        Item("activations (no grad)", layer_forward_bytes(size, mb_tokens, c, resid),
-             f"one layer over {_budget_how(run, T, mb_tokens)} tokens", mb_knob),
+
+def scoring_phase(size: ModelSize, run: RunShape, held: list[Item]) -> Phase:
+    """The no-grad scoring forward, one micro-batch at a time."""
+    units, cast = forward_items(size, run)
+    tokens, c = run.micro_batch_tokens, run.compute_bytes
+    return Phase("scoring", [
+        *held, *units,
+        Item("activations (no grad)", layer_forward_bytes(size, tokens, c, run.resid_bytes),
+             f"one layer over {_budget_how(run, run.tokens_per_row, tokens)} tokens", _micro_batch_knob(run)),
         Item("log-prob head chunk", head_chunk_bytes(size, run.chunk_tokens, c, backward=False),
-             f"{run.chunk_tokens} tokens x {V} x ({c} + 8) B"),
+             f"{run.chunk_tokens} tokens x {size.vocab_size} x ({c} + 8) B"),
         *cast,
     ])
 
-    grads = Item("gradients", m * Pt // shards, f"{Pt:,} x {m} B{share}", shard_knob)
+
+def update_phases(size: ModelSize, run: RunShape, held: list[Item], awake: list[Item]) -> list[Phase]:
+    """The update (each micro-batch's forward and backward) and the optimiser step after it, both
+    beside the gradients (and DDP's buckets)."""
+    Pt, m, shards = size.trained, run.master_bytes, run.shards
+    share = f" / {shards} ranks" if shards > 1 else ""
+    grads = Item("gradients", m * Pt // shards, f"{Pt:,} x {m} B{share}", "" if run.sharded else SHARD_KNOB)
     buckets = [Item("DDP gradient buckets", m * Pt, f"{Pt:,} x {m} B", "trainer=fsdp")] if run.ddp else []
-    update = Phase("update", [*resident, rollouts, grads, *awake, *buckets])
+    beside = [*held, grads, *awake, *buckets]
+    temporaries = Item("AdamW temporaries", m * Pt // shards,
+                       f"foreach: one fp32 list the size of the {'shards' if shards > 1 else 'params'}")
+    return [Phase("update", [*beside, *backward_items(size, run)]), Phase("optimizer step", [*beside, temporaries])]
+
+
+def backward_items(size: ModelSize, run: RunShape) -> list[Item]:
+    """What a micro-batch's forward and backward add: FSDP's gathered unit and its unsharded
+    gradients, or autocast's weight casts; the activations; the head's buffers."""
+    V, H, c, tokens = size.vocab_size, size.hidden_size, run.compute_bytes, run.micro_batch_tokens
+    items = []
     if run.sharded:
-        update.items += [
-            *units,
-            Item("unsharded gradients", (size.root_params + size.layer_params) * c
-                 + max(size.root_params, size.layer_params) * 4,
-                 f"root + 1 layer x {c} B, the larger as fp32 for the reduce-scatter"),
-        ]
+        items += [*forward_items(size, run)[0],
+                  Item("unsharded gradients", (size.root_params + size.layer_params) * c
+                       + max(size.root_params, size.layer_params) * 4,
+                       f"root + 1 layer x {c} B, the larger as fp32 for the reduce-scatter")]
     elif run.autocast:
-        saved = (V * H + size.layer_params) if run.gradient_checkpointing else P
-        update.items.append(Item("bf16 weight casts", saved * c, "the LM head's and the recomputed layer's"
-                                 if run.gradient_checkpointing else "every layer's, saved for backward",
-                                 "" if run.gradient_checkpointing else "model.gradient_checkpointing=true"))
+        saved = (V * H + size.layer_params) if run.gradient_checkpointing else size.params
+        items.append(Item("bf16 weight casts", saved * c, "the LM head's and the recomputed layer's"
+                          if run.gradient_checkpointing else "every layer's, saved for backward",
+                          "" if run.gradient_checkpointing else "model.gradient_checkpointing=true"))
     # the residual stream (what checkpointing keeps per layer) is fp32 under autocast over fp32
     # weights; FSDP's bf16 gathered weights make it bf16
     if run.gradient_checkpointing:
-        checkpoints = size.num_layers * mb_tokens * H * resid
-        acts = checkpoints + 2 * layer_saved_bytes(size, mb_tokens, c)
-        how = (f"{size.num_layers} layer inputs x {mb_tokens} tokens x {H} x {resid} B, and one layer "
+        acts = size.num_layers * tokens * H * run.resid_bytes + 2 * layer_saved_bytes(size, tokens, c)
+        how = (f"{size.num_layers} layer inputs x {tokens} tokens x {H} x {run.resid_bytes} B, and one layer "
                "recomputed with its gradients (2x its saved tensors)")
-        knob = mb_knob
+        knob = _micro_batch_knob(run)
     else:
-        acts = (size.num_layers + 1) * layer_saved_bytes(size, mb_tokens, c)
-        how = f"{size.num_layers} layers' saved tensors over {mb_tokens} tokens, and one layer's gradients"
-        knob = f"model.gradient_checkpointing=true, {mb_knob}"
-    update.items += [
-        Item("activations", acts, how, knob),
-        Item("log-prob head chunk", head_chunk_bytes(size, run.chunk_tokens, c, backward=True),
-             f"{run.chunk_tokens} tokens x {V} x (2 x {c} + 8) B (recomputed in backward)"),
-        *head_weight_grad_items(size, run),
-    ]
+        acts = (size.num_layers + 1) * layer_saved_bytes(size, tokens, c)
+        how = f"{size.num_layers} layers' saved tensors over {tokens} tokens, and one layer's gradients"
+        knob = f"model.gradient_checkpointing=true, {_micro_batch_knob(run)}"
+    return [*items, Item("activations", acts, how, knob),
+            Item("log-prob head chunk", head_chunk_bytes(size, run.chunk_tokens, c, backward=True),
+                 f"{run.chunk_tokens} tokens x {V} x (2 x {c} + 8) B (recomputed in backward)"),
+            *head_weight_grad_items(size, run)]
 
-    temporaries = Item("AdamW temporaries", m * Pt // shards,
-                       f"foreach: one fp32 list the size of the {'shards' if shards > 1 else 'params'}")
-    step = Phase("optimizer step", [*resident, rollouts, grads, *awake, *buckets, temporaries])
 
-    phases = [generation, scoring, update, step]
-    if engine is not None:
-        # at train start the engine was just built: awake whole (weights and KV cache reservation)
-        phases.insert(0, Phase("first weight sync", [*resident, engine, *sync_items(size, run)]))
-        # after each update the weights go into the engine (its KV cache asleep when it sleeps)
-        held = engine if not run.vllm_sleep else Item(
-            "vLLM weights (woken)", size.params * run.vllm_weight_bytes,
-            f"{P:,} x {run.vllm_weight_bytes} B; the KV cache stays asleep until generation")
-        phases.append(Phase("weight sync", [*resident, rollouts, held, *sync_items(size, run)]))
-    if run.validation:
-        phases += validation_phases(size, run, [*resident, rollouts], engines, awake, units, cast, resid)
-    if run.milestone_bytes:
-        phases.append(milestone_phase(size, run, [*resident, rollouts, *awake]))
-    phases.insert(0, resume_phase(size, run, resident, engines))
-    plan = MemoryPlan(run, size, phases)
+def weight_sync_phase(size: ModelSize, run: RunShape, held: list[Item], engine: Item) -> Phase:
+    """After each update the weights go into the engine (its KV cache asleep when it sleeps)."""
+    awake = engine if not run.vllm_sleep else Item(
+        "vLLM weights (woken)", size.params * run.vllm_weight_bytes,
+        f"{size.params:,} x {run.vllm_weight_bytes} B; the KV cache stays asleep until generation")
+    return Phase("weight sync", [*held, awake, *sync_items(size, run)])
+
+
+def plan_notes(size: ModelSize, run: RunShape, engine: Item | None) -> list[str]:
+    """What the tables leave out: LoRA's split, the milestone's host copy, the KV cache, HF's calls,
+    validation."""
+    P, Pt, m = size.params, size.trained, run.master_bytes
+    notes = []
     if size.trainable_params is not None:
-        plan.notes.append(f"LoRA: {Pt:,} adapter parameters train in {m} B (gradients and AdamW states for "
-                          f"those only); the {P:,} base weights are frozen, in {run.weight_bytes} B")
+        notes.append(f"LoRA: {Pt:,} adapter parameters train in {m} B (gradients and AdamW states for "
+                     f"those only); the {P:,} base weights are frozen, in {run.weight_bytes} B")
     if run.milestone_bytes:
-        plan.notes.append(f"milestone: rank 0's host memory gathers the whole policy in {run.milestone_bytes} B, "
-                          f"{gib(P * run.milestone_bytes)}, before save_pretrained writes it")
+        notes.append(f"milestone: rank 0's host memory gathers the whole policy in {run.milestone_bytes} B, "
+                     f"{gib(P * run.milestone_bytes)}, before save_pretrained writes it")
     if engine is not None:
-        plan.notes.append(_engine_note(size, run, engine))
+        notes.append(_engine_note(size, run, engine))
     if run.backend == "hf":
         fill = math.ceil(run.sequences_per_rank / run.generate_rows)
-        plan.notes.append(f"HF generate: {run.sequences_per_rank} responses per rank in {fill} calls of "
-                          f"{run.generate_rows} rows")
+        notes.append(f"HF generate: {run.sequences_per_rank} responses per rank in {fill} calls of "
+                     f"{run.generate_rows} rows")
     if run.validation:
         rows = f", HF {run.val_generate_rows} rows a call" if run.backend == "hf" else ""
-        plan.notes.append(f"validation: responses of <= {run.prompt_tokens} + {run.val_response_tokens} tokens{rows}, "
-                          f"features {'on' if run.val_features else 'off'}, beside the last step's rollout "
-                          "tensors; callbacks.pass_at_k.every_n_steps=0 turns it off")
-    return plan
+        notes.append(f"validation: responses of <= {run.prompt_tokens} + {run.val_response_tokens} tokens{rows}, "
+                     f"features {'on' if run.val_features else 'off'}, beside the last step's rollout "
+                     "tensors; callbacks.pass_at_k.every_n_steps=0 turns it off")
+    return notes
 
 
 def milestone_phase(size: ModelSize, run: RunShape, held: list[Item]) -> Phase:
@@ -585,8 +621,8 @@ def resume_phase(size: ModelSize, run: RunShape, resident: list[Item], engines: 
     return Phase("resume", items)
 
 
-def validation_phases(size: ModelSize, run: RunShape, held: list[Item], engines: list[Item], awake: list[Item],
-                      units: list[Item], cast: list[Item], resid: int) -> list[Phase]:
+def validation_phases(size: ModelSize, run: RunShape, held: list[Item], engines: list[Item],
+                      awake: list[Item]) -> list[Phase]:
     """``callbacks/pass_at_k.py``: every chunk sampled first (vLLM awake with its reservation; HF
     as in generation, with validation's rows and length), the engine released, then with features
     on one no-grad feature forward through the policy module, cut like scoring, ``logits_to_keep=1``
@@ -599,12 +635,12 @@ def validation_phases(size: ModelSize, run: RunShape, held: list[Item], engines:
     if not run.val_features:
         return [sampling]
     tokens, row = run.val_micro_batch_tokens, run.prompt_tokens + run.val_response_tokens
-    knob = "algorithm.micro_batch_size" if run.max_tokens is None else "algorithm.max_tokens_per_microbatch"
+    units, cast = forward_items(size, run)
     features = Phase("validation features", [
         *held, *awake, *units,
-        Item("activations (no grad)", layer_forward_bytes(size, tokens, run.compute_bytes, resid),
+        Item("activations (no grad)", layer_forward_bytes(size, tokens, run.compute_bytes, run.resid_bytes),
              f"one layer over {_budget_how(run, row, tokens)} tokens (logits_to_keep=1: no head chunk)",
-             f"{knob}, callbacks.pass_at_k.features=null"),
+             f"{_micro_batch_knob(run)}, callbacks.pass_at_k.features=null"),
         *cast,
     ])
     return [sampling, features]
