@@ -84,8 +84,8 @@ ANSWER_FEATURE = "-"  # the answer-keyed store reads no feature
 @dataclass(frozen=True)
 class StoreSpec:
     """One way to keep a prompt's wrong responses: ``features`` (the plug-in's store: HDBSCAN
-    over feature rows; ``dedup``: the plug-in's ``meds.dedup``, HDBSCAN and the vote over the
-    distinct rows, sizes counting every copy) or ``answer`` (a count per extracted answer, no
+    over feature rows; ``dedup``: the plug-in's ``meds.clustering.dedup``, HDBSCAN and the vote
+    over the distinct rows, sizes counting every copy) or ``answer`` (a count per extracted answer, no
     features: the upper bound)."""
 
     name: str
@@ -101,11 +101,24 @@ STORES: tuple[StoreSpec, ...] = (
     StoreSpec("min_samples=3", min_samples=3),
     StoreSpec("answer", kind="answer"),
 )
-# the variants that are settings of the MEDS plug-in: what a study arm can take from the audit
-FEATURE_SETTINGS = {"reference": [], "bf16": ["feature_dtype=bfloat16"], "diff": ["diff=true"],
-                    "digits": ["feature_logits=digits"], "final_norm": ["final_norm=true"]}
-STORE_SETTINGS = {"reference": [], "dedup": ["dedup=true"], "min_samples=2": ["min_samples=2"],
-                  "min_samples=3": ["min_samples=3"]}
+# the variants that are settings of the MEDS plug-in: what a study arm can take from the audit, as
+# full keys (configs/plugins/meds.yaml); folders and labels name a key by its last part
+# (studies.runner.setting_name: features.logits -> feature_logits, as before the groups)
+MEDS = "algorithm.plugins.meds"
+FEATURE_SETTINGS = {
+    "reference": [],
+    "bf16": [f"{MEDS}.features.dtype=bfloat16"],
+    "diff": [f"{MEDS}.features.diff=true"],
+    "digits": [f"{MEDS}.features.logits=digits"],
+    "final_norm": [f"{MEDS}.features.final_norm=true"],
+}
+STORE_SETTINGS = {
+    "reference": [],
+    "dedup": [f"{MEDS}.clustering.dedup=true"],
+    "min_samples=2": [f"{MEDS}.clustering.min_samples=2"],
+    "min_samples=3": [f"{MEDS}.clustering.min_samples=3"],
+}
+ANSWER_SETTINGS = [f"{MEDS}.clustering.mode=answer"]  # the answer-keyed memory
 
 
 def chosen_memory(audit: dict) -> tuple[str, list[str]]:
@@ -120,7 +133,7 @@ def chosen_memory(audit: dict) -> tuple[str, list[str]]:
         if g4 >= 0.3 and g3 > 0 and (best is None or g4 > best["G4"]):
             best = row
     if best is None:
-        return "answer", ["mode=answer"]
+        return "answer", list(ANSWER_SETTINGS)
     name = f"{best['feature']} feature, {best['store']} store"
     if best["feature"] not in FEATURE_SETTINGS or best["store"] not in STORE_SETTINGS:
         raise SystemExit(f"[study] D1 chose {name!r}, which is not a MEDS plug-in setting; build it "
@@ -131,7 +144,8 @@ def chosen_memory(audit: dict) -> tuple[str, list[str]]:
 def kept_memory(root: Path) -> tuple[str, list[str]]:
     """The chosen memory of the audit part in ``root``: made once by :func:`chosen_memory` and
     kept in ``choice.json``, so a later audit (a changed variant) cannot change the arm of a D2
-    that already ran."""
+    that already ran. One kept before MEDS's settings were grouped holds their flat keys
+    (``dedup=true``), as its D2's ``study.json`` does; the runner maps them to their new places."""
     path = Path(root) / "choice.json"
     if path.is_file():
         choice = json.loads(path.read_text())
@@ -182,9 +196,9 @@ class AuditSettings:
 
 class FeatureMemory:
     """One prompt's store of wrong features, as the plug-in keeps it (``ClusteredMemory`` with
-    ``refit_growth=0``: every add re-fits), through the plug-in's own functions. ``dedup``: the
-    plug-in's ``meds.dedup`` (HDBSCAN and the vote over the store's distinct rows; a cluster's
-    size still counts every copy)."""
+    ``memory.refit_growth=0``: every add re-fits), through the plug-in's own functions. ``dedup``: the
+    plug-in's ``meds.clustering.dedup`` (HDBSCAN and the vote over the store's distinct rows; a
+    cluster's size still counts every copy)."""
 
     def __init__(self, *, min_cluster_size: int = 2, min_samples: int = 1, k: int = 3, dedup: bool = False):
         self.min_cluster_size, self.min_samples, self.k, self.dedup = min_cluster_size, min_samples, k, dedup

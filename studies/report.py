@@ -34,7 +34,7 @@ from studies.error_modes import render_error_modes, seed_reports
 from studies.mechanism import render_dose_response, render_mechanism, stage_mean
 from studies.plots import MECHANISM_PANELS, SMOOTH, plot_pass_at_k_curves, plot_training_curves
 from studies.routes import route_diversity, route_of
-from studies.runner import WARM_START, load_protocol
+from studies.runner import WARM_START, load_protocol, setting_name
 
 BEGIN = "<!-- study-results:begin -->"
 END = "<!-- study-results:end -->"
@@ -672,7 +672,8 @@ def memory_choice(root: Path) -> list[str]:
     """The memory the audit part in ``root`` chose for D2 (kept), and the rule's choice now."""
     name, settings = kept_memory(root)
     now, _ = chosen_memory(json.loads((root / "audit" / "audit.json").read_text()))
-    return [f"By the protocol's rule D2's third arm uses the memory **{name}** (`{' '.join(settings)}`)"
+    short = " ".join(f"{setting_name(k)}={v}" for k, _, v in (item.partition("=") for item in settings))
+    return [f"By the protocol's rule D2's third arm uses the memory **{name}** (`{short}`)"
             + ("." if now == name else f", chosen when D2 ran (`{root.name}/choice.json`); on this table the rule "
                f"would choose **{now}**.")]
 

@@ -53,6 +53,9 @@ METHODS: dict[str, str] = {  # experiment=study_<name> -> label in the tables
 }
 WARM_START = "warm_start"
 _SHORT_NAMES = {"beta": "cap"}  # how a variant's keys read in labels (MEDS's beta is its cap)
+# MEDS's settings that moved into a group keep their flat names of before in folders and labels, so
+# finished studies and their tables (docs/STUDY_V3.md) read the same
+_MOVED_NAMES = {"features.dtype": "feature_dtype", "features.logits": "feature_logits"}
 _PYTHON_M = [sys.executable, "-m"]
 
 
@@ -76,20 +79,41 @@ def _variant(spec: str) -> list[tuple[str, str]]:
     return [(key, value) for key, _, value in parts]
 
 
+def setting_name(key: str) -> str:
+    """A variant key's name in folders and labels: its last part (``algorithm.advantage`` ->
+    ``advantage``), and a MEDS feature setting its flat name of before
+    (``algorithm.plugins.meds.features.logits`` -> ``feature_logits``)."""
+    parts = key.split(".")
+    return _MOVED_NAMES.get(".".join(parts[-2:]), parts[-1])
+
+
+def _full_key(base: str, key: str) -> str:
+    """A variant key as Hydra takes it: a dotted key as given; a plain one is the plug-in's
+    (``algorithm.plugins.<base>.<key>``), at its new place if MEDS's settings moved it into a
+    group (a ``choice.json`` kept from before the groups: ``dedup`` -> ``clustering.dedup``)."""
+    if "." in key:
+        return key
+    if base == "meds":
+        from medsrl.methods.meds.plugin import Meds  # imports torch: only for a plain MEDS key
+
+        key = Meds.moved.get(key, key)
+    return f"algorithm.plugins.{base}.{key}"
+
+
 def method_overrides(spec: str) -> list[str]:
     """The Hydra overrides a method spec adds to its experiment."""
     base = method_base(spec)
-    return [f"{k if '.' in k else f'algorithm.plugins.{base}.{k}'}={v}" for k, v in _variant(spec)]
+    return [f"{_full_key(base, k)}={v}" for k, v in _variant(spec)]
 
 
 def method_dir(spec: str) -> str:
     """A file-system and Hydra-safe name: ``meds@alpha=1.0,beta=2.0`` -> ``meds_alpha1.0_beta2.0``."""
-    return "_".join([method_base(spec), *(k.rsplit(".", 1)[-1] + v for k, v in _variant(spec))])
+    return "_".join([method_base(spec), *(setting_name(k) + v for k, v in _variant(spec))])
 
 
 def method_label(spec: str) -> str:
     """``MEDS`` or ``MEDS (alpha 1.0, cap 2.0)``."""
-    short = [(k.rsplit(".", 1)[-1], v) for k, v in _variant(spec)]
+    short = [(setting_name(k), v) for k, v in _variant(spec)]
     pairs = ", ".join(f"{_SHORT_NAMES.get(k, k)} {v}" for k, v in short)
     return METHODS[method_base(spec)] + (f" ({pairs})" if pairs else "")
 

@@ -78,7 +78,7 @@ def test_duplicates_make_single_visit_clusters_while_the_answer_memory_counts_re
 
 def test_dedup_store_is_the_plugins_dedup():
     """``dedup`` keeps every row (sizes count copies) and clusters the distinct ones, exactly as
-    ``fit_cluster_labels(dedup=True)``, the function ``meds.dedup`` re-fits with."""
+    ``fit_cluster_labels(dedup=True)``, the function ``meds.clustering.dedup`` re-fits with."""
     from medsrl.features.clustering import fit_cluster_labels
 
     samples, s = _drifting_duplicates(), AuditSettings()
@@ -283,13 +283,16 @@ def _audit(*rows):
     return {"variants": [dict(zip(("feature", "store", "G3", "G4"), r, strict=True)) for r in rows]}
 
 
+DIFF_DEDUP = ["algorithm.plugins.meds.features.diff=true", "algorithm.plugins.meds.clustering.dedup=true"]
+
+
 def test_d1_rule_takes_the_best_feature_memory_or_else_the_answer_keyed_one():
     from studies.audit import chosen_memory as choose
 
     assert (choose(_audit(("reference", "reference", 0.01, 0.05), ("-", "answer", 0.3, 1.0)))
-            == ("answer", ["mode=answer"]))
+            == ("answer", ["algorithm.plugins.meds.clustering.mode=answer"]))
     rows = [("reference", "reference", 0.02, 0.35), ("diff", "dedup", 0.05, 0.5), ("bf16", "reference", -0.1, 0.8)]
-    assert choose(_audit(*rows)) == ("diff feature, dedup store", ["diff=true", "dedup=true"])
+    assert choose(_audit(*rows)) == ("diff feature, dedup store", DIFF_DEDUP)
     with pytest.raises(SystemExit, match="not a MEDS plug-in setting"):
         choose(_audit(("two_tokens", "reference", 0.1, 0.6)))
 
@@ -300,6 +303,6 @@ def test_d2s_memory_is_chosen_once_and_kept(tmp_path):
     (tmp_path / "v3_d1" / "audit").mkdir(parents=True)
     audit = tmp_path / "v3_d1" / "audit" / "audit.json"
     audit.write_text(json.dumps(_audit(("diff", "dedup", 0.05, 0.5))))
-    assert kept_memory(tmp_path / "v3_d1") == ("diff feature, dedup store", ["diff=true", "dedup=true"])
+    assert kept_memory(tmp_path / "v3_d1") == ("diff feature, dedup store", DIFF_DEDUP)
     audit.write_text(json.dumps(_audit(("bf16", "reference", 0.05, 0.9))))  # a later audit
     assert kept_memory(tmp_path / "v3_d1")[0] == "diff feature, dedup store"

@@ -178,9 +178,74 @@ def test_d3_arms_are_distinct_runs_of_known_methods():
 
 
 def test_d2_gives_the_third_arm_the_chosen_memory_at_a_stronger_alpha():
-    s = runner.part_settings(_part("v3", "v3_d2"), {}, ["mode=answer"])
-    assert "meds@mode=answer,alpha=0.5,beta=1.0" in s.methods and "rollout.n=16" in s.overrides
+    from studies.audit import ANSWER_SETTINGS
+
+    s = runner.part_settings(_part("v3", "v3_d2"), {}, ANSWER_SETTINGS)
+    spec = "meds@algorithm.plugins.meds.clustering.mode=answer,alpha=0.5,beta=1.0"
+    assert spec in s.methods and "rollout.n=16" in s.overrides
+    # the folder and label of before the settings were grouped (docs/STUDY_V3.md)
+    assert runner.method_dir(spec) == "meds_modeanswer_alpha0.5_beta1.0"
+    assert runner.method_label(spec) == "MEDS (mode answer, alpha 0.5, cap 1.0)"
     assert "+benchmark.study_l1.trap_fraction=0.75" in s.eval_overrides
     assert "+model.warm_start.task_options.wrong_routes=[shortcut,add,drop]" in s.overrides
     assert not any(o.startswith("+benchmark") for o in s.overrides)  # they stay with the evaluation
     assert "meds@alpha=0.5,beta=1.0" in runner.part_settings(_part("v3", "v3_d2"), {}, []).methods
+
+
+def test_a_memory_setting_keeps_its_published_folder_and_label_and_a_kept_flat_choice_still_runs():
+    """D2's published arm (docs/STUDY_V3.md): the full keys of today and the flat keys a
+    ``choice.json`` kept from before MEDS's settings were grouped name the same folder and label,
+    and both train with the full keys."""
+    from studies.audit import FEATURE_SETTINGS, STORE_SETTINGS
+
+    full = "meds@" + ",".join([*FEATURE_SETTINGS["digits"], *STORE_SETTINGS["dedup"], "alpha=0.5", "beta=1.0"])
+    kept = "meds@feature_logits=digits,dedup=true,alpha=0.5,beta=1.0"
+    for spec in (full, kept):
+        assert runner.method_dir(spec) == "meds_feature_logitsdigits_deduptrue_alpha0.5_beta1.0"
+        assert runner.method_label(spec) == "MEDS (feature_logits digits, dedup true, alpha 0.5, cap 1.0)"
+        assert runner.method_overrides(spec) == [
+            "algorithm.plugins.meds.features.logits=digits", "algorithm.plugins.meds.clustering.dedup=true",
+            "algorithm.plugins.meds.alpha=0.5", "algorithm.plugins.meds.beta=1.0"]
+    assert runner.setting_name("algorithm.plugins.meds.features.dtype") == "feature_dtype"
+    assert runner.setting_name("algorithm.plugins.meds.clustering.min_samples") == "min_samples"
+    assert runner.method_overrides("meds@min_samples=2") == ["algorithm.plugins.meds.clustering.min_samples=2"]
+
+
+def _memory_choices() -> list[list[str]]:
+    """Every memory D1 can hand D2: each feature setting with each store setting, and the
+    answer-keyed memory."""
+    from studies.audit import ANSWER_SETTINGS, FEATURE_SETTINGS, STORE_SETTINGS
+
+    return [f + st for f in FEATURE_SETTINGS.values() for st in STORE_SETTINGS.values()] + [ANSWER_SETTINGS]
+
+
+def _train_overrides(cmd: list[str]) -> list[str]:
+    """A ``medsrl.train`` command's overrides as a single run composes them (no Hydra's own)."""
+    return [w for w in cmd[cmd.index("medsrl.train") + 1:] if w != "-m" and not w.startswith("hydra.")]
+
+
+@pytest.mark.parametrize("protocol", sorted(p.stem for p in runner.PROTOCOLS.glob("*.yaml")))
+def test_every_training_run_a_protocol_makes_composes_and_parses(protocol, tmp_path):
+    """The overrides of every training run the protocol's parts can make (D2 with every memory
+    D1 can choose), composed into the training config and parsed: a renamed setting fails here,
+    not hours into a study."""
+    from medsrl.run_config import RunConfig
+    from run_helpers import compose_train
+
+    commands = []
+    for part in runner.load_protocol(protocol)["parts"]:
+        if "audit" in part:
+            commands.append(["medsrl.train", *part["train"], "skip_if_done=true", "logger=tensorboard"])
+        elif part.get("run", True):
+            memories = _memory_choices() if any("{memory}" in m for m in part.get("methods", [])) else [None]
+            for memory in memories:
+                s = runner.part_settings(part, {"seeds": [0]}, memory)
+                s.check()
+                for stage in runner.stages(s):
+                    commands += runner.train_command(tmp_path, s, stage, [(m, 0) for m in s.methods])
+    assert commands
+    for overrides in dict.fromkeys(tuple(_train_overrides(c)) for c in commands):
+        try:
+            RunConfig.parse(compose_train(tmp_path / "run", list(overrides), debug=None))
+        except Exception as err:
+            raise AssertionError(f"{protocol}: {' '.join(overrides)}") from err
