@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 # PyTorch picks its CPU kernels per machine (AVX2, AVX-512) and they round differently, so a run
 # is reproducible per kernel set. On x86-64 the AVX2 set, the one the recorded figures were made
-# with (docs/HISTORY.md, tests/golden/); ATEN_CPU_CAPABILITY=default lets torch choose.
+# with (docs/HISTORY.md, tests/e2e/golden/); ATEN_CPU_CAPABILITY=default lets torch choose.
 ifeq ($(shell uname -m),x86_64)
 export ATEN_CPU_CAPABILITY ?= avx2
 endif

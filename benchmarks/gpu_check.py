@@ -74,7 +74,7 @@ KEPT = ("time/", "memory/", "engine/", "engine_is/", "padding/", "response_lengt
 MEASURED_AS = {"generation": "generate", "scoring": "logprob", "optimizer step": "update", "weight sync": "sync"}
 LORA_RANK = 16
 # --toy's fsdp case: 1 CPU rank, the world size of the one lent GPU (2 ranks work too, measured 121 s
-# against 75 s for the fsdp and resume cases on 2 busy cores; tests/test_distributed.py covers 2 ranks)
+# against 75 s for the fsdp and resume cases on 2 busy cores; tests/e2e/test_distributed.py covers 2 ranks)
 TOY_FSDP_RANKS = 1
 
 

@@ -38,7 +38,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 os.environ.setdefault("MEDSRL_ROOT", str(ROOT))
 
 import numpy as np  # noqa: E402

@@ -200,7 +200,7 @@ def _timed(values: list[float], warmup: int) -> list[float]:
 
 
 def worker_medsrl(args) -> dict:
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "helpers"))
     import lightning as L
     import torch
 

@@ -7,7 +7,7 @@ import platform
 
 # PyTorch's CPU kernels are chosen per machine (AVX2, AVX-512) and round differently; a warm
 # start of many steps carries the difference into every later number. The recorded figures
-# (tests/golden/, resume equality across processes) are AVX2's, which every x86-64 machine the
+# (tests/e2e/golden/, resume equality across processes) are AVX2's, which every x86-64 machine the
 # suite runs on has: pin it here, before torch is imported, and in every subprocess a test starts.
 if platform.machine().lower() in ("x86_64", "amd64"):
     os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
@@ -59,7 +59,7 @@ def wandb_offline(tmp_path, monkeypatch):
 
 @pytest.fixture
 def cpu_bf16_gemms():
-    """bf16 GEMMs at fp32 speed on CPUs without a bf16 GEMM kernel (``tests/cpu_bf16.py``): for the
+    """bf16 GEMMs at fp32 speed on CPUs without a bf16 GEMM kernel (``tests/helpers/cpu_bf16.py``): for the
     tests that train under ``bf16-mixed`` on the CPU."""
     from cpu_bf16 import bf16_gemms_at_fp32_speed
 

@@ -100,7 +100,7 @@ def test_compose_without_importing_medsrl_gives_the_clis_settings(tmp_path):
         (str(tmp_path / "c"), ["experiment=qwen2.5-math-1.5b_meds", "optim.scheduler.warmup_steps=0"], None),
         (str(tmp_path / "d"), ["algorithm=meds_r3", "algorithm.clip_high=0.3"], "fast"),
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "helpers")}
     proc = subprocess.run([sys.executable, "-c", _COMPOSE_ALONE], input=json.dumps(cases), env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -72,7 +72,7 @@ def read(model, spec, micro=(0, 2, 5)):
 
 def all_layer_logits(model) -> torch.Tensor:
     """[M, N] logit of the first answer token from every layer, for the responses of BATCH with
-    an answer (the reference recompute, ``tests/logit_reference.py``)."""
+    an answer (the reference recompute, ``tests/helpers/logit_reference.py``)."""
     _, responses, packed = batch()
     targets = answer_targets(locate_answers(responses, TOK), responses, packed.prompt_length)
     layers = range(1, len(find_decoder_layers(model)) + 1)

@@ -2,7 +2,7 @@
 time in the engine's dtype, the forwards that run through the units (scoring, features) let a rank
 with fewer rows, or none, join the others' passes instead of hanging them, and a rank that built
 its policy on the ``meta`` device gets rank 0's weights. One spawn runs every check (the process
-start dominates; ``tests/gloo_ranks.py``)."""
+start dominates; ``tests/helpers/gloo_ranks.py``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The vLLM engine's sleep state and weight syncs on 2 gloo ranks under FSDP, with the real
 ``VLLMRolloutEngine`` and ``rollout.base.sync_engine`` over a recording fake of ``vllm.LLM``
-(``tests/fake_vllm.py``): vLLM itself cannot run here.
+(``tests/helpers/fake_vllm.py``): vLLM itself cannot run here.
 
 The fault (issue 35): after a mid-run validation that only rank 0 sampled (AIME24's 30 problems
 are one chunk), ``release()`` slept only rank 0's engine (rank 1's KV cache was already asleep, so

@@ -1,4 +1,4 @@
-"""Sleep mode of the vLLM engine against vLLM 0.32.0's executor as ``tests/fake_vllm.py`` follows
+"""Sleep mode of the vLLM engine against vLLM 0.32.0's executor as ``tests/helpers/fake_vllm.py`` follows
 it: first the fake's rules (each one a line of vLLM's source, quoted there), then
 ``VLLMRolloutEngine.release()`` on every path a rank takes in training and validation. After a
 release nothing of the engine may stay on the GPU: at 7B its weights alone are 14 GiB that scoring

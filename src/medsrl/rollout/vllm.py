@@ -23,7 +23,7 @@ creating an engine closes the previous one, which is refused while a process gro
 shutdown destroys the default one, Lightning's). Sleep mode and ``external_launcher`` under DDP /
 FSDP: docs/GPU.md.
 
-Sleep mode as vLLM 0.32.0 runs it (``tests/fake_vllm.py`` follows it step for step): a sync wakes
+Sleep mode as vLLM 0.32.0 runs it (``tests/helpers/fake_vllm.py`` follows it step for step): a sync wakes
 the weights alone, sampling the KV cache too, and :meth:`VLLMRolloutEngine.release` sleeps at
 level 2. The executor skips a sleep only while its weights sleep
 (``vllm/v1/executor/abstract.py:383-385``), not while the KV cache alone does, and the allocator

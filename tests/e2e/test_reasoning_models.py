@@ -12,6 +12,7 @@ its length bonus, and an update that moves the weights.
 from __future__ import annotations
 
 import pytest
+from test_gpu_experiments import NARROW, _random_policy, changed_fraction, matrices
 
 import medsrl.train as train_py
 from medsrl.data.loaders import load_math_file
@@ -21,7 +22,6 @@ from medsrl.rollout.hf import HFRolloutEngine
 from reasoning_templates import R1_STYLE, tokenizer_dir_with_template
 from run_helpers import compose_train, read_metrics
 from shared_paths import require_shared
-from test_gpu_experiments import NARROW, _random_policy, changed_fraction, matrices
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_bf16_gemms")]
 
@@ -86,7 +86,7 @@ def run_scripted(tmp_path, monkeypatch, experiment: str, extra: list[str]):
     summary = train_py.train(cfg)
     assert summary["steps"] == 2
     # fp32 master weights under bf16 compute at lr 1e-6: every matrix weight moves (as the other
-    # GPU experiments, tests/test_gpu_experiments.py)
+    # GPU experiments, tests/e2e/test_gpu_experiments.py)
     assert cfg.optim.optimizer.lr == 1e-6 and cfg.model.dtype == "float32" and cfg.trainer.precision == "bf16-mixed"
     after = {k: v.detach().float() for k, v in policy.named_parameters()}
     moved = changed_fraction(before, after, matrices(cfg, before))

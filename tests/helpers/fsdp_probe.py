@@ -1,5 +1,5 @@
 """A Lightning callback for tests: how many policy parameters FSDP2 holds gathered at once during
-the update's forward and backward passes (``tests/test_distributed.py``).
+the update's forward and backward passes (``tests/e2e/test_distributed.py``).
 
 It samples every time autograd saves a tensor (forward) and reads one back (backward), which
 happens inside each layer's computation, and counts the parameters of every FSDP2 unit whose

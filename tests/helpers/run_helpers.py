@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("MEDSRL_ROOT", str(ROOT))
 
 
@@ -69,7 +69,7 @@ MICRO_WARM_START = [
 ]
 
 
-# A 3-step MEDS + R3 run whose 4 prompts split into two equal shards (tests/test_distributed.py).
+# A 3-step MEDS + R3 run whose 4 prompts split into two equal shards (tests/e2e/test_distributed.py).
 TWO_RANK_RUN = [
     "debug=fast",
     *MICRO_WARM_START,
@@ -111,7 +111,7 @@ def train_in_subprocess(out: Path, cache: Path, overrides: list[str], timeout_s:
     ]
     # tests/ too: a run may take a test's callback (+callbacks.x={_target_: fsdp_probe.GatherProbe})
     env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests" / "helpers")])}
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,

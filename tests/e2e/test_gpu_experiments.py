@@ -44,7 +44,7 @@ NARROW = {"hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2
           "intermediate_size": 256}
 
 
-# reasoning-model experiments run in tests/test_reasoning_models.py (scripted think-tag responses,
+# reasoning-model experiments run in tests/e2e/test_reasoning_models.py (scripted think-tag responses,
 # the same precision settings and the same moved-weights check)
 REASONING_EXPERIMENTS = ("r1-distill-1.5b_dapo", "r1-distill-1.5b_r3")
 

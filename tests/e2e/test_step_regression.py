@@ -1,5 +1,5 @@
 """The plug-in refactor changed no number: per-step metrics of short MEDS, DAPO and GRPO runs
-equal the ones recorded with the code before it (``tests/golden/step_metrics.json``, written by
+equal the ones recorded with the code before it (``tests/e2e/golden/step_metrics.json``, written by
 the pre-refactor module with the same settings).
 
 Not compared: wall times, and the MEDS re-fit counters and cluster statistics read while a

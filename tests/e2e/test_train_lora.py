@@ -20,7 +20,7 @@ from shared_paths import require_shared
 pytestmark = pytest.mark.slow
 
 LORA = ["model.lora.r=8", "algorithm.kl_coef=0.01"]  # KL on: the reference is the adapters-off base
-# Four prompts, all of them every step (tests/test_train_meds.py): MEDS's memory fills and shapes.
+# Four prompts, all of them every step (tests/e2e/test_train_meds.py): MEDS's memory fills and shapes.
 MEDS_FOUR_PROMPTS = [
     "data.stages=[{name: A, start_step: 0, datasets: [{name: a, weight: 1.0, source: "
     "{_target_: medsrl.data.arithmetic.generate_arithmetic, num: 4, level: 1, split: train}}]}]",
