@@ -33,7 +33,7 @@ VLLM_ENV ?= VLLM_CPU_OMP_THREADS_BIND=0-$(shell echo $$(( $$(nproc) - 1 ))) VLLM
 TRL_VENV ?= .venv-trl
 TRL_STAMP := $(TRL_VENV)/.installed
 
-.PHONY: help install install-gpu lock data train gpu-check plan eval study study-quick study-v2 study-v3 test test-vllm bench-trl lint tensorboard clean
+.PHONY: help install install-gpu lock data train gpu-check plan eval study study-quick study-v2 study-v3 test test-fast test-vllm bench-trl lint tensorboard clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -111,6 +111,9 @@ $(VLLM_STAMP): pyproject.toml $(LOCK)
 	$(VLLM_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	@$(VLLM_VENV)/bin/python -c "import vllm, transformers; print('[medsrl] vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $(VLLM_STAMP)
+
+test-fast: install ## The suite without the slow tests (-m "not slow": no end-to-end run, no gloo ranks), about 4 min on 2 cores
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(PYTEST_ARGS)
 
 test-vllm: $(VLLM_STAMP) ## vLLM rollout tests with the CPU build of vLLM, in its own env (.venv-vllm)
 	$(VLLM_ENV) $(VLLM_VENV)/bin/pytest -q tests/rollout/test_vllm.py $(PYTEST_ARGS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+from pathlib import Path
 
 # PyTorch's CPU kernels are chosen per machine (AVX2, AVX-512) and round differently; a warm
 # start of many steps carries the difference into every later number. The recorded figures
@@ -13,6 +14,14 @@ if platform.machine().lower() in ("x86_64", "amd64"):
     os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
 
 import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    """Everything under tests/e2e/ trains end to end: marked slow, so `make test-fast` leaves it out."""
+    e2e = Path(__file__).parent / "e2e"
+    for item in items:
+        if e2e in item.path.parents:
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_configure(config):

@@ -220,6 +220,7 @@ def two_ranks(tmp_path_factory) -> list[dict]:
     return on_gloo_ranks(_validate_on_rank, tmp_path_factory.mktemp("pass_at_k"), timeout_s=60)
 
 
+@pytest.mark.slow
 def test_every_rank_samples_a_share_and_the_figures_are_one_processes(two_ranks):
     """AIME24's 30 problems were one sampling chunk, so one rank of eight sampled them all. Now
     15 and 15 on 2 ranks, and the metrics (pass@k, maj@n, diversity from the features) equal
@@ -234,6 +235,7 @@ def test_every_rank_samples_a_share_and_the_figures_are_one_processes(two_ranks)
     assert two_ranks[0]["30"]["forwards"] == two_ranks[1]["30"]["forwards"] > 1
 
 
+@pytest.mark.slow
 def test_a_rank_without_problems_joins_every_collective_and_releases(two_ranks):
     """One problem on 2 ranks: rank 1 samples nothing, still syncs, releases and runs as many
     (idle) feature forwards as rank 0; both log one process's figures."""

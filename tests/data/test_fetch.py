@@ -213,6 +213,7 @@ def test_a_clone_without_shared_reads_data_math_from_what_make_data_fetched(mirr
     assert len(dm.val_prompts()) == 30
 
 
+@pytest.mark.slow
 def test_the_entry_points_point_a_clone_without_shared_at_its_own_data_folder(tmp_path):
     """``medsrl-train`` / ``medsrl-eval`` (and ``medsrl-plan``, through train) read ``data/`` of
     the repository on a clone with no ``../shared`` and no ``MEDSRL_DATA_DIR``: where ``make data``

@@ -176,6 +176,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     return on_gloo_ranks(_checks, tmp_path_factory.mktemp("sharding"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["plain", "lora"])
 def test_the_weight_stream_gathers_one_parameter_at_a_time_in_bf16_and_yields_the_merged_weights(ranks, kind):
     """The engine sync gathered a whole fp32 FSDP1 unit at a time (a decoder layer, or the root with
@@ -225,6 +226,7 @@ def test_lora_merge_makes_one_module_at_a_time():
     assert dict(merged_weights(model)).keys() == merged_state_dict(model).keys()
 
 
+@pytest.mark.slow
 def test_a_rank_with_fewer_rows_joins_the_others_forwards(ranks):
     """Scoring and the feature pass run through the FSDP wrapper (each forward a collective);
     rank 1 has fewer micro-batches, and no response at all to featurise: it runs idle passes, no
@@ -240,6 +242,7 @@ def test_a_rank_with_fewer_rows_joins_the_others_forwards(ranks):
         assert units["root"] + layer <= r["most_in_forward"] <= units["root"] + 2 * layer
 
 
+@pytest.mark.slow
 def test_a_rank_built_on_meta_gets_rank0s_weights_and_gradients_go_at_zero_grad(ranks):
     """One load per node: only rank 0 reads the weights (244 GB of host RAM at 7B on 8 ranks when
     each loaded); rank 1 built on the meta device gets its shards and RoPE buffers from rank 0.

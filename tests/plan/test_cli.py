@@ -15,6 +15,7 @@ def experiments() -> list[str]:
     return sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml") if not p.stem.startswith("_"))
 
 
+@pytest.mark.slow
 def test_every_experiment_plans():
     for name in experiments():
         cfg = compose_train_config([f"experiment={name}"])
@@ -36,6 +37,7 @@ def test_every_experiment_plans():
         assert all(p.total > 0 for p in plan.phases), name
 
 
+@pytest.mark.slow
 def test_every_gpu_experiment_declares_its_hardware_and_fits_it():
     gpu = []
     for name in experiments():

@@ -103,6 +103,7 @@ def _rank_worker(rank: int, init_file: str, out_dir: str, diverge: bool) -> None
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_state_is_identical_on_two_gloo_ranks_and_round_trips_through_a_checkpoint(tmp_path):
     mp.spawn(_rank_worker, args=(str(tmp_path / "init"), str(tmp_path), False), nprocs=2)
     a, b = (torch.load(tmp_path / f"state{r}.pt") for r in (0, 1))
@@ -115,6 +116,7 @@ def test_state_is_identical_on_two_gloo_ranks_and_round_trips_through_a_checkpoi
     assert restored.digest() == fresh.digest()
 
 
+@pytest.mark.slow
 def test_diverging_replicas_stop_the_run_naming_the_plugin(tmp_path):
     with pytest.raises(Exception, match="state of plug-in 'counter' differs across ranks"):
         mp.spawn(_rank_worker, args=(str(tmp_path / "init"), str(tmp_path), True), nprocs=2)

@@ -90,6 +90,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     return on_gloo_ranks(_steps, tmp_path_factory.mktemp("engine_sync"), timeout_s=45)
 
 
+@pytest.mark.slow
 def test_after_a_validation_one_rank_sampled_every_rank_sleeps_and_resyncs_together(ranks):
     a, b = ranks
     assert a["released_after_validation"] and b["released_after_validation"]
@@ -106,15 +107,18 @@ def test_after_a_validation_one_rank_sampled_every_rank_sleeps_and_resyncs_toget
     assert validation[:3] == [["wake_up", ["weights"]], ["load", False], ["sleep", 2]]
 
 
+@pytest.mark.slow
 def test_generation_runs_outside_the_trainers_autocast(ranks):
     assert not any(r["generated_under_autocast"] for r in ranks)
 
 
+@pytest.mark.slow
 def test_closing_the_engine_is_refused_while_the_trainers_process_group_is_up(ranks):
     """vLLM's shutdown destroys the default process group: Lightning's, in a multi-rank run."""
     assert all(r["close_refused"] for r in ranks)
 
 
+@pytest.mark.slow
 def test_a_sync_that_leaves_an_engine_parameter_unloaded_fails(ranks):
     """vLLM only warns of such a parameter, and after a level-2 sleep it holds garbage."""
     assert all(r["missing_name_fails"] for r in ranks)

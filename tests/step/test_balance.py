@@ -171,6 +171,7 @@ def _balance_on_rank(rank: int) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_balance_moves_whole_groups_so_the_ranks_tokens_are_even(tmp_path):
     out = on_gloo_ranks(_balance_on_rank, tmp_path, world=3)
     # the step's order: round 0 in prompt order, then round 1 (one process's order)
