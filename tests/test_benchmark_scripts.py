@@ -69,6 +69,7 @@ TOY = {
                                   "--hidden-size", "32", "--layers", "1", "--intermediate-size", "64"), ("hf",)),
     "shared_prompt.py": Toy(("--rounds", "1", "--prompts", "2", "--n", "2", *FAST, "paths.output_dir={tmp}/out"),
                             ("ratio_shared_over_whole",)),
+    "step_route.py": Toy(("algorithm=grpo",), ("files", "lines", "calls")),
     "worker_start.py": Toy(("--toy",), ("rounds",)),
 }
 # Scripts whose toy run is elsewhere: where.
