@@ -1,10 +1,12 @@
 """Significance statistics for comparing two RL methods over a few seeds and many problems.
 
 Two sources of noise: seeds (another seed trains another policy; Welch's t over per-seed scores,
-little power with 3 seeds) and problems (the benchmark is a finite sample; a paired test over
-problems, scores averaged over seeds). A difference is significant only when both reject, so
-neither source alone can make it look real (docs/STUDY.md). Differences are ``b - a``
-(treatment minus baseline); non-finite values are dropped; random draws use a fixed seed.
+little power with 3 seeds; with arms that share seeds, the paired test on per-seed differences,
+its smallest detectable effect and a TOST equivalence test) and problems (the benchmark is a
+finite sample; a paired test over problems, scores averaged over seeds, or within each seed). A
+difference is significant only when both reject, so neither source alone can make it look real
+(docs/STUDY.md). Differences are ``b - a`` (treatment minus baseline); non-finite values are
+dropped; random draws use a fixed seed.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def welch_t_test(a, b) -> WelchResult:
     """Welch's t-test of ``mean(b) - mean(a)``, two-sided: two methods need not have the same
     seed variance. All ``nan`` with fewer than 2 values on a side; with no variance, equal means
     give t = 0, p = 1 and different ones p = ``nan`` (the test cannot judge)."""
-    from scipy.stats import t as student_t  # a dependency of hdbscan and scikit-learn
+    from scipy.stats import t as student_t
 
     x, y = _finite(a), _finite(b)
     if len(x) < 2 or len(y) < 2:
@@ -126,6 +128,83 @@ def paired_problem_test(a, b, *, rounds: int = 10000, seed: int = 0) -> PairedRe
             hits += int((np.abs(signs @ d / n) >= abs(observed) - tol).sum())
         p = (1 + hits) / (1 + rounds)
     return PairedResult(observed, float(lo), float(hi), float(min(1.0, p)), n, exact)
+
+
+@dataclass(frozen=True)
+class PairedSeeds:
+    """Paired comparison of two arms that share seeds (same data order and warm start per seed):
+    the per-seed differences ``b - a``, their t-test, the smallest effect the design detects, and
+    a TOST equivalence test against a margin fixed in the protocol."""
+
+    diff: float  # mean over seeds of b - a
+    sd: float  # sample std (ddof=1) of the per-seed differences
+    seeds: int
+    p: float  # two-sided paired t-test (scipy.stats.ttest_rel)
+    detectable: float  # smallest |diff| found with `power` at two-sided `alpha`, given sd and seeds
+    margin: float  # the equivalence margin (nan: none asked)
+    p_equivalent: float  # TOST: the larger of the two one-sided p-values
+    equivalent: bool  # p_equivalent < alpha: the difference lies within +-margin
+
+
+def detectable_effect(sd: float, n: int, *, alpha: float = ALPHA, power: float = 0.8) -> float:
+    """The smallest true mean difference a paired t-test over ``n`` differences of std ``sd``
+    detects with probability ``power`` at two-sided ``alpha``: (t_{1-alpha/2} + t_{power}) * sd /
+    sqrt(n), both quantiles at n - 1 degrees of freedom (the usual approximation of the
+    noncentral t). ``nan`` below 2 differences."""
+    from scipy.stats import t as student_t
+
+    if n < 2 or not math.isfinite(sd):
+        return math.nan
+    return float((student_t.ppf(1 - alpha / 2, n - 1) + student_t.ppf(power, n - 1)) * sd / math.sqrt(n))
+
+
+def paired_seed_test(a, b, *, margin: float = math.nan, alpha: float = ALPHA, power: float = 0.8) -> PairedSeeds:
+    """``a[s]``, ``b[s]``: the metric of seed s under each arm (the same seeds, in the same order;
+    a pair with a non-finite value is dropped). Welch's test ignores the pairing and loses most
+    of its power when seeds share most of their variance."""
+    from scipy.stats import ttest_1samp, ttest_rel
+
+    x, y = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
+    if x.shape != y.shape:
+        raise ValueError(f"need the same seeds on both sides, got {len(x)} and {len(y)}")
+    keep = np.isfinite(x) & np.isfinite(y)
+    x, y = x[keep], y[keep]
+    d, n = y - x, int(keep.sum())
+    if n < 2:
+        return PairedSeeds(float(d.mean()) if n else math.nan, math.nan, n, math.nan, math.nan, margin, math.nan, False)
+    sd = float(d.std(ddof=1))
+    p = 1.0 if sd == 0.0 and d.mean() == 0.0 else float(ttest_rel(y, x).pvalue)
+    p_eq = math.nan
+    if math.isfinite(margin):
+        if sd == 0.0:
+            p_eq = 0.0 if abs(d.mean()) < margin else 1.0
+        else:
+            low = ttest_1samp(d, -margin, alternative="greater").pvalue
+            high = ttest_1samp(d, margin, alternative="less").pvalue
+            p_eq = float(max(low, high))
+    return PairedSeeds(float(d.mean()), sd, n, p, detectable_effect(sd, n, alpha=alpha, power=power), margin,
+                       p_eq, bool(math.isfinite(p_eq) and p_eq < alpha))
+
+
+def within_seed_sign_flip(a, b, *, rounds: int = 10000, seed: int = 0) -> float:
+    """Two-sided p of a sign-flip test over (seed, problem) pairs: ``a[s][i]``, ``b[s][i]`` are
+    seed s's scores on problem i under each arm. Each pair's difference keeps its seed and problem
+    and only its sign is flipped (``scipy.stats.permutation_test``, ``permutation_type='samples'``),
+    so neither the seeds' nor the problems' spread is averaged away. Non-finite pairs dropped."""
+    from scipy.stats import permutation_test
+
+    x, y = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
+    if x.shape != y.shape:
+        raise ValueError(f"need the same (seed, problem) pairs on both sides, got {len(x)} and {len(y)}")
+    keep = np.isfinite(x) & np.isfinite(y)
+    if not keep.any():
+        return math.nan
+    if np.all(x[keep] == y[keep]):
+        return 1.0
+    result = permutation_test((x[keep], y[keep]), lambda u, v, axis: np.mean(v - u, axis=axis),
+                              permutation_type="samples", n_resamples=rounds, alternative="two-sided",
+                              vectorized=True, rng=np.random.default_rng(seed))
+    return float(result.pvalue)
 
 
 def _chunks(rounds: int, n: int, budget: int = 2_000_000):

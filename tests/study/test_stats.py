@@ -157,3 +157,46 @@ def test_compare_verdicts():
 def test_format_p():
     assert format_p(0.04321) == "0.043" and format_p(0.0001) == "<0.001"
     assert format_p(float("nan")) == "n/a"
+
+
+def test_paired_seeds_against_hand_worked_t_detectable_effect_and_tost():
+    from studies.stats import detectable_effect, paired_seed_test
+
+    a, b = [1.0, 2.0, 3.0, 4.0], [1.5, 2.1, 3.6, 4.2]  # d = 0.5, 0.1, 0.6, 0.2
+    sd = math.sqrt((0.15**2 + 0.25**2 + 0.25**2 + 0.15**2) / 3)  # 0.2380
+    se = sd / 2
+    r = paired_seed_test(a, b, margin=1.0)
+    assert (r.diff, r.seeds) == (pytest.approx(0.35), 4) and r.sd == pytest.approx(sd)
+    assert r.p == pytest.approx(t_two_sided_p(0.35 / se, 3), abs=1e-6)
+    # t quantiles at 3 dof from a table: 0.975 -> 3.1824, 0.80 -> 0.9785
+    assert r.detectable == pytest.approx((3.1824 + 0.9785) * sd / 2, rel=1e-3)
+    assert detectable_effect(sd, 4) == pytest.approx(r.detectable)
+    # TOST: the larger one-sided p; the upper side, t = (0.35 - 1) / se, decides
+    assert r.p_equivalent == pytest.approx(t_two_sided_p((0.35 - 1.0) / se, 3) / 2, abs=1e-6) and r.equivalent
+    narrow = paired_seed_test(a, b, margin=0.3)  # t = 0.05 / se: p about 0.35, not equivalent
+    assert narrow.p_equivalent == pytest.approx(1 - t_two_sided_p(0.05 / se, 3) / 2, abs=1e-6)
+    assert not narrow.equivalent
+    # Welch, unpaired, cannot see a shift this small against the seeds' own spread
+    assert welch_t_test(a, b).p > 0.5 > r.p
+
+
+def test_paired_seeds_edge_cases():
+    from studies.stats import paired_seed_test
+
+    same = paired_seed_test([1.0, 2.0], [1.0, 2.0], margin=0.1)
+    assert (same.p, same.p_equivalent, same.equivalent) == (1.0, 0.0, True)
+    one = paired_seed_test([1.0, math.nan], [2.0, 3.0])
+    assert one.seeds == 1 and math.isnan(one.p) and math.isnan(one.detectable)
+    with pytest.raises(ValueError, match="same seeds"):
+        paired_seed_test([1.0], [1.0, 2.0])
+
+
+def test_within_seed_sign_flip_is_exact_on_few_pairs():
+    from studies.stats import within_seed_sign_flip
+
+    a = [[0.0, 0.0], [0.0, 0.0]]  # 2 seeds x 2 problems
+    # every difference +1: of the 16 sign patterns, 2 reach |mean| >= 1
+    assert within_seed_sign_flip(a, [[1.0, 1.0], [1.0, 1.0]]) == pytest.approx(2 / 16)
+    # +1 and -1 on one seed, +1 on the other: |mean| >= 0.5 in 10 of 16 patterns
+    assert within_seed_sign_flip(a, [[1.0, -1.0], [1.0, 1.0]]) == pytest.approx(10 / 16)
+    assert within_seed_sign_flip(a, a) == 1.0
