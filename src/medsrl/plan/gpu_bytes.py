@@ -12,9 +12,9 @@ backward of one micro-batch, the step's gradients alive, the fused head's weight
 buffers), optimizer step, the weight sync (vLLM: streamed a parameter at a time, in the
 engine's dtype, into its woken weights), and with validation on (``callbacks.pass_at_k.every_n_steps`` > 0) validation
 sampling (as generation, with its own rows and length) and validation features (one no-grad
-feature forward like scoring, without the head chunk); issue 43 adds the resume from a checkpoint
-(before the first step, the engine awake) and, with ``callbacks.milestones`` on, the milestone
-save (the engine released, a parameter made whole at a time). A vLLM engine without sleep mode
+feature forward like scoring, without the head chunk); the resume from a checkpoint (before the
+first step, the engine awake) and, with ``callbacks.milestones`` on, the milestone save (the
+engine released, a parameter made whole at a time). A vLLM engine without sleep mode
 keeps its reservation throughout. No phase outside the update and the optimizer step holds
 gradients: they are set to None after each optimizer step (``step/update.py``; FSDP2's
 ``zero_grad`` frees them too).
@@ -197,12 +197,12 @@ def run_shape(run: RunConfig, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> Run
     # "auto" is the policy's dtype (rollout/vllm.py _engine_dtype)
     engine_bytes = DTYPE_BYTES.get(vllm.dtype, master)
     response_tokens = rollout.max_new_tokens
-    val = validation_settings(run)
+    val = callback_settings(run, "pass_at_k", PassAtKValidation)
     val_n = val.n
     # HF: a chunk of batch_size // n problems, which the engine cuts by its own rows per call
     val_prompts = min(max(1, val.batch_size // val_n), max(1, rollout.max_batch_size // val_n))
     base = dtype_bytes(model.weights_dtype(precision), master) if model.lora.enabled else 0
-    milestones = milestone_settings(run)
+    milestones = callback_settings(run, "milestones", WeightMilestones)
     return RunShape(
         devices=devices,
         sharded=sharded,
@@ -242,20 +242,12 @@ def dtype_bytes(name: str, default: int) -> int:
     return default if isinstance(dtype, str) else dtype.itemsize
 
 
-def milestone_settings(run: RunConfig) -> Any:
-    """``callbacks.milestones``' settings; every_n_steps 0 (off) when the run builds no such callback."""
-    built = run.callbacks.get("milestones")
-    return settings_model(WeightMilestones)(every_n_steps=0) if built is None else built.settings
-
-
-def validation_settings(run: RunConfig) -> Any:
-    """``callbacks.pass_at_k``'s settings (the callback's defaults where the config leaves one
-    out); every_n_steps 0 (validation off) when the run builds no such callback (null, or
-    settings without a ``_target_``: ``callbacks=none`` under an experiment's settings)."""
-    built = run.callbacks.get("pass_at_k")
-    if built is None:
-        return settings_model(PassAtKValidation)(every_n_steps=0)
-    return built.settings
+def callback_settings(run: RunConfig, key: str, callback: type) -> Any:
+    """``callbacks.<key>``'s settings (the callback's defaults where the config leaves one out);
+    every_n_steps 0 (off) when the run builds no such callback (null, or settings without a
+    ``_target_``: ``callbacks=none`` under an experiment's settings)."""
+    built = run.callbacks.get(key)
+    return settings_model(callback)(every_n_steps=0) if built is None else built.settings
 
 
 def _count(v: Any) -> int:
@@ -476,16 +468,20 @@ def generation_phase(size: ModelSize, run: RunShape, held: list[Item]) -> Phase:
 
 def scoring_phase(size: ModelSize, run: RunShape, held: list[Item]) -> Phase:
     """The no-grad scoring forward, one micro-batch at a time."""
+    c = run.compute_bytes
+    head = Item("log-prob head chunk", head_chunk_bytes(size, run.chunk_tokens, c, backward=False),
+                f"{run.chunk_tokens} tokens x {size.vocab_size} x ({c} + 8) B")
+    return Phase("scoring", [*held, *no_grad_forward_items(size, run, run.tokens_per_row, run.micro_batch_tokens,
+                                                             "", _micro_batch_knob(run), head)])
+
+
+def no_grad_forward_items(size: ModelSize, run: RunShape, row_tokens: int, tokens: int, how: str, knob: str,
+                          *head: Item) -> list[Item]:
+    """A no-grad forward over ``tokens`` (rows of at most ``row_tokens``) through the policy module:
+    :func:`forward_items` and one layer's activations (and ``head``, the log-prob head's chunk)."""
     units, cast = forward_items(size, run)
-    tokens, c = run.micro_batch_tokens, run.compute_bytes
-    return Phase("scoring", [
-        *held, *units,
-        Item("activations (no grad)", layer_forward_bytes(size, tokens, c, run.resid_bytes),
-             f"one layer over {_budget_how(run, run.tokens_per_row, tokens)} tokens", _micro_batch_knob(run)),
-        Item("log-prob head chunk", head_chunk_bytes(size, run.chunk_tokens, c, backward=False),
-             f"{run.chunk_tokens} tokens x {size.vocab_size} x ({c} + 8) B"),
-        *cast,
-    ])
+    return [*units, Item("activations (no grad)", layer_forward_bytes(size, tokens, run.compute_bytes, run.resid_bytes),
+                         f"one layer over {_budget_how(run, row_tokens, tokens)} tokens{how}", knob), *head, *cast]
 
 
 def update_phases(size: ModelSize, run: RunShape, held: list[Item], awake: list[Item]) -> list[Phase]:
@@ -568,16 +564,15 @@ def plan_notes(size: ModelSize, run: RunShape, engine: Item | None) -> list[str]
 
 def milestone_phase(size: ModelSize, run: RunShape, held: list[Item]) -> Phase:
     """``callbacks.milestones`` (after the step's weight sync) as ``callbacks/milestones.py`` and
-    ``RLModule.export_policy`` save it since issue 43: the engine released first (vLLM sleep level
+    ``RLModule.export_policy`` save it: the engine released first (vLLM sleep level
     2: its weights and KV cache freed; an engine without sleep mode keeps its reservation, in
     ``held``). Under FSDP each parameter alone is made whole in the milestone's dtype and moved to
     rank 0's host memory before the next (``host_weights``, :func:`gathered_parameter`); with LoRA a
     targeted module's base weight is gathered in the base's dtype and merged (``merged_weights``).
     Without FSDP ``models/export.py`` ``save_policy`` casts the whole state dict to the milestone's
     dtype on the GPU (none when the dtypes agree), with LoRA after merging every adapted weight in
-    the base's dtype. No gradient exists: they are freed at the step's ``zero_grad``. Before issue
-    43 the whole fp32 policy was gathered on every rank with vLLM's weights awake, plus a bf16 copy
-    of it on rank 0's GPU (``tests/plan/test_milestone_resume.py``)."""
+    the base's dtype. No gradient exists: they are freed at the step's ``zero_grad``
+    (``tests/plan/test_milestone_resume.py``)."""
     d, w, P = run.milestone_bytes, run.weight_bytes, size.params
     items = list(held)
     if run.sharded:
@@ -634,16 +629,10 @@ def validation_phases(size: ModelSize, run: RunShape, held: list[Item], engines:
             "callbacks.pass_at_k.batch_size, rollout.max_batch_size (rows per generate call)")
     if not run.val_features:
         return [sampling]
-    tokens, row = run.val_micro_batch_tokens, run.prompt_tokens + run.val_response_tokens
-    units, cast = forward_items(size, run)
-    features = Phase("validation features", [
-        *held, *awake, *units,
-        Item("activations (no grad)", layer_forward_bytes(size, tokens, run.compute_bytes, run.resid_bytes),
-             f"one layer over {_budget_how(run, row, tokens)} tokens (logits_to_keep=1: no head chunk)",
-             f"{_micro_batch_knob(run)}, callbacks.pass_at_k.features=null"),
-        *cast,
-    ])
-    return [sampling, features]
+    features = no_grad_forward_items(size, run, run.prompt_tokens + run.val_response_tokens,
+                                     run.val_micro_batch_tokens, " (logits_to_keep=1: no head chunk)",
+                                     f"{_micro_batch_knob(run)}, callbacks.pass_at_k.features=null")
+    return [sampling, Phase("validation features", [*held, *awake, *features])]
 
 
 def _budget_how(run: RunShape, row_tokens: int, tokens: int) -> str:

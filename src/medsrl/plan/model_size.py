@@ -46,12 +46,6 @@ class ModelSize:
         return self.trainable_params is not None
 
     @property
-    def adapters_per_layer(self) -> int:
-        """LoRA adapter parameters of one decoder layer (the targets are the layers' projections;
-        "all-linear" leaves out the LM head): what the weight sync gathers with each layer."""
-        return 0 if self.trainable_params is None else self.trainable_params // self.num_layers
-
-    @property
     def kv_bytes_per_token(self) -> int:
         """KV cache bytes of one token over all layers, at 1 byte an element (times the dtype's)."""
         return 2 * self.num_layers * self.kv_width
