@@ -9,7 +9,6 @@ from medsrl.algo.engine_correction import (
     ENGINE_IS_MODES,
     engine_is_stats,
     engine_is_weights,
-    truncated_is_stats,
     truncated_is_weights,
 )
 from medsrl.algo.settings import AlgorithmConfig
@@ -22,9 +21,9 @@ def test_weights_are_the_capped_ratio_of_trainer_to_engine_probabilities():
     # 0.5/0.25 = 2 (at the cap), 0.2/0.4 = 0.5, 0.9/0.1 = 9 -> 2
     assert w[0].tolist() == pytest.approx([2.0, 0.5, 2.0], rel=1e-6)
     assert w.dtype == torch.float32 and not w.requires_grad
-    stats = truncated_is_stats(w, torch.tensor([[1.0, 1.0, 0.0]]), cap=2.0)
+    stats = engine_is_stats(w, torch.tensor([[1.0, 1.0, 0.0]]), 2.0)
     assert stats == pytest.approx({"weight_mean": 1.25, "capped_frac": 0.5})
-    assert truncated_is_stats(w, torch.zeros(1, 3), cap=2.0) == {}
+    assert engine_is_stats(w, torch.zeros(1, 3), 2.0) == {}
 
 
 def test_weights_multiply_the_policy_gradient_term_per_token():
@@ -113,7 +112,6 @@ def test_the_default_mode_is_todays_token_truncation_exactly():
     mask = (torch.arange(7) < torch.tensor([[7], [5], [1], [0]])).float()
     w = engine_is_weights(old, engine, mask, 1.5)
     assert torch.equal(w, truncated_is_weights(old, engine, 1.5)) and not w.requires_grad
-    assert engine_is_stats(w, mask, 1.5) == truncated_is_stats(w, mask, 1.5)
     assert set(engine_is_stats(w, mask, 1.5)) == {"weight_mean", "capped_frac"}
     assert AlgorithmConfig().engine_is_mode == "token_truncate"
 

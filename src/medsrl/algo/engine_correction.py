@@ -118,11 +118,6 @@ def engine_is_stats(weights: Tensor, mask: Tensor, cap: float, mode: str = "toke
     return {"weight_mean": float(w.mean()), "masked_frac": float((w == 0).double().mean())}
 
 
-def truncated_is_stats(weights: Tensor, mask: Tensor, cap: float) -> dict[str, float]:
-    """Token means over ``mask``: the weight, and the share of tokens held at the cap."""
-    return engine_is_stats(weights, mask, cap, "token_truncate")
-
-
 def check_engine_correction(cap: float | None, logprobs: bool, temperature: float, top_p: float) -> None:
     """The settings truncated IS needs: it divides the trainer's probability (temperature 1, the
     whole vocabulary) by the engine's sampling one, so it needs the engine's log-probs and
