@@ -94,12 +94,6 @@ def adapters_to(model: nn.Module, dtype: torch.dtype) -> None:
             param.data = param.data.to(dtype)
 
 
-def is_adapter_leaf(module: nn.Module) -> bool:
-    """A module with no children whose weight trains: PEFT's ``lora_A`` / ``lora_B`` layers."""
-    weight = getattr(module, "weight", None)
-    return next(module.children(), None) is None and isinstance(weight, torch.Tensor) and weight.requires_grad
-
-
 def is_adapter_key(key: str) -> bool:
     """Whether a state-dict key names an adapter weight (``...q_proj.lora_A.default.weight``)."""
     return "lora_" in key
