@@ -10,11 +10,16 @@ import torch
 from medsrl.algo.advantages import group_advantages
 from medsrl.methods.meds.gate import (
     closed_form_shaped_advantages,
+    common_penalty,
+    correct_advantage_loss,
     distinct_penalty_share,
     earlier_answer_counts,
+    per_response,
+    rewarded_error_share,
     size_recurrence_correlation,
     top_answer_excess,
 )
+from medsrl.methods.meds.diagnostics import penalty_on_top_answer
 
 
 def _random_groups(seed: int, groups: int = 50, n: int = 8):
@@ -88,3 +93,51 @@ def test_g4_correlates_size_with_earlier_answer_counts_within_groups():
     # the confound a pooled correlation would show: a bigger store, bigger sizes and counts
     assert size_recurrence_correlation([0, 0, 1, 1], [1, 2, 9, 8], [0, 1, 5, 6]) == pytest.approx(0.0)
     assert not math.isnan(size_recurrence_correlation([0, 0, 0], [1, 2, 3], [3, 1, 2]))
+
+
+def test_g3_is_taken_within_each_group_then_averaged():
+    """Two groups whose wrong responses each share one penalty (G1 = 0: MEDS changes nothing):
+    within each group the penalty's share on the top answer is that answer's share, G3 = 0. Pooled
+    over the groups (v3), the group with the larger penalty and one answer made it +1/3."""
+    gids = [0, 1, 1, 1]
+    wrong = [True, True, True, True]
+    answers = ["7", "5", "6", "8"]
+    pen = [0.9, 0.1, 0.1, 0.1]
+    assert distinct_penalty_share(gids, wrong, pen) == 0.0
+    assert top_answer_excess(gids, wrong, answers, pen) == pytest.approx(0.0)
+    on_top, share = penalty_on_top_answer(gids, wrong, answers, pen)  # pooled: (0.9 + 0.1) / 1.2 - 2 / 4
+    assert on_top - share == pytest.approx(1.0 / 1.2 - 0.5)
+    # two groups that do target: (0.75 - 0.5) and (1/3 - 1/3), averaged
+    gids, wrong = [0, 0, 0, 0, 1, 1, 1], [True] * 7
+    answers = ["7", "7", "9", "9", "1", "2", "3"]
+    pen = [0.3, 0.3, 0.1, 0.1, 0.2, 0.2, 0.2]
+    assert top_answer_excess(gids, wrong, answers, pen) == pytest.approx((0.25 + 0.0) / 2)
+    assert top_answer_excess([0, 1], [True, True], ["7", "8"], [0.0, 0.0]) is None
+
+
+def test_g2_common_part_is_the_groups_mean_wrong_penalty_and_changes_no_advantage():
+    correct = torch.tensor([1, 0, 0, 1, 1, 0], dtype=torch.float64)
+    gids = torch.tensor([0, 0, 0, 1, 1, 1])
+    penalty = torch.tensor([0.0, 0.1, 0.3, 0.0, 0.0, 0.4], dtype=torch.float64)
+    common = common_penalty(penalty, correct == 0, gids)
+    torch.testing.assert_close(common, torch.tensor([0.0, 0.2, 0.2, 0.0, 0.0, 0.4], dtype=torch.float64))
+    raw = group_advantages(correct, gids, eps=0.0)
+    torch.testing.assert_close(group_advantages(correct - common, gids, eps=0.0), raw, atol=1e-12, rtol=0)
+    # the targeted part alone moves them: the wrong response with the larger penalty loses
+    shaped = group_advantages(correct - penalty, gids, eps=0.0)
+    assert shaped[1] > raw[1] > shaped[2]
+
+
+def test_g5_counts_rewarded_errors_of_mixed_groups_and_g6_the_correct_responses_loss():
+    correct = torch.tensor([1, 0, 0, 0, 0], dtype=torch.float64)
+    gids = torch.tensor([0, 0, 0, 1, 1])  # group 1: all wrong, no gradient, not counted
+    shaped = torch.tensor([0.8, -0.3, 0.05, 0.0, 0.0])
+    base = torch.tensor([1.0, -0.5, -0.5, 0.0, 0.0])
+    assert rewarded_error_share(shaped, correct, gids) == pytest.approx(0.5)
+    assert rewarded_error_share(base, correct, gids) == 0.0
+    assert correct_advantage_loss(shaped, base, correct, gids) == pytest.approx(1 - 0.8 / 1.0)
+    assert rewarded_error_share(shaped[3:], correct[3:], gids[3:]) is None
+    assert correct_advantage_loss(shaped[3:], base[3:], correct[3:], gids[3:]) is None
+    tokens = torch.tensor([[0.8, 0.8, 0.0], [-0.3, -0.1, 5.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    torch.testing.assert_close(per_response(tokens, mask), torch.tensor([0.8, -0.2]))

@@ -275,7 +275,7 @@ def test_gate_figures_are_logged_on_a_hand_made_step(tmp_path):
     m = ctx.metrics
     assert m["meds/gate/g1_distinct_penalty_groups"] == 1.0
     on_top = 2 * math.log(4) / (2 * math.log(4) + math.log(3))  # "14": 2 of the 3 wrong responses
-    assert m["meds/gate/g3_top_answer_excess"] == pytest.approx(on_top - 2 / 3)
+    assert m["meds/gate/g3_group_top_answer_excess"] == pytest.approx(on_top - 2 / 3)  # one group
     assert m["meds/gate/g4_size_recurrence_corr"] == pytest.approx(1.0)
     assert -step.rollouts.scores[2].item() == pytest.approx(0.1 * math.log(3), abs=1e-6)
     assert m["meds/clusters_per_key"] >= 1.0 and 0.0 <= m["meds/noise_fraction"] <= 1.0
@@ -301,7 +301,12 @@ def test_advantage_placement_subtracts_the_penalty_after_normalisation(tmp_path)
     shaped = mem.shape_advantages(rollouts, raw, ctx)
     pen = math.log(4)  # size 3, alpha 1, cap 2
     torch.testing.assert_close(shaped, raw - torch.tensor([pen, pen, 0.0]), atol=1e-6, rtol=0)
-    assert ctx.metrics["meds/gate/g2_advantage_rewritten"] > 0.5
+    m = ctx.metrics
+    assert m["meds/gate/g2_advantage_rewritten"] > 0.5
+    # both wrong responses carry one penalty: all of the change is the common part, none targets
+    assert m["meds/gate/g2_common"] == pytest.approx(m["meds/gate/g2_advantage_rewritten"])
+    assert m["meds/gate/g2_targeted"] == 0.0
+    assert m["meds/gate/g5_rewarded_errors"] == 0.0 and m["meds/gate/g6_correct_advantage_loss"] == 0.0
     with pytest.raises(ValueError, match="placement=advantage"):
         Meds(placement="advantage", target="right")
 

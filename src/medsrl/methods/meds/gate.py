@@ -14,11 +14,18 @@ cluster means a more often repeated answer. Four figures, logged every step by t
 
 - G1 :func:`distinct_penalty_share`: share of the update's groups whose wrong responses carry at
   least two distinct penalties (the groups the penalty can change at all);
-- G2 the share of the advantage signal shaping rewrote (``algo.advantage_change_fraction``);
-- G3 :func:`top_answer_excess`: the penalty's share on each group's most frequent wrong answer
-  minus that answer's share of the wrong responses (> 0: the penalty targets the repeated mistake);
+- G2 the share of the advantage signal shaping rewrote (``algo.advantage_change_fraction``), split
+  (gate v2) into its common part, the group's mean wrong penalty :func:`common_penalty`, which only
+  rescales a group's advantages, and the targeted part, the deviations around it;
+- G3 :func:`top_answer_excess`: within each group, the penalty's share on its most frequent wrong
+  answer minus that answer's share of its wrong responses, averaged over the groups (> 0: the
+  penalty targets the repeated mistake; v3 pooled the groups, which two groups that each share
+  one penalty turn into +25 pp);
 - G4 :func:`size_recurrence_correlation`: within a group, the rank correlation between a wrong
-  response's cluster size and how often its answer was given before for that prompt.
+  response's cluster size and how often its answer was given before for that prompt;
+- G5 :func:`rewarded_error_share`: the share of the wrong responses of mixed groups whose
+  advantage is >= 0 (errors the update rewards);
+- G6 :func:`correct_advantage_loss`: the relative loss of the correct responses' advantage.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import torch
 from scipy.stats import spearmanr
 from torch import Tensor
 
+from medsrl.algo.logprobs import masked_mean
 from medsrl.methods.meds.diagnostics import penalty_on_top_answer
 
 
@@ -50,10 +58,20 @@ def distinct_penalty_share(group_ids: Sequence[int], wrong: Sequence[bool], pena
 def top_answer_excess(
     group_ids: Sequence[int], wrong: Sequence[bool], answers: Sequence[str | None], penalty: Sequence[float]
 ) -> float | None:
-    """G3: penalty share on each group's most frequent wrong answer minus that answer's share of
-    the wrong responses (``diagnostics.penalty_on_top_answer``); ``None`` without penalty."""
-    on_top, share = penalty_on_top_answer(group_ids, wrong, answers, penalty)
-    return None if on_top is None or share is None else on_top - share
+    """G3: per group with penalty on its wrong responses, the penalty's share on its most frequent
+    wrong answer minus that answer's share of its wrong responses
+    (``diagnostics.penalty_on_top_answer`` of the group alone), averaged over those groups;
+    ``None`` when no group has penalty."""
+    rows: dict[int, list[int]] = defaultdict(list)
+    for j, g in enumerate(group_ids):
+        rows[int(g)].append(j)
+    excess = []
+    for members in rows.values():
+        on_top, share = penalty_on_top_answer([0] * len(members), [wrong[j] for j in members],
+                                              [answers[j] for j in members], [penalty[j] for j in members])
+        if on_top is not None and share is not None:
+            excess.append(on_top - share)
+    return float(np.mean(excess)) if excess else None
 
 
 def earlier_answer_counts(
@@ -103,3 +121,50 @@ def closed_form_shaped_advantages(correct: Tensor, penalty: Tensor, group_ids: T
         rho = we.std() / scale
         out[i] = ((ri - ri.mean()) / sigma_r - we / scale) / torch.sqrt(1.0 + rho**2)
     return out
+
+
+def common_penalty(penalty: Tensor, wrong: Tensor, group_ids: Tensor) -> Tensor:
+    """Each wrong response's penalty replaced by its group's mean wrong penalty ``dbar`` (correct
+    responses keep theirs, 0): the part of MEDS's term that rescales a group's advantages and
+    targets no response (G2's common part; the rest, ``penalty - common``, is the targeted part)."""
+    w = wrong.to(penalty.dtype)
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    groups = int(inv.max()) + 1 if inv.numel() else 0
+    total = torch.zeros(groups, dtype=penalty.dtype).index_add_(0, inv, w * penalty)
+    count = torch.zeros(groups, dtype=penalty.dtype).index_add_(0, inv, w)
+    dbar = total / count.clamp(min=1)
+    return torch.where(wrong, dbar[inv], penalty)
+
+
+def per_response(advantages: Tensor, response_mask: Tensor) -> Tensor:
+    """One advantage per response ``[B]``: sequence advantages as they are, token-level ones
+    averaged over the response's tokens."""
+    return advantages if advantages.dim() == 1 else masked_mean(advantages, response_mask, dim=-1)
+
+
+def _mixed(correct: Tensor, group_ids: Tensor) -> Tensor:
+    """Bool [B]: the response's group has both a correct and a wrong response."""
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    c = correct.to(torch.float64)
+    hits = torch.zeros(int(inv.max()) + 1 if inv.numel() else 0, dtype=torch.float64).index_add_(0, inv, c)
+    size = torch.bincount(inv).to(torch.float64)
+    return ((hits > 0) & (hits < size))[inv]
+
+
+def rewarded_error_share(advantages: Tensor, correct: Tensor, group_ids: Tensor) -> float | None:
+    """G5: among the wrong responses of mixed groups (an all-wrong group has no gradient), the
+    share whose advantage is >= 0: an error the update does not push down. ``None`` without any."""
+    rows = _mixed(correct, group_ids) & ~correct.bool()
+    if not rows.any():
+        return None
+    return float((advantages[rows] >= 0).double().mean())
+
+
+def correct_advantage_loss(shaped: Tensor, base: Tensor, correct: Tensor, group_ids: Tensor) -> float | None:
+    """G6: ``1 - sum(shaped) / sum(base)`` over the correct responses of mixed groups: the share
+    of their advantage shaping took away (< 0: it gave them more). ``None`` when they have none."""
+    rows = _mixed(correct, group_ids) & correct.bool()
+    total = float(base[rows].double().sum())
+    if total == 0.0:
+        return None
+    return 1.0 - float(shaped[rows].double().sum()) / total

@@ -45,8 +45,12 @@ from medsrl.methods.dynamic_sampling import DynamicSampling
 from medsrl.methods.meds.clustered_memory import ClusteredMemory
 from medsrl.methods.meds.diagnostics import cluster_answer_purity, penalty_on_top_answer
 from medsrl.methods.meds.gate import (
+    common_penalty,
+    correct_advantage_loss,
     distinct_penalty_share,
     earlier_answer_counts,
+    per_response,
+    rewarded_error_share,
     size_recurrence_correlation,
     top_answer_excess,
 )
@@ -308,21 +312,40 @@ class Meds(Plugin):
         way, gate G2: the share of the advantage signal MEDS rewrote (against the advantages of
         the scores without MEDS's term, under the run's estimator)."""
         pen = self._pen.to(device=advantages.device, dtype=advantages.dtype)
+        wrong = (rollouts.acc <= 0.5).to(advantages.device)
+        common_pen = common_penalty(pen, wrong, rollouts.group_ids.to(advantages.device))
         if self.placement == "advantage":
-            wrong = (rollouts.acc <= 0.5).to(advantages.device)
             base = advantages
-            wrong_pen = torch.where(wrong, pen, torch.zeros_like(pen))
-            advantages = advantages - wrong_pen.view(-1, *[1] * (advantages.dim() - 1))
+            advantages = advantages - torch.where(wrong, pen, 0.0).view(-1, *[1] * (advantages.dim() - 1))
+            common = base - torch.where(wrong, common_pen, 0.0).view(-1, *[1] * (advantages.dim() - 1))
         else:
             base = self._advantages_without_meds(rollouts)
-        ctx.log(self, {"gate/g2_advantage_rewritten": advantage_change_fraction(
-            advantages, base.to(advantages.device), rollouts.packed.response_mask)})
+            common = self._advantages_without_meds(rollouts, -torch.where(wrong, common_pen, 0.0))
+        ctx.log(self, self._gate_advantages(rollouts, advantages, base.to(advantages.device),
+                                            common.to(advantages.device)))
         return advantages
 
-    def _advantages_without_meds(self, rollouts: StepRollouts) -> torch.Tensor:
-        """The run's advantages had MEDS not shaped the scores (the same collectives on every rank)."""
+    def _gate_advantages(self, rollouts: StepRollouts, shaped: torch.Tensor, base: torch.Tensor,
+                         common: torch.Tensor) -> dict[str, float]:
+        """Gate G2 (the share of the advantage signal MEDS rewrote, whole and split into the common
+        and targeted parts), G5 and G6 (``gate.py``)."""
+        mask = rollouts.packed.response_mask
+        out = {"g2_advantage_rewritten": advantage_change_fraction(shaped, base, mask),
+               "g2_common": advantage_change_fraction(common, base, mask),
+               "g2_targeted": advantage_change_fraction(shaped, common, mask)}
+        correct, groups = (rollouts.acc > 0.5).cpu(), rollouts.group_ids.cpu()
+        shaped_r, base_r = (per_response(a.detach(), mask).cpu() for a in (shaped, base))
+        out["g5_rewarded_errors"] = rewarded_error_share(shaped_r, correct, groups)
+        out["g6_correct_advantage_loss"] = correct_advantage_loss(shaped_r, base_r, correct, groups)
+        return {f"gate/{k}": float(v) for k, v in out.items() if v is not None}
+
+    def _advantages_without_meds(self, rollouts: StepRollouts, term: torch.Tensor | None = None) -> torch.Tensor:
+        """The run's advantages had MEDS added ``term`` (None: nothing) instead of its own to the
+        scores (the same collectives on every rank)."""
         delta = rollouts.terms.get(self.name)
         scores = rollouts.scores if delta is None else rollouts.scores - delta
+        if term is not None:
+            scores = scores + term.to(device=scores.device, dtype=scores.dtype)
         terms = {k: v for k, v in rollouts.terms.items() if k != self.name}
         inputs = AdvantageInputs(scores, rollouts.group_ids, terms, rollouts.packed.response_mask,
                                  reduce_sum=all_reduce_sum if is_distributed() else None)
@@ -345,12 +368,12 @@ class Meds(Plugin):
         return out
 
     def _gate(self, rollouts: StepRollouts, sizes: np.ndarray, pen: torch.Tensor) -> dict[str, float]:
-        """Gate figures G1, G3, G4 (``gate.py``) of this step's groups; G2 in ``shape_advantages``."""
+        """Gate figures G1, G3, G4 (``gate.py``) of this step's groups; G2, G5, G6 in ``shape_advantages``."""
         groups = rollouts.group_ids.tolist()
         wrong = (rollouts.acc <= 0.5).tolist()
         answers = [g.extracted for g in rollouts.grades]
         out = {"g1_distinct_penalty_groups": distinct_penalty_share(groups, wrong, pen.tolist()),
-               "g3_top_answer_excess": top_answer_excess(groups, wrong, answers, pen.tolist())}
+               "g3_group_top_answer_excess": top_answer_excess(groups, wrong, answers, pen.tolist())}
         featured = [(j, i) for j, i in enumerate(self._rows.tolist()) if wrong[i]]
         counts = earlier_answer_counts([rollouts.keys[i] for _, i in featured],
                                        [answers[i] for _, i in featured], self.answer_counts)
