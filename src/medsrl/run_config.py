@@ -194,19 +194,24 @@ class RunConfig(Open):
         """The run's settings, or one ``ValueError`` naming every problem; once the sections
         parse, the checks that span them run on the typed run (``checks``: more of them, e.g.
         ``train.lora_target_problems``)."""
-        missing: list[str] = []
-        values = plain(cfg, missing) if isinstance(cfg, DictConfig) else dict(cfg)
-        found = [f"{key} must be set (it is ???)" for key in missing]
-        run = None
-        try:
-            run = cls.model_validate(values)
-        except ValidationError as err:
-            found += [_dataset_named(message(cls, e, "", ""), e["loc"], values) for e in err.errors()]
+        run, found = _validated(cls, cfg, _dataset_named)
         if run is not None and not found:
             for check in (bound_checks, precision_problems, logger_problems, *checks):
                 found += check(run)
         _raise(found, "training")
         return run
+
+
+def _validated(cls: type[BaseModel], cfg: DictConfig | dict, named) -> tuple[Any, list[str]]:
+    """``cfg`` parsed as ``cls`` (None where it does not parse) and every problem found, each
+    ``named(message, loc, values)`` (the dataset or benchmark it belongs to)."""
+    missing: list[str] = []
+    values = plain(cfg, missing) if isinstance(cfg, DictConfig) else dict(cfg)
+    found = [f"{key} must be set (it is ???)" for key in missing]
+    try:
+        return cls.model_validate(values), found
+    except ValidationError as err:
+        return None, found + [named(message(cls, e, "", ""), e["loc"], values) for e in err.errors()]
 
 
 def _dataset_named(message: str, loc: tuple, values: dict) -> str:
@@ -326,14 +331,7 @@ class EvalRunConfig(SamplingSpec, Open):
 
     @classmethod
     def parse(cls, cfg: DictConfig | dict) -> EvalRunConfig:
-        missing: list[str] = []
-        values = plain(cfg, missing) if isinstance(cfg, DictConfig) else dict(cfg)
-        found = [f"{key} must be set (it is ???)" for key in missing]
-        run = None
-        try:
-            run = cls.model_validate(values)
-        except ValidationError as err:
-            found += [_benchmark_named(message(cls, e, "", ""), e["loc"], values) for e in err.errors()]
+        run, found = _validated(cls, cfg, _benchmark_named)
         _raise(found, "evaluation")
         return run
 
