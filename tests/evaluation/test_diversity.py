@@ -89,3 +89,26 @@ def test_problem_diversity_without_features():
     assert math.isnan(out["eigen_ratio"]) and math.isnan(out["wrong_clusters"])
     with pytest.raises(ValueError):
         problem_diversity(["1", "2"], [0, 1], np.ones((3, 4)))  # rows not aligned with scores
+
+
+def test_rarefied_distinct_wrong_answers_by_hand():
+    from medsrl.evaluation.diversity import rarefied_distinct_wrong
+
+    answers, scores = ["1", "1", "2", "3", "7", None], [0, 0, 0, 0, 1, 0]  # wrong with an answer: 1, 1, 2, 3
+    # m = 2 of N = 4: "1" is missed by 1 of the C(4, 2) = 6 pairs, "2" and "3" by 3 each
+    assert rarefied_distinct_wrong(answers, scores, 2) == pytest.approx(5 / 6 + 1 / 2 + 1 / 2)
+    assert rarefied_distinct_wrong(answers, scores, 4) == pytest.approx(3.0)  # all of them
+    assert rarefied_distinct_wrong(answers, scores, 1) == pytest.approx(1.0)
+    assert math.isnan(rarefied_distinct_wrong(answers, scores, 5))  # fewer wrong samples than m
+    # the accuracy confound: fewer errors, same spread -> the same rarefied figure
+    many, few = ["1", "2"] * 4, ["1", "2"]
+    assert rarefied_distinct_wrong(many, [0] * 8, 2) == pytest.approx(1 + 1 - 2 * (4 * 3) / (8 * 7))
+    assert rarefied_distinct_wrong(few, [0] * 2, 2) == pytest.approx(2.0)
+
+
+def test_hill2_of_wrong_answers_by_hand():
+    from medsrl.evaluation.diversity import hill2_wrong
+
+    assert hill2_wrong(["1", "1", "2", "3", "9"], [0, 0, 0, 0, 1]) == pytest.approx(1 / (0.25 + 0.0625 + 0.0625))
+    assert hill2_wrong(["4"] * 5, [0] * 5) == pytest.approx(1.0)
+    assert math.isnan(hill2_wrong(["9"], [1]))

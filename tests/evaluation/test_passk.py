@@ -112,3 +112,13 @@ def test_majority_vote_no_answer():
     assert majority_vote_correct([], []) == 0.0
     with pytest.raises(ValueError):
         majority_vote_correct(["1"], [1, 0])
+
+
+def test_cover_at_tau_is_the_share_of_problems_solved_that_reliably():
+    from medsrl.evaluation.passk import cover_at
+
+    counts = [0, 1, 4, 8]  # of 8 samples each
+    assert cover_at(8, counts, 1 / 8) == pytest.approx(3 / 4)  # solved at all
+    assert cover_at(8, counts, 0.5) == pytest.approx(2 / 4)
+    assert cover_at(8, counts, 1.0) == pytest.approx(1 / 4)
+    assert cover_at([8, 8, 4, 8], [0, 1, 2, 8], 0.5) == pytest.approx(2 / 4)  # each problem its own n

@@ -32,6 +32,39 @@ def distinct_wrong_answers(answers: Sequence[str | None], scores: Sequence[float
     return len({answer_key(a) for a, s in zip(answers, scores, strict=True) if s < 1.0} - {None})
 
 
+def _wrong_answer_counts(answers: Sequence[str | None], scores: Sequence[float]) -> np.ndarray:
+    """How often each distinct wrong answer was given (``answer_key``; no answer left out)."""
+    if len(answers) != len(scores):
+        raise ValueError(f"{len(answers)} answers but {len(scores)} scores")
+    keys = [answer_key(a) for a, s in zip(answers, scores, strict=True) if s < 1.0]
+    _, counts = np.unique([k for k in keys if k is not None], return_counts=True)
+    return counts
+
+
+def rarefied_distinct_wrong(answers: Sequence[str | None], scores: Sequence[float], m: int) -> float:
+    """The expected number of distinct wrong answers among ``m`` of the problem's wrong samples
+    drawn without replacement (Hurlbert's rarefaction: sum over answers of 1 - C(N - N_a, m) /
+    C(N, m)): a policy that errs less has fewer wrong samples and so fewer distinct ones; at a
+    fixed m that confound is gone. ``nan`` with fewer than ``m`` wrong samples (with an answer)."""
+    counts = _wrong_answer_counts(answers, scores)
+    total = int(counts.sum())
+    if m < 1 or total < m:
+        return float("nan")
+    # C(N - N_a, m) / C(N, m) as a product, exact for any sizes
+    miss = [np.prod([(total - c - i) / (total - i) for i in range(m)]) if total - c >= m else 0.0 for c in counts]
+    return float(sum(1.0 - q for q in miss))
+
+
+def hill2_wrong(answers: Sequence[str | None], scores: Sequence[float]) -> float:
+    """Hill number of order 2 (inverse Simpson, 1 / sum p_a^2) of the wrong answers' shares: the
+    number of equally common answers that would give the same repeat rate; ``nan`` without any."""
+    counts = _wrong_answer_counts(answers, scores)
+    if counts.sum() == 0:
+        return float("nan")
+    p = counts / counts.sum()
+    return float(1.0 / np.sum(p**2))
+
+
 def wrong_cluster_count(
     features: np.ndarray, *, min_cluster_size: int = 2, min_samples: int = 1
 ) -> int:

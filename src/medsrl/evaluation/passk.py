@@ -38,6 +38,15 @@ def mean_pass_at_k(n: int, correct_counts: np.ndarray | Sequence[int], ks: Seque
     return {int(k): float(pass_at_k_array(n, correct_counts, k).mean()) for k in ks}
 
 
+def cover_at(n: int | Sequence[int], correct_counts: np.ndarray | Sequence[int], tau: float) -> float:
+    """Cover@tau: the share of problems whose own accuracy c / n is at least ``tau`` (tau -> 0 is
+    "solved at all", tau = 1 "always solved"): how far the solved set reaches at each reliability."""
+    c = np.asarray(correct_counts, dtype=np.float64)
+    if c.size == 0:
+        return float("nan")
+    return float(np.mean(c / np.asarray(n, dtype=np.float64) >= tau))
+
+
 def default_ks(n: int) -> list[int]:
     """``[1, 2, 4, ..., n]``: the powers of 2 up to ``n`` (curves are read on a log-2 k axis),
     plus ``n`` itself if it is not one."""
