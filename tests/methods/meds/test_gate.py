@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from medsrl.algo.advantages import group_advantages
+from medsrl.methods.meds.diagnostics import penalty_on_top_answer
 from medsrl.methods.meds.gate import (
     closed_form_shaped_advantages,
     common_penalty,
@@ -19,7 +20,6 @@ from medsrl.methods.meds.gate import (
     size_recurrence_correlation,
     top_answer_excess,
 )
-from medsrl.methods.meds.diagnostics import penalty_on_top_answer
 
 
 def _random_groups(seed: int, groups: int = 50, n: int = 8):
