@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 from omegaconf import DictConfig
 from pydantic import BaseModel, BeforeValidator, Field, InstanceOf, ValidationError
 
+from medsrl.algo.advantages import ADVANTAGE_OPTIONS
 from medsrl.algo.settings import AlgorithmConfig
 from medsrl.data.settings import DataConfig, Source
 from medsrl.data.template import PromptTemplate
@@ -232,10 +233,14 @@ def _raise(found: list[str], what: str) -> None:
 
 
 def bound_checks(run: RunConfig) -> list[str]:
-    """The bounds (:func:`medsrl.settings.below`) of the plug-ins' and callbacks' settings."""
-    return [problem for group, built in (("algorithm.plugins", run.algorithm.plugins), ("callbacks", run.callbacks))
-            for name, (_, settings) in built.items() if settings is not None
-            for problem in bound_problems(settings, f"{group}.{name}", run)]
+    """The bounds (:func:`medsrl.settings.below`) of the advantage estimator's options (passk's
+    ``k <= rollout.n``) and of the plug-ins' and callbacks' settings."""
+    algo = run.algorithm
+    options = ADVANTAGE_OPTIONS[algo.advantage].model_validate(algo.advantage_options)
+    return bound_problems(options, "algorithm.advantage_options", run) + [
+        problem for group, built in (("algorithm.plugins", algo.plugins), ("callbacks", run.callbacks))
+        for name, (_, settings) in built.items() if settings is not None
+        for problem in bound_problems(settings, f"{group}.{name}", run)]
 
 
 LOW_PRECISION_WEIGHTS = ("bfloat16", "bf16", "float16", "fp16", "half", "16")

@@ -1,4 +1,4 @@
-"""Advantage estimators (GRPO, Dr.GRPO, RLOO, GDPO) and their registry: ``algorithm.advantage``
+"""Advantage estimators (GRPO, Dr.GRPO, RLOO, GDPO, W-REINFORCE, Pass@k) and their registry: ``algorithm.advantage``
 picks one by name (verl style), with ``algorithm.advantage_options``.
 """
 
@@ -15,7 +15,7 @@ from torch import Tensor
 from typing_extensions import Doc
 
 from medsrl.algo.logprobs import per_token
-from medsrl.settings import Positive, settings_model
+from medsrl.settings import Positive, PositiveInt, below, settings_model
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -134,6 +134,65 @@ def gdpo_advantages(
     return ((x64 - mean) / (math.sqrt(var) + eps)).to(x.dtype)
 
 
+def w_reinforce_advantages(scores: Tensor, correct: Tensor, *, positive_weight: float = 0.1) -> Tensor:
+    """W-REINFORCE (arXiv 2506.01347): REINFORCE on the reward itself, no group baseline, no std,
+    the correct responses' term weighted down: ``positive_weight * score`` if correct, ``score - 1``
+    if wrong; on 0/1 rewards ``lambda`` and ``-1``. A shaping term rides on its side (a wrong
+    response that MEDS penalised by ``p``: ``-1 - p``), as in the authors' code. [B], float."""
+    x = scores if scores.is_floating_point() else scores.float()
+    return torch.where(correct.to(torch.bool), positive_weight * x, x - 1.0)
+
+
+def passk_advantages(scores: Tensor, group_ids: Tensor, k: int) -> Tensor:
+    """Pass@k training's analytical advantage (arXiv 2508.10751), per group of ``n`` responses:
+    the group's value ``R`` is the mean over all its k-subsets of their best score, ``sigma`` the
+    std of that best score over the subsets, and a response's advantage is ``(mean best score of
+    the k-subsets holding it - R) / sigma``. On 0/1 scores with ``c`` correct this is the paper's
+    closed form: ``R = 1 - C(n-c, k) / C(n, k)``, ``sigma = sqrt(R (1 - R))``, a correct response
+    ``(1 - R) / sigma``, a wrong one ``(1 - C(n-c-1, k-1) / C(n-1, k-1) - R) / sigma``; the same
+    rule on the shaped score lets shaping terms (DAPO's overlong, MEDS) take part. A group whose
+    scores are all equal, or whose every k-subset has the same best (``sigma = 0``), gets 0; a
+    group smaller than ``k`` is taken with ``k = n``. The advantages of a group sum to 0. [B]."""
+    if scores.dim() != 1 or scores.shape != group_ids.shape:
+        raise ValueError(f"scores {tuple(scores.shape)} and group_ids must both be [B]")
+    x = scores.detach().double().cpu()
+    out = torch.zeros_like(x)
+    _, inv = torch.unique(group_ids.cpu(), return_inverse=True)
+    for g in range(int(inv.max()) + 1 if inv.numel() else 0):
+        rows = (inv == g).nonzero().flatten()
+        out[rows] = _passk_group(x[rows], k)
+    dtype = scores.dtype if scores.is_floating_point() else torch.get_default_dtype()
+    return out.to(device=scores.device, dtype=dtype)
+
+
+def _passk_group(v: Tensor, k: int) -> Tensor:
+    """:func:`passk_advantages` of one group's float64 scores ``v`` [n]."""
+    n = len(v)
+    k = min(k, n)
+    if n < 2 or bool(v.max() == v.min()):
+        return torch.zeros_like(v)
+    s, order = torch.sort(v)
+    # the i-th smallest (i = 1..n) is the best of C(i-1, k-1) of the C(n, k) subsets
+    p = torch.tensor([math.comb(i - 1, k - 1) / math.comb(n, k) for i in range(1, n + 1)], dtype=torch.float64)
+    value = (p * s).sum()
+    sigma = float((p * (s - value) ** 2).sum().sqrt())
+    if sigma < 1e-12:
+        return torch.zeros_like(v)
+    if k == 1:
+        held = s
+    else:
+        # the others of a subset holding the response: k-1 of the n-1 others, whose i-th smallest
+        # is their best in C(i-1, k-2) of C(n-1, k-1) ways
+        q = torch.tensor([math.comb(i - 1, k - 2) / math.comb(n - 1, k - 1) for i in range(1, n)],
+                         dtype=torch.float64)
+        cols = torch.arange(n - 1)
+        others = s[cols[None, :] + (cols[None, :] >= torch.arange(n)[:, None]).long()]  # [n, n-1], sorted
+        held = (torch.maximum(s[:, None], others) * q).sum(1)
+    out = torch.empty_like(v)
+    out[order] = (held - value) / sigma
+    return out
+
+
 @register_advantage("grpo")
 def _grpo(inputs: AdvantageInputs, *, eps: Annotated[Positive, Doc("added to the group std")] = 1e-6) -> Tensor:
     """GRPO: group mean/std normalisation of the shaped scores."""
@@ -163,6 +222,30 @@ def _gdpo(
     return gdpo_advantages(
         inputs.terms, inputs.group_ids, weights=weights, eps=eps, reduce_sum=inputs.reduce_sum
     )
+
+
+@register_advantage("w_reinforce")
+def _w_reinforce(
+    inputs: AdvantageInputs,
+    *,
+    positive_weight: Annotated[Positive, Doc(
+        "lambda, the weight of a correct response's reward (a wrong one gets -1); paper: 0.1")] = 0.1,
+) -> Tensor:
+    """W-REINFORCE: correct (the ``correct`` term, else the score, above 0.5) ``lambda * score``,
+    wrong ``score - 1``; no baseline, no normalisation."""
+    correct = inputs.terms.get("correct", inputs.scores) > 0.5
+    return w_reinforce_advantages(inputs.scores, correct, positive_weight=positive_weight)
+
+
+@register_advantage("passk")
+def _passk(
+    inputs: AdvantageInputs,
+    *,
+    k: Annotated[below(PositiveInt, "rollout.n", or_equal=True), Doc(
+        "k of the pass@k the group is trained for (<= rollout.n); 1 is GRPO with the population std")] = 4,
+) -> Tensor:
+    """Pass@k training's analytical group advantage on the shaped scores."""
+    return passk_advantages(inputs.scores, inputs.group_ids, k)
 
 
 def advantage_change_fraction(shaped: Tensor, base: Tensor, response_mask: Tensor) -> float:
