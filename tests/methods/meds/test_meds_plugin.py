@@ -384,3 +384,33 @@ def _additions(plugin: Meds, made: HandMadeStep):
     plugin.after_scoring(made.rollouts, ctx)
     plugin.shape_rewards(made.rollouts, ctx)
     return plugin.step_additions(made.rollouts, ctx)
+
+
+def _shuffled_step(tmp_path, shuffle: bool, seed: int = 0, step: int = 1) -> torch.Tensor:
+    """mode=answer after a step of wrong answers 14 x4, 9 x2, 23 x1: a group whose wrong answers
+    14, 9, 23, 5 cost 0.1 ln 5, 0.1 ln 3, 0.1 ln 2, 0, beside a right one, and a second group."""
+    mem = _plugin(tmp_path, clustering={"mode": "answer"}, shuffle_penalties=shuffle)
+    mem._seed = seed  # what setup reads from the run
+    f = np.array([1.0, 0.0], np.float32)
+    _run(mem, _step(0, [("k", [(f, False)] * 7), ("j", [(f, False)] * 2)],
+                    answers=["14"] * 4 + ["9"] * 2 + ["23"] + ["4", "6"]))
+    made = _step(step, [("k", [(f, False)] * 4 + [(f, True)]), ("j", [(f, False)] * 3)],
+                 answers=["14", "9", "23", "5", "1", "4", "6", "8"])
+    _run(mem, made)
+    return -made.rollouts.terms["meds"]
+
+
+def test_shuffle_penalties_keeps_each_groups_penalties_and_changes_who_carries_them(tmp_path):
+    plain = _shuffled_step(tmp_path / "off", shuffle=False)
+    expected = [0.1 * math.log(5), 0.1 * math.log(3), 0.1 * math.log(2), 0.0, 0.0,
+                0.1 * math.log(2), 0.1 * math.log(2), 0.0]
+    torch.testing.assert_close(plain, torch.tensor(expected), atol=1e-6, rtol=0)  # off: nothing changes
+    shuffled = _shuffled_step(tmp_path / "on", shuffle=True)
+    for rows in (slice(0, 4), slice(5, 8)):  # each group's wrong responses: the same multiset
+        torch.testing.assert_close(shuffled[rows].sort().values, plain[rows].sort().values)
+    assert shuffled[4] == 0.0  # the right response is not among them
+    assert not torch.equal(shuffled[0:4], plain[0:4])  # the assignment moved
+    # reproducible from (seed, step): the same again, another draw under another seed or step
+    torch.testing.assert_close(_shuffled_step(tmp_path / "again", shuffle=True), shuffled)
+    others = [_shuffled_step(tmp_path / f"s{s}", shuffle=True, seed=s, step=t) for s, t in ((1, 1), (0, 2), (2, 1))]
+    assert any(not torch.equal(o[0:4], shuffled[0:4]) for o in others)

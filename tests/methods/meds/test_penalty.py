@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from medsrl.algo.advantages import group_advantages
-from medsrl.methods.meds.penalty import advantage_order_changed, apply_penalty, meds_penalty
+from medsrl.methods.meds.penalty import advantage_order_changed, apply_penalty, meds_penalty, shuffle_penalties
 
 
 def test_reference_penalty_and_cap():
@@ -86,3 +86,19 @@ def test_constant_penalty_in_a_group_cancels_in_the_advantage():
     assert a_diff[1] > a_diff[2]  # the repeated mistake (bigger cluster) gets less advantage
     assert advantage_order_changed(raw, same, groups) == 0.0
     assert advantage_order_changed(raw, diff, groups) == 1.0
+
+
+def test_shuffle_penalties_permutes_within_group_and_outcome_the_same_on_any_rank():
+    # group "a": wrong rows 0, 1, 3 (penalties .1 .2 .3), right row 2 (.5), featureless wrong row 4
+    pen = torch.tensor([0.1, 0.2, 0.5, 0.3, 0.0, 0.7, 0.9])
+    groups = torch.tensor([0, 0, 0, 0, 0, 1, 1])
+    correct = torch.tensor([False, False, True, False, False, False, False])
+    featured = torch.tensor([0, 1, 2, 3, 5, 6])
+    out = shuffle_penalties(pen, groups, correct, featured, ["a", "b"], seed=3, step=7)
+    assert sorted(out[[0, 1, 3]].tolist()) == pytest.approx([0.1, 0.2, 0.3])
+    assert out[2] == pen[2] and out[4] == 0.0  # a lone right row, a featureless row: untouched
+    assert sorted(out[5:].tolist()) == pytest.approx([0.7, 0.9])
+    assert torch.equal(pen, torch.tensor([0.1, 0.2, 0.5, 0.3, 0.0, 0.7, 0.9]))  # a new tensor
+    # group "b" alone on another rank, first in its batch: the same draw
+    alone = shuffle_penalties(pen[5:], torch.zeros(2, dtype=torch.long), correct[5:], torch.tensor([0, 1]), ["b"], 3, 7)
+    assert torch.equal(alone, out[5:])

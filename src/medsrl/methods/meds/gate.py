@@ -30,8 +30,9 @@ cluster means a more often repeated answer. Four figures, logged every step by t
 
 from __future__ import annotations
 
+import hashlib
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -80,6 +81,21 @@ def earlier_answer_counts(
     """How often each response's answer was given (wrong) before for its prompt, from
     ``history`` {prompt key: {answer: count}}; no answer counts 0."""
     return [0 if a is None else int(history.get(k, {}).get(a, 0)) for k, a in zip(keys, answers, strict=True)]
+
+
+def count_answers(history: dict[str, dict[str, int]], keyed: Iterable[tuple[str, str | None]]) -> None:
+    """Add each ``(prompt key, extracted answer)`` to ``history`` {prompt key: {answer: count}},
+    what :func:`earlier_answer_counts` reads (MEDS's wrong answers, outcome_ucb's every answer);
+    no answer is not counted."""
+    for key, answer in keyed:
+        if answer is not None:
+            counts = history.setdefault(key, {})
+            counts[answer] = counts.get(answer, 0) + 1
+
+
+def answer_counts_digest(history: Mapping[str, Mapping[str, int]]) -> str:
+    """A hash of ``history`` that does not depend on the order its keys were added in."""
+    return hashlib.sha1(repr(sorted((k, sorted(v.items())) for k, v in history.items())).encode()).hexdigest()
 
 
 def size_recurrence_correlation(

@@ -11,6 +11,9 @@ spread moves the advantages (``gate.py`` has the closed form).
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -26,6 +29,30 @@ def meds_penalty(sizes: np.ndarray, alpha: float, beta: float | None = None) -> 
         raise ValueError("cluster sizes must be >= 0")
     log = np.log1p(s)
     return alpha * log.clip(max=2.0) if beta is None else (alpha * log).clip(max=beta)
+
+
+def shuffle_penalties(
+    penalties: Tensor, group_ids: Tensor, correct: Tensor, featured: Tensor, group_keys: Sequence[str],
+    seed: int, step: int,
+) -> Tensor:
+    """The penalties permuted within each group among its featured responses of one outcome (the
+    wrong ones, for ``target=wrong``): each group keeps its multiset of penalties and loses which
+    response carries which (``meds.shuffle_penalties``, the control that keeps the penalty's
+    distribution and drops its targeting). The permutation of group ``g`` is drawn from ``(seed,
+    step, group_keys[g], outcome)``: the same on every rank and in a resumed run. A new tensor."""
+    out = penalties.clone()
+    is_featured = torch.zeros(len(penalties), dtype=torch.bool)
+    is_featured[featured] = True
+    right = correct.to(torch.bool).cpu()
+    for g in torch.unique(group_ids).tolist():
+        for ok in (False, True):
+            rows = ((group_ids.cpu() == g) & (right == ok) & is_featured).nonzero().flatten()
+            if len(rows) < 2:
+                continue
+            digest = hashlib.sha256(f"{seed}:{step}:{group_keys[g]}:{int(ok)}".encode()).digest()
+            perm = np.random.default_rng(int.from_bytes(digest[:8], "little")).permutation(len(rows))
+            out[rows] = penalties[rows[torch.as_tensor(perm)]]
+    return out
 
 
 def apply_penalty(

@@ -17,7 +17,6 @@ advantages instead of the score, so the mean penalty survives.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from pathlib import Path
@@ -45,8 +44,10 @@ from medsrl.methods.dynamic_sampling import DynamicSampling
 from medsrl.methods.meds.clustered_memory import ClusteredMemory
 from medsrl.methods.meds.diagnostics import cluster_answer_purity, penalty_on_top_answer
 from medsrl.methods.meds.gate import (
+    answer_counts_digest,
     common_penalty,
     correct_advantage_loss,
+    count_answers,
     distinct_penalty_share,
     earlier_answer_counts,
     per_response,
@@ -59,6 +60,7 @@ from medsrl.methods.meds.penalty import (
     advantage_order_changed,
     apply_penalty,
     meds_penalty,
+    shuffle_penalties,
 )
 from medsrl.models.sharding import idle_passes, is_sharded
 from medsrl.plugins.base import Plugin, StepContext
@@ -153,6 +155,10 @@ class Meds(Plugin):
             "beyond the reference: also remember the groups DAPO's filter drops (a no-grad forward "
             "over them; never trained on), so an error a prompt makes in every sample costs when it "
             "next gives a mixed group")] = False,
+        shuffle_penalties: Annotated[Flag, Doc(
+            "control, beyond the reference: permute each step's penalties among each group's "
+            "wrong responses (seeded by the run's seed and the step, the same on every rank): the "
+            "penalty's distribution stays, its targeting goes")] = False,
         snapshot_every_n_steps: Annotated[Count, Doc(
             "write the memory to <snapshot_dir>/memory/memory.npz every N steps (rank 0); "
             "0: never")] = 20,
@@ -176,6 +182,8 @@ class Meds(Plugin):
                                      m.refit_growth, c.dedup)
         self.mixed_groups_only = mixed_groups_only
         self.remember_dropped = remember_dropped
+        self.shuffle_penalties = shuffle_penalties
+        self._seed = 0  # the run's seed (setup): shuffle_penalties' draws
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self.panels_every_n_steps, self.panel_prompts = panels_every_n_steps, panel_prompts
         self.snapshot_dir = snapshot_dir
@@ -199,6 +207,7 @@ class Meds(Plugin):
         if self.reader is None:
             self.reader = AnswerFeatureReader(pl_module.policy, pl_module.tokenizer, self.features,
                                               pl_module.grader_cfg.reasoning_end)
+        self._seed = pl_module.seed
         algo = self._algo = pl_module.algorithm  # the micro-batch budget of the dropped groups' forward
         self._budget = dict(micro_batch_size=algo.micro_batch_size, max_tokens=algo.max_tokens_per_microbatch)
         self.store.open()
@@ -229,8 +238,7 @@ class Meds(Plugin):
         self.answer_counts = {k: dict(v) for k, v in state_dict.get("answer_counts", {}).items()}
 
     def digest(self) -> str:
-        counts = sorted((k, sorted(v.items())) for k, v in self.answer_counts.items())
-        return self.store.memory.digest() + hashlib.sha1(repr(counts).encode()).hexdigest()
+        return self.store.memory.digest() + answer_counts_digest(self.answer_counts)
 
     # ------------------------------------------------------------------ the step
 
@@ -289,6 +297,9 @@ class Meds(Plugin):
         sizes, labels = self.cluster_sizes_for(rollouts)
         pen = torch.zeros(len(rollouts), dtype=rollouts.scores.dtype)
         pen[self._rows] = torch.as_tensor(meds_penalty(sizes, self.alpha, self.beta), dtype=pen.dtype)
+        if self.shuffle_penalties:
+            pen = shuffle_penalties(pen, rollouts.group_ids, rollouts.acc > 0.5, self._rows,
+                                    [p.key for p in rollouts.prompts], self._seed, rollouts.step)
         raw = rollouts.scores
         if self.placement == "score":
             rollouts.shape_scores(self.name, apply_penalty(raw, rollouts.acc > 0.5, pen, self.target))
@@ -454,10 +465,7 @@ class Meds(Plugin):
         added = [key_ok for key_ok, _, _ in rows]
         feats = np.stack([f for _, f, _ in rows]) if rows else np.zeros((0, 0), np.float32)
         touched = self.store.insert([(added, feats)] if rows else [], ctx.step)
-        for (key, ok), _, answer in rows:
-            if not ok and answer is not None:
-                counts = self.answer_counts.setdefault(key, {})
-                counts[answer] = counts.get(answer, 0) + 1
+        count_answers(self.answer_counts, [(key, answer) for (key, ok), _, answer in rows if not ok])
         ctx.log(self, self.store.metrics(touched))
         every = self.snapshot_every_n_steps
         if every and (ctx.step + 1) % every == 0 and ctx.run_dir is not None:  # rank 0 writes
