@@ -447,6 +447,29 @@ def test_require_shared_skips_locally_and_fails_on_ci(tmp_path, monkeypatch):
         shared_paths.require_shared("data", "absent.jsonl")
 
 
+def test_data_files_are_found_where_make_data_or_medsrl_data_dir_put_them(tmp_path, monkeypatch):
+    """A clone without the shared folder: the data tests read what `make data` fetched into the
+    repo's data/, or $MEDSRL_DATA_DIR, first; the tokenizer still comes from the shared folder."""
+    import shared_paths
+
+    monkeypatch.setattr(shared_paths, "SHARED_DIR", tmp_path / "absent")
+    monkeypatch.setattr(shared_paths, "REPO_ROOT", tmp_path / "clone")
+    monkeypatch.delenv("MEDSRL_DATA_DIR", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    fetched = tmp_path / "clone" / "data" / "aime24" / "test.jsonl"
+    fetched.parent.mkdir(parents=True)
+    fetched.write_text("{}\n")
+    assert shared_paths.require_shared("data", "aime24", "test.jsonl") == fetched
+    assert shared_paths.data_dir() == tmp_path / "clone" / "data"
+    own = tmp_path / "own" / "aime24" / "test.jsonl"
+    own.parent.mkdir(parents=True)
+    own.write_text("{}\n")
+    monkeypatch.setenv("MEDSRL_DATA_DIR", str(tmp_path / "own"))
+    assert shared_paths.require_shared("data", "aime24", "test.jsonl") == own  # the user's folder first
+    with pytest.raises(pytest.skip.Exception, match="make data"):
+        shared_paths.require_shared("tokenizers", "qwen2.5-math")
+
+
 # ---------------------------------------------------------------------------------------------
 # hub data sets: the same datasets.load_dataset call on local files ("parquet" / "json" builders)
 

@@ -21,7 +21,7 @@ from medsrl.rollout.settings import RolloutConfig
 from medsrl.run_config import RunConfig
 from medsrl.settings import parse
 from run_helpers import compose_train
-from shared_paths import SHARED_DIR, require_shared
+from shared_paths import data_dir, require_shared
 
 LOGGER = "medsrl.data.datamodule"
 PLAIN = {"kind": "plain", "system_prompt": None}  # the prompt is the problem and "\n": 1 char, 1 token
@@ -156,7 +156,7 @@ def test_the_limit_counts_the_rendered_prompt():
 
 def composed(experiment: str):
     return compose_train(Path("/tmp/unused"), [f"experiment={experiment}",
-                                               f"paths.data_dir={SHARED_DIR / 'data'}"], debug=None)
+                                               f"paths.data_dir={data_dir()}"], debug=None)
 
 
 def limit_of(cfg) -> int:
