@@ -22,7 +22,12 @@ EXPECTED_PLUGINS = {
     "novelty": ["dynamic_sampling", "overlong", "novelty"], "lp_reg": [],
     "meds": ["dynamic_sampling", "overlong", "meds"],
     "r3": ["r3"], "meds_r3": ["r3", "dynamic_sampling", "overlong", "meds"],  # R3 before DAPO's filter
+    "w_reinforce": [], "passk": ["dynamic_sampling", "overlong"],
+    "outcome_ucb": ["dynamic_sampling", "overlong", "outcome_ucb"],
 }
+# issue 45's presets, each with the preset it extends: it composes with every experiment that does
+NEW_PRESETS = {"w_reinforce": "grpo", "passk": "dapo", "outcome_ucb": "dapo"}
+EXPERIMENTS = sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("[!_]*.yaml"))
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -31,6 +36,28 @@ def test_preset_composes_into_settings_and_plugins_in_order(tmp_path, name):
     run = RunConfig.parse(cfg)  # valid names and values
     plugins = build_plugins(run.algorithm.plugins)
     assert [p.name for p in plugins] == EXPECTED_PLUGINS[name]
+
+
+def _parses(tmp_path, overrides: list[str]) -> bool:
+    try:
+        RunConfig.parse(compose_train(tmp_path, overrides, debug=None))
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(NEW_PRESETS))
+def test_new_preset_composes_with_every_experiment_its_base_composes_with(tmp_path, name):
+    """The GPU experiments included: `experiment=<e> algorithm=<name>` parses wherever
+    `algorithm=<base>` does (tiny_grpo's 64-token responses refuse DAPO's overlong buffer)."""
+    base = NEW_PRESETS[name]
+    composing = [e for e in EXPERIMENTS if _parses(tmp_path, [f"experiment={e}", f"algorithm={base}"])]
+    assert len(composing) >= len(EXPERIMENTS) - 1 and "qwen3-8b_meds" in composing
+    for e in composing:
+        run = RunConfig.parse(compose_train(tmp_path, [f"experiment={e}", f"algorithm={name}"], debug=None))
+        assert run.algorithm.name == name and run.algorithm.advantage == (
+            name if name != "outcome_ucb" else "grpo"), e
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +76,10 @@ def runs(tmp_path_factory, micro_cache) -> dict[str, dict[int, dict[str, float]]
         "novelty": ["algorithm=novelty"],
         "novelty_hidden": ["algorithm=novelty", "algorithm.plugins.novelty.vectors=hidden_mean"],
         "lp_reg": ["algorithm=lp_reg", "algorithm.policy_loss_options.bottom_frac=0.2"],
+        "w_reinforce": ["algorithm=w_reinforce"],
+        "passk": ["algorithm=passk", "algorithm.advantage_options.k=2"],  # k < rollout.n (4): a signal
+        "outcome_ucb": ["algorithm=outcome_ucb"],
+        "meds_shuffled": ["algorithm=meds", "algorithm.plugins.meds.shuffle_penalties=true"],
     }
     out = {}
     for name, overrides in cases.items():
@@ -107,3 +138,13 @@ def test_lp_reg_regularises_low_probability_negative_tokens(runs):
     assert 0 < m["train/lp_reg/reg_frac"] <= m["train/lp_reg/candidate_frac"] < 0.2
     assert m["train/lp_reg/reg_kl"] > 0 and 0 < m["train/lp_reg/proxy_support_frac"] <= 1
     assert m["train/nonfinite_updates"] == 0
+
+
+@pytest.mark.slow
+def test_issue_45_methods_train_and_log_what_they_did(runs):
+    for name in ("w_reinforce", "passk", "outcome_ucb", "meds_shuffled"):
+        assert all(m["train/nonfinite_updates"] == 0.0 for m in runs[name].values()), name
+    ucb = runs["outcome_ucb"]
+    assert 0 < ucb[0]["train/outcome_ucb/bonus_mean"] <= 0.5  # c = 0.5 at most, for an answer never seen
+    assert ucb[1]["train/outcome_ucb/answers_known"] >= ucb[0]["train/outcome_ucb/answers_known"] > 0
+    assert runs["meds_shuffled"][1]["train/meds/memory_entries"] > 0  # MEDS's memory fills as ever

@@ -265,6 +265,9 @@ def no_model(monkeypatch):
          "tau_relative)"),
         (["algorithm.policy_loss=clip_cov", "+algorithm.policy_loss_options.clip_cov_ratio=2"],
          "algorithm.policy_loss_options.clip_cov_ratio must be a number in (0, 1], got 2"),
+        # an estimator's option bounded by another section (passk's k <= rollout.n)
+        (["algorithm=passk", "algorithm.advantage_options.k=64"],
+         "algorithm.advantage_options.k must be <= rollout.n (4), got 64"),
         (["algorithm=meds", "+algorithm.plugins.meds.alhpa=0.2"],
          "algorithm.plugins.meds.alhpa is not a setting of Meds (known: alpha, beta, clustering, features, "),
         # a key of before: named with its new place
