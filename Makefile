@@ -33,7 +33,7 @@ VLLM_ENV ?= VLLM_CPU_OMP_THREADS_BIND=0-$(shell echo $$(( $$(nproc) - 1 ))) VLLM
 TRL_VENV ?= .venv-trl
 TRL_STAMP := $(TRL_VENV)/.installed
 
-.PHONY: help install install-gpu lock data train gpu-check plan eval study study-quick study-v2 study-v3 test test-fast test-vllm bench-trl lint tensorboard clean
+.PHONY: help install install-gpu lock data train gpu-check plan eval study study-quick study-v2 study-v3 study-v4 test test-fast test-vllm bench-trl lint tensorboard clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -99,6 +99,9 @@ study-v2: install ## Protocol v2 (docs/STUDY.md): prompts revisited, DAPO vs MED
 
 study-v3: install ## Protocol v3 (docs/STUDY.md): D3 penalty placement, D1 memory audit, D2 planted routes -> docs/STUDY_V3.md; resumes
 	$(BIN)/python -m studies.runner v3 $(ARGS)
+
+study-v4: install ## Protocol v4 (docs/STUDY.md): positive controls, 7 arms x paired seeds 0-7, the hard subset -> docs/STUDY_V4.md; resumes
+	$(BIN)/python -m studies.runner v4 $(ARGS)
 
 test: install ## Run the whole test suite (TEST_WORKERS=2 processes); PYTEST_ARGS="..." passes options to pytest
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)

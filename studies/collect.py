@@ -18,6 +18,7 @@ import numpy as np
 from medsrl.evaluation.tables import AVERAGE, add_average_rows
 
 STAGES = ("A", "B")
+WARM_START = "warm_start"  # the starting point's folder under eval/ (studies.runner.WARM_START)
 Curve = tuple[np.ndarray, np.ndarray]  # (steps int64 [T], values float64 [T]), sorted by step
 
 
@@ -79,6 +80,7 @@ class Study:
     runs: dict[tuple[str, int], RunData]
     missing: list[Missing]
     notes: list[str]  # anything else worth saying (damaged lines, inferred settings)
+    warm_start: RunData | None = None  # eval/warm_start/seed0 (the starting point), if evaluated
 
     def label(self, method: str) -> str:
         return next((m.label for m in self.methods if m.name == method), method)
@@ -124,8 +126,15 @@ def load_study(root: str | Path) -> Study:
         root=root, meta=meta, name=str(meta.get("name", root.name)), methods=methods, seeds=seeds,
         steps_a=_opt_int(meta.get("steps_a")), steps_b=_opt_int(meta.get("steps_b")),
         baseline=meta.get("baseline"), treatment=meta.get("treatment"),
-        runs=runs, missing=missing, notes=notes,
+        runs=runs, missing=missing, notes=notes, warm_start=read_warm_start(root, notes),
     )
+
+
+def read_warm_start(root: Path, notes: list[str] | None = None) -> RunData | None:
+    """The warm start's evaluation (``eval/warm_start/seed0``: its rows and per-problem samples,
+    from which protocol v4 picks its hard subset); ``None`` while it is absent or unfinished."""
+    run = RunData(WARM_START, 0)
+    return None if _read_eval(root / "eval" / WARM_START / "seed0", run, [] if notes is None else notes) else run
 
 
 def _read_meta(root: Path, notes: list[str]) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 A study part's default block is ``study``: aggregated numbers, significance tests and figures,
 also written as ``results.md`` / ``results.json`` into the study root. The blocks of protocol v3
 (the gate G1-G4 per arm, ``methods/meds/gate.py``; the planted routes of every trained-on response,
-``routes.py``; the audit's table) are named in its YAML. The doc keeps everything outside the
+``routes.py``; the audit's table) are named in its YAML, and so are protocol v4's (the hard subset
+chosen from the warm start, every arm against the baseline on paired seeds, the validity rule of
+the positive controls, the pre-registered readings; gate v2). The doc keeps everything outside the
 marker lines. A seed's score is its ``average`` row (macro mean over benchmarks) or its only one.
 """
 
@@ -17,24 +19,25 @@ import os
 import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from medsrl.data.precedence import is_trap
-from medsrl.evaluation.diversity import DIVERSITY_KEYS, distinct_wrong_answers
+from medsrl.evaluation.diversity import DIVERSITY_KEYS, distinct_wrong_answers, hill2_wrong, rarefied_distinct_wrong
+from medsrl.evaluation.passk import cover_at, pass_at_k
 from medsrl.evaluation.tables import PERCENT_PREFIXES, json_clean, md_row
 from medsrl.utils.atomic_file import atomic_write_text
 from studies import stats
 from studies.audit import chosen_memory, kept_memory
-from studies.collect import Study, load_study
+from studies.collect import ProblemSamples, RunData, Study, load_study
 from studies.error_modes import render_error_modes, seed_reports
 from studies.mechanism import render_dose_response, render_mechanism, stage_mean
 from studies.plots import MECHANISM_PANELS, SMOOTH, plot_pass_at_k_curves, plot_training_curves
 from studies.routes import route_diversity, route_of
-from studies.runner import WARM_START, load_protocol, setting_name
+from studies.runner import WARM_START, load_protocol, method_dir, method_label, setting_name
 
 BEGIN = "<!-- study-results:begin -->"
 END = "<!-- study-results:end -->"
@@ -48,6 +51,20 @@ GATE: tuple[tuple[str, str, float], ...] = (  # (curve tag, column, scale)
     ("train/meds/gate/g4_size_recurrence_corr", "G4 size vs earlier count, Spearman", 1.0),
 )
 THRESHOLDS = {"g1": 0.25, "g2": 0.01, "g3": 0.0, "g4": 0.2}  # protocol v3's gate, fixed before the runs
+_GATE_TAG = "train/meds/gate/"
+# gate v2 (protocol v4): G2 split into its common and targeted parts, G3 within each group, G5, G6;
+# in the order of the table, v3's pooled G3 beside the per-group one (a root shows what it logged)
+GATE_V2: tuple[tuple[str, str, float], ...] = (
+    GATE[0], GATE[1],
+    (_GATE_TAG + "g2_common", "G2 common part: the group's mean penalty, rescales only (%)", 100.0),
+    (_GATE_TAG + "g2_targeted", "G2 targeted part: the deviations from it (%)", 100.0),
+    GATE[2],
+    (_GATE_TAG + "g3_group_top_answer_excess",
+     "G3 within each group: penalty on its top wrong answer minus its share (pp)", 100.0),
+    GATE[3],
+    (_GATE_TAG + "g5_rewarded_errors", "G5 wrong responses of mixed groups with advantage >= 0 (%)", 100.0),
+    (_GATE_TAG + "g6_correct_advantage_loss", "G6 correct responses' advantage lost to shaping (%)", 100.0),
+)
 
 
 def _end_columns(ks: Sequence[int]) -> list[str]:
@@ -501,18 +518,32 @@ def gate_met(values: dict[str, list[float]]) -> bool | None:
             and means["g3"] > THRESHOLDS["g3"] and means["g4"] > THRESHOLDS["g4"])
 
 
+def gate_columns(study: Study) -> list[tuple[str, str, float]]:
+    """The gate figures the study's runs logged, in ``GATE_V2``'s order: v3's G1-G4 for a v3 root
+    (and for a study that logged none), gate v2 for a root made since."""
+    logged = {tag for r in study.runs.values() for tag in r.curves}
+    cols = [col for col in GATE_V2 if col[0] in logged]
+    return cols or list(GATE)
+
+
 def gate_table(study: Study, extra: Sequence[tuple[str, str, float]] = ()) -> list[str]:
-    """One row per arm: G1-G4 (and ``extra`` curves), mean ± std over seeds, and the verdict."""
-    cols = [*GATE, *extra]
-    out = [md_row(["arm", *(label for _, label, _ in cols), "gate met"]),
-           "|---|" + "---:|" * len(cols) + "---|"]
+    """One row per arm: the gate figures it logged (``gate_columns``; ``extra`` curves after
+    them), mean over the run's steps, then mean ± std over seeds; and, where v3's pooled G3 is
+    there, whether v3's gate was met (gate v2 fixed no threshold)."""
+    gate = gate_columns(study)
+    cols = [*gate, *extra]
+    verdict = GATE[2] in gate
+    out = [md_row(["arm", *(label for _, label, _ in cols), *(["gate met"] if verdict else [])]),
+           "|---|" + "---:|" * len(cols) + ("---|" if verdict else "")]
     for m in study.methods:
         cells = []
         for tag, _, scale in cols:
             vals = [v for v in run_means(study, m.name, tag) if not math.isnan(v)]
             cells.append(stats.format_mean_std(*stats.mean_std(vals), scale) if vals else "-")
-        met = gate_met(gate_values(study, m.name))
-        out.append(md_row([m.label, *cells, "-" if met is None else ("yes" if met else "no")]))
+        if verdict:
+            met = gate_met(gate_values(study, m.name))
+            cells.append("-" if met is None else ("yes" if met else "no"))
+        out.append(md_row([m.label, *cells]))
     return out
 
 
@@ -679,6 +710,372 @@ def memory_choice(root: Path) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# protocol v4's blocks: the hard subset, paired arms, the validity rule, the readings
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A pre-registered outcome: ``key`` (``hard_pass@k``: pass@k on the hard subset; ``pass@k``;
+    ``rarefied_wrong@m``; ``hill2_wrong``; ``cover@tau``), its label, the display scale (100: in
+    %, differences in pp) and the TOST margin in the outcome's own units (``nan``: no TOST)."""
+
+    key: str
+    label: str
+    scale: float = 1.0
+    margin: float = math.nan
+
+    @classmethod
+    def parse(cls, entry: Sequence[Any]) -> Outcome:
+        """``[key, label, scale, margin]`` of the protocol (scale and margin optional; margin null:
+        no TOST)."""
+        key, label, scale, margin = [*entry, 1.0, None][:4] if len(entry) == 2 else [*entry, None][:4]
+        return cls(str(key), str(label), float(scale), math.nan if margin is None else float(margin))
+
+    def value(self, v: float, signed: bool = False) -> str:
+        """A value in the outcome's display units (``signed``: a difference, with its sign)."""
+        if not math.isfinite(v):
+            return "n/a"
+        digits = 1 if self.scale != 1.0 else 2
+        return f"{self.scale * v:{'+' if signed else ''}.{digits}f}"
+
+    def amount(self, v: float) -> str:
+        """An effect size or margin with its unit: ``5.0 pp`` or ``0.25``."""
+        return "n/a" if not math.isfinite(v) else self.value(v) + (" pp" if self.scale == 100.0 else "")
+
+
+def problem_outcome(samples: ProblemSamples, key: str) -> float:
+    """One problem's value of an outcome from its graded samples (correct: score >= 1); ``nan``
+    where it is undefined (fewer than k samples, fewer than m wrong ones, no wrong answer)."""
+    n = len(samples.scores)
+    correct = sum(float(s) >= 1.0 for s in samples.scores)
+    name, _, param = key.removeprefix("hard_").partition("@")
+    match name:
+        case "pass":
+            k = int(param)
+            return pass_at_k(n, correct, k) if 1 <= k <= n else math.nan
+        case "rarefied_wrong":
+            return rarefied_distinct_wrong(samples.answers, samples.scores, int(param))
+        case "hill2_wrong":
+            return hill2_wrong(samples.answers, samples.scores)
+        case "cover":
+            return cover_at(n, [correct], float(param)) if n else math.nan
+    raise ValueError(f"no outcome {key!r} (hard_pass@k, pass@k, rarefied_wrong@m, hill2_wrong, cover@tau)")
+
+
+def outcome_by_problem(run: RunData, key: str, subset: frozenset | None = None) -> dict[tuple[str, int], float]:
+    """``{problem: value}`` of one (arm, seed)'s evaluation; a ``hard_`` outcome on ``subset``."""
+    if key.startswith("hard_") and subset is None:
+        raise ValueError(f"{key}: a hard_ outcome needs the part's hard_subset block")
+    keys = sorted(run.problems) if not key.startswith("hard_") else sorted(set(run.problems) & subset)
+    return {p: problem_outcome(run.problems[p], key) for p in keys}
+
+
+def _nanmean(values) -> float:
+    x = np.asarray(list(values), dtype=np.float64)
+    x = x[np.isfinite(x)]
+    return float(x.mean()) if len(x) else math.nan
+
+
+@dataclass(frozen=True)
+class HardSubset:
+    """The test problems whose warm-start pass@k lies in ``interval`` (chosen from the warm start
+    only, never from a trained policy)."""
+
+    problems: frozenset  # of (benchmark, index)
+    k: int
+    interval: tuple[float, float]
+    asked: tuple[float, float]  # the protocol's interval (``interval`` differs when widened)
+    min_problems: int
+    candidates: int  # problems the warm start was evaluated on with n >= k
+    n: int | None  # the warm start's samples per problem (None: they differ)
+    warm_value: float  # the warm start's mean pass@k over the subset
+
+    @property
+    def widened(self) -> bool:
+        return self.interval != self.asked
+
+
+def hard_subset(warm: RunData, k: int, low: float, high: float, min_problems: int,
+                wider: Sequence[float] | None = None) -> HardSubset:
+    """The protocol's rule: the problems with ``low <= pass@k <= high`` (unbiased, from the warm
+    start's n samples); fewer than ``min_problems`` of them: the ``wider`` interval instead."""
+    values = {p: problem_outcome(s, f"pass@{k}") for p, s in warm.problems.items()}
+    values = {p: v for p, v in values.items() if math.isfinite(v)}
+    asked = (float(low), float(high))
+    interval = asked
+    chosen = frozenset(p for p, v in values.items() if low <= v <= high)
+    if len(chosen) < min_problems and wider is not None:
+        interval = (float(wider[0]), float(wider[1]))
+        chosen = frozenset(p for p, v in values.items() if interval[0] <= v <= interval[1])
+    ns = {len(warm.problems[p].scores) for p in values}
+    return HardSubset(chosen, k, interval, asked, min_problems, len(values), ns.pop() if len(ns) == 1 else None,
+                      _nanmean(values[p] for p in chosen))
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One outcome of arm ``b`` against arm ``a`` on the seeds both evaluated: per-seed means,
+    the paired seed test (``b - a``), the within-seed sign-flip test and the verdict."""
+
+    outcome: Outcome
+    a_seeds: tuple[float, ...]
+    b_seeds: tuple[float, ...]
+    paired: stats.PairedSeeds
+    flip_p: float  # within-seed problem-level sign-flip p over the (seed, problem) pairs
+    flip_diff: float  # mean of the (seed, problem) differences
+    pairs: int  # (seed, problem) pairs with both values finite
+
+    @property
+    def direction(self) -> int:
+        """+1 / -1: a difference shown (both tests p < alpha, the same sign); 0: none shown."""
+        p = self.paired
+        both = all(math.isfinite(x) and x < stats.ALPHA for x in (p.p, self.flip_p))
+        same = math.isfinite(p.diff) and p.diff != 0 and np.sign(p.diff) == np.sign(self.flip_diff)
+        return int(np.sign(p.diff)) if both and same else 0
+
+    @property
+    def verdict(self) -> str:
+        """``shown higher`` / ``shown lower`` / ``equivalent within ±margin`` / ``not detected
+        (detectable: ...)``; shown and within the margin too says both."""
+        o, p = self.outcome, self.paired
+        if p.seeds < 2:
+            return f"too few paired seeds ({p.seeds})"
+        within = f"within ±{o.amount(o.margin)}"
+        if self.direction:
+            return f"shown {'higher' if self.direction > 0 else 'lower'}" + (f" ({within})" if p.equivalent else "")
+        if p.equivalent:
+            return f"equivalent {within}"
+        return f"not detected (detectable: {o.amount(p.detectable)})"
+
+
+def paired_reading(study: Study, a: str, b: str, outcome: Outcome, subset: frozenset | None,
+                   rounds: int = ROUNDS) -> Reading:
+    """Arm ``b`` against arm ``a`` (study names) on ``outcome``: each seed's value is the mean
+    over its problems (those where the outcome is defined); the sign-flip test pairs each
+    (seed, problem) both arms have a value for."""
+    a_runs = {r.seed: r for r in study.evaluated(a)}
+    b_runs = {r.seed: r for r in study.evaluated(b)}
+    seeds = [s for s in study.seeds if s in a_runs and s in b_runs]
+    a_seeds, b_seeds, xs, ys = [], [], [], []
+    for s in seeds:
+        pa = outcome_by_problem(a_runs[s], outcome.key, subset)
+        pb = outcome_by_problem(b_runs[s], outcome.key, subset)
+        a_seeds.append(_nanmean(pa.values()))
+        b_seeds.append(_nanmean(pb.values()))
+        both = [p for p in sorted(set(pa) & set(pb)) if math.isfinite(pa[p]) and math.isfinite(pb[p])]
+        xs += [pa[p] for p in both]
+        ys += [pb[p] for p in both]
+    paired = stats.paired_seed_test(a_seeds, b_seeds, margin=outcome.margin)
+    flip = stats.within_seed_sign_flip(xs, ys, rounds=rounds) if xs else math.nan
+    flip_diff = float(np.mean(np.subtract(ys, xs))) if xs else math.nan
+    return Reading(outcome, tuple(a_seeds), tuple(b_seeds), paired, flip, flip_diff, len(xs))
+
+
+@dataclass(frozen=True)
+class Validity:
+    """The protocol's validity rule: ``sensitive`` True / False, or ``None`` while a control or
+    the baseline lacks an evaluated seed (the rule is applied to the whole design only)."""
+
+    sensitive: bool | None
+    shown: tuple[tuple[str, Reading], ...]  # (control, reading) pairs that showed a difference
+    lacking: tuple[str, ...]  # study names with fewer evaluated seeds than the study has
+
+
+class PairedDesign:
+    """The figures protocol v4's blocks of one part share, each computed once: the hard subset
+    (``hard_subset``'s arg), the paired readings (``paired``'s baseline and outcomes) and the
+    validity rule (``validity``'s controls and outcomes). ``spec``: {block kind: its arg}."""
+
+    def __init__(self, study: Study, spec: dict[str, Any], rounds: int = ROUNDS):
+        self.study, self.rounds = study, rounds
+        self.hard_spec = spec.get("hard_subset")
+        paired = spec.get("paired") or {}
+        self.baseline = method_dir(paired.get("baseline") or study.baseline or "dapo")
+        self.outcomes = [Outcome.parse(o) for o in paired.get("outcomes", ())]
+        valid = spec.get("validity")
+        self.controls = [method_dir(m) for m in valid["controls"]] if valid else []
+        self.valid_outcomes = list(valid["outcomes"]) if valid else []
+        self._readings: dict[tuple[str, str, str], Reading] = {}
+        named = [paired.get("baseline") or self.baseline, *(valid["controls"] if valid else ()),
+                 *(m for pair in spec.get("readings") or () for m in pair)]
+        self._specs = {method_dir(m): m for m in named}
+
+    def label(self, name: str) -> str:
+        """An arm's label in the study, or (an arm it does not have yet) the runner's label of it."""
+        if any(m.name == name for m in self.study.methods) or name not in self._specs:
+            return self.study.label(name)
+        return method_label(self._specs[name])
+
+    @functools.cached_property
+    def hard(self) -> HardSubset | None:
+        """``None``: no hard_subset block, or the warm start is not evaluated yet."""
+        if self.hard_spec is None or self.study.warm_start is None or not self.study.warm_start.problems:
+            return None
+        return hard_subset(self.study.warm_start, **self.hard_spec)
+
+    def outcome(self, key: str) -> Outcome:
+        return next((o for o in self.outcomes if o.key == key), None) or Outcome(key, key)
+
+    @property
+    def subset(self) -> frozenset:
+        """The hard subset's problems (none while there is no subset: a hard outcome is then nan)."""
+        return self.hard.problems if self.hard is not None else frozenset()
+
+    def seed_values(self, arm: str, key: str) -> list[float]:
+        """Per evaluated seed of ``arm``, the outcome's mean over its problems."""
+        return [_nanmean(outcome_by_problem(r, key, self.subset).values()) for r in self.study.evaluated(arm)]
+
+    def reading(self, a: str, b: str, key: str) -> Reading:
+        """``b`` against ``a`` on the outcome ``key``."""
+        if (a, b, key) not in self._readings:
+            self._readings[(a, b, key)] = paired_reading(self.study, a, b, self.outcome(key), self.subset,
+                                                         self.rounds)
+        return self._readings[(a, b, key)]
+
+    @functools.cached_property
+    def validity(self) -> Validity | None:
+        """``None`` without a validity block (every verdict is drawn)."""
+        if not self.controls:
+            return None
+        shown = tuple((c, r) for c in self.controls for key in self.valid_outcomes
+                      if (r := self.reading(self.baseline, c, key)).direction)
+        full = len(self.study.seeds)
+        lacking = tuple(m for m in [self.baseline, *self.controls] if len(self.study.evaluated(m)) < full)
+        if self.hard_spec is not None and self.hard is None and any(o.startswith("hard_") for o in self.valid_outcomes):
+            lacking += (WARM_START,)
+        return Validity(None if lacking else bool(shown), shown, lacking)
+
+    def verdicts_drawn(self, arm: str | None = None) -> bool:
+        """Whether a verdict is drawn: always for a positive control against the baseline (the
+        rule reads them), otherwise only once the rule has found the assay sensitive."""
+        if self.validity is None or (arm in self.controls):
+            return True
+        return bool(self.validity.sensitive)
+
+
+def render_hard_subset(design: PairedDesign) -> list[str]:
+    hs = design.hard
+    if design.hard_spec is None:
+        raise ValueError("the hard_subset block needs its arg: {k, low, high, min_problems, wider}")
+    if hs is None:
+        return [f"No hard subset yet: the warm start's evaluation (`eval/{WARM_START}/seed0`) is not there."]
+    k, (lo, hi), (alo, ahi) = hs.k, hs.interval, hs.asked
+    n = f"n = {hs.n}" if hs.n is not None else "its n"
+    text = (f"**Hard subset**: the {len(hs.problems)} of {hs.candidates} test problems whose warm-start "
+            f"pass@{k} (unbiased, from {n} samples) lies in [{lo:g}, {hi:g}]")
+    if hs.widened:
+        text += (f": fewer than {hs.min_problems} problems lay in the protocol's [{alo:g}, {ahi:g}], so by its "
+                 f"rule the interval was widened to [{lo:g}, {hi:g}]")
+    text += (f". Chosen from the warm start only, never from a trained policy; the warm start's pass@{k} on "
+             f"them: {stats.format_mean_std(hs.warm_value, scale=100.0)} %.")
+    if len(hs.problems) < hs.min_problems:
+        text += f" **Only {len(hs.problems)} problems** (the protocol asks for {hs.min_problems}): few for pass@{k}."
+    by_bench: dict[str, list[int]] = defaultdict(list)
+    for bench, index in sorted(hs.problems):
+        by_bench[bench].append(index)
+    listing = "; ".join(f"`{b}` {', '.join(map(str, ix))}" for b, ix in by_bench.items())
+    return [text, "", f"Problems: {listing or 'none'}."]
+
+
+def _p_text(p: float) -> str:
+    """``p = 0.03`` or ``p < 0.001``."""
+    text = stats.format_p(p)
+    return f"p {text[0]} {text[1:]}" if text.startswith("<") else f"p = {text}"
+
+
+_READING_HEAD = ["seeds", "difference, mean ± sd over seeds", "paired t p", "within-seed sign-flip p",
+                 "detectable effect", "TOST p", "verdict"]
+
+
+def _reading_cells(r: Reading, verdict: bool) -> list[str]:
+    o, p = r.outcome, r.paired
+    diff = "n/a" if not math.isfinite(p.diff) else o.value(p.diff, signed=True) + (
+        f" ± {o.value(p.sd)}" if math.isfinite(p.sd) else "")
+    tost = "-" if not math.isfinite(o.margin) else stats.format_p(p.p_equivalent)
+    return [str(p.seeds), diff, stats.format_p(p.p), stats.format_p(r.flip_p), o.amount(p.detectable), tost,
+            r.verdict if verdict else "no verdict (validity rule)"]
+
+
+def _seed_cell(o: Outcome, values: Sequence[float]) -> str:
+    mean, std = stats.mean_std(values)
+    if not math.isfinite(mean):
+        return "-"
+    return o.value(mean) + (f" ± {o.value(std)}" if math.isfinite(std) else "")
+
+
+def _margin_text(o: Outcome) -> str:
+    return f"TOST margin ±{o.amount(o.margin)}" if math.isfinite(o.margin) else "no equivalence margin"
+
+
+def render_paired(design: PairedDesign) -> list[str]:
+    """Per outcome, every arm against the baseline on the same seeds."""
+    study, base = design.study, design.baseline
+    arms = [m.name for m in study.methods if m.name != base]
+    out = [f"Differences are arm minus {design.label(base)} on the seeds both evaluated. **Paired t**: over "
+           "the per-seed differences; **within-seed sign-flip**: over the (seed, problem) differences, each "
+           f"keeping its place and only its sign flipped ({design.rounds} draws); **detectable effect**: the "
+           "smallest difference the paired test finds with 80 % power at two-sided alpha 0.05, from the "
+           "observed sd of the differences; **TOST**: equivalence within the protocol's margin. Shown: both "
+           f"p < {stats.ALPHA:g} in the same direction; equivalent: TOST p < {stats.ALPHA:g}."]
+    if design.validity is not None and not design.validity.sensitive:
+        out[0] += (" The validity rule has not found the assay sensitive, so only the positive controls' rows "
+                   "carry a verdict.")
+    for o in design.outcomes:
+        out += ["", f"#### {o.label} ({_margin_text(o)})", ""]
+        out += [md_row(["arm", "mean ± std over seeds", *_READING_HEAD]),
+                "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+        base_seeds = design.seed_values(base, o.key)
+        out.append(md_row([f"{design.label(base)} (baseline)", _seed_cell(o, base_seeds), str(len(base_seeds)),
+                           *["-"] * (len(_READING_HEAD) - 1)]))
+        for arm in arms:
+            r = design.reading(base, arm, o.key)
+            out.append(md_row([design.label(arm), _seed_cell(o, r.b_seeds),
+                               *_reading_cells(r, design.verdicts_drawn(arm))]))
+    return out
+
+
+def render_validity(design: PairedDesign) -> list[str]:
+    """The protocol's rule, decided before any outcome is read, and what follows from it."""
+    v, study = design.validity, design.study
+    if v is None:
+        raise ValueError("the validity block needs its arg: {controls: [...], outcomes: [...]}")
+    controls = " or ".join(design.label(c) for c in design.controls)
+    outcomes = " or ".join(design.outcome(k).label for k in design.valid_outcomes)
+    rule = (f"The protocol's validity rule: the assay is sensitive if {controls} shows a difference from "
+            f"{design.label(design.baseline)} on {outcomes}.")
+    if v.sensitive is None:
+        names = ", ".join("the warm start" if m == WARM_START else design.label(m) for m in v.lacking)
+        return [f"{rule} **Not decided yet**: {names} lack evaluated seeds (of {len(study.seeds)}); until it is "
+                "decided no verdict on the other arms is drawn."]
+    if v.sensitive:
+        found = "; ".join(
+            f"{design.label(c)}: {r.outcome.label} {r.verdict} ({r.outcome.value(r.paired.diff, signed=True)}"
+            f"{' pp' if r.outcome.scale == 100.0 else ''}, paired {_p_text(r.paired.p)}, sign-flip "
+            f"{_p_text(r.flip_p)})" for c, r in v.shown)
+        return [f"{rule} **The assay is sensitive**: {found}. The readings below carry their verdicts."]
+    return [f"{rule} **The assay is insensitive**: neither positive control shows a difference on either "
+            "outcome, so by the protocol's rule **no verdict on MEDS is drawn** from this study, whatever its "
+            "arms show; the readings below give their figures only."]
+
+
+def render_readings(design: PairedDesign, pairs: Sequence[Sequence[str]]) -> list[str]:
+    """Each pre-registered pair ``[a, b]``: a minus b on every outcome of the paired block."""
+    drawn = design.verdicts_drawn()
+    out = ["Each reading is the first arm minus the second on the seeds both evaluated, with the tests of the "
+           "paired table" + ("." if drawn else "; no verdict, as the validity rule has not passed.")]
+    for i, (first, second) in enumerate(pairs, 1):
+        a, b = method_dir(second), method_dir(first)
+        first_label, second_label = design.label(b), design.label(a)
+        out += ["", f"#### Reading {i}: {first_label} vs {second_label}", "",
+                md_row(["outcome", first_label, second_label, *_READING_HEAD]),
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for o in design.outcomes:
+            r = design.reading(a, b, o.key)
+            out.append(md_row([o.label, _seed_cell(o, r.b_seeds), _seed_cell(o, r.a_seeds), *_reading_cells(r, drawn)]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # the report of a protocol
 
 
@@ -688,6 +1085,8 @@ def render_part(root: Path, part: dict, doc_dir: Path | None, img_dir: Path, rou
     blocks = part.get("report", [{"study": None}] if part.get("evaluate", True) else [])
     study = None if "audit" in part else load_study(root)
     agg = functools.cache(lambda: aggregate(study, rounds=rounds))
+    spec = {kind: arg for item in blocks if isinstance(item, dict) for kind, arg in item.items()}
+    design = functools.cache(lambda: PairedDesign(study, spec, rounds))  # v4's blocks share it
     out: list[str] = []
     for i, item in enumerate(blocks):
         out += [""] if i else []
@@ -697,13 +1096,14 @@ def render_part(root: Path, part: dict, doc_dir: Path | None, img_dir: Path, rou
             out.append(item.format(**info))
         else:
             ((kind, arg),) = item.items()
-            out += block(kind, arg, root, study, agg, doc_dir, img_dir, rounds)
+            out += block(kind, arg, root, study, agg, doc_dir, img_dir, rounds, design)
     return out
 
 
 def block(kind: str, arg: Any, root: Path, study: Study | None, agg, doc_dir: Path | None, img_dir: Path,
-          rounds: int) -> list[str]:
-    """The lines of one block of a part's report (``arg``: its value in the protocol)."""
+          rounds: int, design=None) -> list[str]:
+    """The lines of one block of a part's report (``arg``: its value in the protocol; ``design``:
+    a callable giving the part's ``PairedDesign``, which v4's blocks share)."""
     match kind:
         case "study":  # figures in img_dir/<arg>
             return [write_study(study, agg(), doc_dir, img_dir / (arg or ""))]
@@ -724,6 +1124,14 @@ def block(kind: str, arg: Any, root: Path, study: Study | None, agg, doc_dir: Pa
             return [line for line in lines if not line.startswith("# ")]
         case "memory_choice":
             return memory_choice(root)
+        case "hard_subset":  # arg: {k, low, high, min_problems, wider}
+            return render_hard_subset(design())
+        case "paired":  # arg: {baseline, outcomes: [[key, label, scale, margin], ...]}
+            return render_paired(design())
+        case "validity":  # arg: {controls, outcomes}
+            return render_validity(design())
+        case "readings":  # arg: [[first arm, second arm], ...]
+            return render_readings(design(), arg)
     raise ValueError(f"{root.name}: no report block {kind!r}")
 
 

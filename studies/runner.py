@@ -10,7 +10,9 @@ A part is a study: a chain of Hydra multiruns, each a plain ``medsrl-train -m`` 
     train/<method>/seed<k>/B        stage B: resumed (full) from A's checkpoints/last.ckpt
                                     (none with --steps-b 0: the study is stage A only)
     eval/<method>/seed<k>           medsrl-eval of the last stage's policy on the test split,
-                                    n samples, and its error_modes.json (none with --no-eval)
+                                    n samples, and its error_modes.json (none with --no-eval);
+                                    its generations.jsonl keeps every sample's answer and score
+                                    per problem (the paired and within-seed tests of v4)
     eval/warm_start/seed0           the same for the warm-started policy (the starting point)
 
 or an audit (v3's D1: a training run that keeps its checkpoints, then ``studies.audit``). Then
@@ -50,7 +52,12 @@ METHODS: dict[str, str] = {  # experiment=study_<name> -> label in the tables
     "r3": "R3",
     "meds_r3": "MEDS+R3",
     "novelty": "Novelty (MEDS features)",
+    "w_reinforce": "W-REINFORCE",  # protocol v4's positive controls and its outcome-count bonus
+    "passk": "Pass@k advantage",
+    "outcome_ucb": "Outcome UCB",
 }
+# the methods of a study that names none (protocol v1's seven): the v1 root keeps its settings
+V1_METHODS = ("grpo", "dapo", "grpo_entropy", "meds", "r3", "meds_r3", "novelty")
 WARM_START = "warm_start"
 _SHORT_NAMES = {"beta": "cap"}  # how a variant's keys read in labels (MEDS's beta is its cap)
 # MEDS's settings that moved into a group keep their flat names of before in folders and labels, so
@@ -123,7 +130,7 @@ class StudySettings:
     """What decides the study's numbers: a root made with other settings is refused."""
 
     name: str = "full"
-    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    methods: list[str] = field(default_factory=lambda: list(V1_METHODS))
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     steps_a: int = 20
     steps_b: int = 20

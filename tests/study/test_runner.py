@@ -249,3 +249,33 @@ def test_every_training_run_a_protocol_makes_composes_and_parses(protocol, tmp_p
             RunConfig.parse(compose_train(tmp_path / "run", list(overrides), debug=None))
         except Exception as err:
             raise AssertionError(f"{protocol}: {' '.join(overrides)}") from err
+
+
+def test_v4_runs_seven_paired_arms_on_seeds_0_to_7_and_evaluates_each_and_the_warm_start(tmp_path):
+    s = runner.part_settings(_part("v4", "v4"), {})
+    s.check()
+    assert s.seeds == list(range(8)) and (s.steps_a, s.steps_b, s.levels) == (12, 0, [1])
+    assert (s.eval_n, s.eval_problems, s.pool_l1) == (16, 64, 32)
+    labels = [runner.method_label(m) for m in s.methods]
+    assert labels == ["DAPO", "W-REINFORCE", "Pass@k advantage", "Outcome UCB",
+                      "MEDS (mode answer, alpha 0.5, cap 1.0)",
+                      "MEDS (mode answer, alpha 0.5, cap 1.0, shuffle_penalties true)", "MEDS"]
+    shuffled = s.methods[5]
+    assert runner.method_overrides(shuffled)[-1] == "algorithm.plugins.meds.shuffle_penalties=true"
+    assert runner.method_dir(shuffled) == "meds_modeanswer_alpha0.5_beta1.0_shuffle_penaltiestrue"
+    # 56 training runs in 7 multiruns, one per arm over the 8 seeds; 57 evaluations, the warm start's first
+    commands = runner.train_command(tmp_path, s, "A", pending_runs(tmp_path, s, "A"))
+    assert len(commands) == 7 and all("seed=0,1,2,3,4,5,6,7" in c for c in commands)
+    assert [c[c.index("medsrl.train") + 2] for c in commands[:4]] == [
+        f"experiment=study_{m}" for m in ("dapo", "w_reinforce", "passk", "outcome_ucb")]
+    jobs = pending_evals(tmp_path, s)
+    assert len(jobs) == 57 and jobs[0] == (runner.WARM_START, 0)
+    ev = runner.eval_command(tmp_path, s, jobs[1:])
+    assert "n=16" in ev and "benchmark.study_l1.split=test" in ev and "benchmark.study_l1.num=64" in ev
+    warm = runner.warm_start_eval_command(tmp_path / "w", s, tmp_path / "ws", "test")
+    assert "n=16" in warm and "benchmark.study_l1.split=test" in warm
+
+
+def test_a_study_that_names_no_methods_keeps_protocol_v1s_seven():
+    assert StudySettings().methods == ["grpo", "dapo", "grpo_entropy", "meds", "r3", "meds_r3", "novelty"]
+    assert {"w_reinforce", "passk", "outcome_ucb"} <= set(runner.METHODS)
