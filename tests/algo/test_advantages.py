@@ -209,7 +209,7 @@ def _inputs(reduce_sum=None):
 
 
 def test_registered_estimators_resolve_to_their_functions():
-    assert {"grpo", "drgrpo", "rloo", "gdpo"} <= set(ADVANTAGE_ESTIMATORS)
+    assert {"grpo", "drgrpo", "rloo", "gdpo", "w_reinforce", "passk"} <= set(ADVANTAGE_ESTIMATORS)
     inp = _inputs()
     s = inp.scores
     torch.testing.assert_close(compute_advantages("grpo", inp), group_advantages(s, GIDS))
@@ -241,7 +241,7 @@ def test_unknown_estimator_lists_valid_names_sorted():
     with pytest.raises(ValueError, match="'ppo'") as e:
         compute_advantages("ppo", _inputs())
     assert ", ".join(sorted(ADVANTAGE_ESTIMATORS)) in str(e.value)
-    assert "drgrpo, gdpo, grpo, rloo" in str(e.value)
+    assert "drgrpo, gdpo, grpo, passk, rloo, w_reinforce" in str(e.value)
 
 
 def test_bad_option_names_estimator_and_config_key():
