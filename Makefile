@@ -41,6 +41,7 @@ help: ## Show this help
 install: $(STAMP) ## Create .venv: torch built for this machine (CPU without an NVIDIA GPU), the rest from the lock file, medsrl
 
 $(STAMP): pyproject.toml $(LOCK)
+	@$(PYTHON) scripts/python_version.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	torch=$$($(PYTHON) scripts/torch_source.py $(TORCH_VERSION)) && $(BIN)/pip install --quiet $$torch

@@ -7,9 +7,9 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+import tomllib
 
 import pytest
-import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -104,3 +104,20 @@ def test_the_lock_keeps_the_versions_the_vllm_extra_takes():
     downgraded them silently)."""
     pins = _lock()
     assert pins["transformers"] < Version("5.20") and pins["numpy"] < Version("2.4")
+
+
+def test_make_install_names_an_unsupported_python_in_one_line():
+    """The Python `make install` is given is checked against pyproject's requires-python before
+    a venv is made: on 3.10 the lock's numpy and vLLM 0.32 have no wheels."""
+    script = ROOT / "scripts" / "python_version.py"
+    spec = importlib.util.spec_from_file_location("python_version", script)
+    pv = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pv)
+    assert pv.required() == (3, 11)
+    assert pv.problem((3, 11, 7), (3, 11)) is None and pv.problem((3, 13, 0), (3, 11)) is None
+    old = subprocess.run([sys.executable, str(script), "--version", "3.10.12"], capture_output=True, text=True)
+    assert old.returncode == 2 and len(old.stderr.strip().splitlines()) == 1
+    assert "Python >= 3.11" in old.stderr and "3.10.12" in old.stderr
+    now = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert now.returncode == 0 and now.stderr == ""
+    assert "scripts/python_version.py" in (ROOT / "Makefile").read_text()

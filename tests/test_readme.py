@@ -10,6 +10,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -18,11 +19,6 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from run_helpers import ROOT
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    tomllib = pytest.importorskip("tomli")
 
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
