@@ -2,7 +2,9 @@
 stale; regenerate with ``python -m medsrl.config_files --write``):
 
 - ``configs/<group>/_defaults.yaml``: a section's defaults, which its presets extend (``- _defaults``),
-  so a preset lists only what it changes and every setting still overrides without ``+``. Files,
+  so a preset lists only what it changes and every setting still overrides without ``+`` (a
+  required setting is ``???`` there: each preset sets it); ``train/`` and ``eval/``: the defaults
+  ``configs/train.yaml`` and ``configs/eval.yaml`` extend (``- <name>/_defaults@_here_``). Files,
   not ConfigStore nodes registered on import: Hydra's compose API (a notebook, a benchmark)
   composes what the CLI does without importing medsrl first.
 - ``configs/plugins/<name>.yaml``: a plug-in's ``_target_`` and its constructor's defaults.
@@ -17,10 +19,11 @@ from typing import Any, get_args, get_origin
 
 from omegaconf import OmegaConf
 from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 
 from medsrl.algo.advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_OPTIONS
 from medsrl.algo.policy_loss import POLICY_LOSS_OPTIONS, POLICY_LOSSES
-from medsrl.data.settings import Source
+from medsrl.data.settings import DataConfig, Source
 from medsrl.models.settings import ModelConfig
 from medsrl.rollout.settings import RolloutConfig
 from medsrl.run_config import CONFIG_DIR, AlgorithmSection, EvalRunConfig, RunConfig, target_class
@@ -28,6 +31,10 @@ from medsrl.settings import Settings, help_of, settings_model
 from medsrl.step.settings import OptimConfig
 
 DEFAULTS_SCHEMAS = {"algorithm": AlgorithmSection, "optim": OptimConfig, "rollout": RolloutConfig, "model": ModelConfig,
+                    "data": DataConfig,
+                    # configs/train.yaml extends configs/train/_defaults.yaml: the run's settings without a
+                    # config group (seed, resume_mode, ..., grader); model/, trainer/, ... give the others
+                    "train": RunConfig,
                     "eval": EvalRunConfig}  # configs/eval.yaml extends configs/eval/_defaults.yaml
 WRITE = "python -m medsrl.config_files --write"
 REFERENCE = CONFIG_DIR.parent / "docs" / "SETTINGS.md"
@@ -38,13 +45,26 @@ def defaults_path(group: str, config_dir: Path = CONFIG_DIR) -> Path:
     return Path(config_dir) / group / "_defaults.yaml"
 
 
+def schema_defaults(group: str, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
+    """What ``configs/<group>/_defaults.yaml`` holds: each setting's default, ``???`` for a
+    required one (the presets set it); for ``train``, the settings without a config group."""
+    schema = DEFAULTS_SCHEMAS[group]
+    return {field.alias or name: "???" if field.is_required() else
+            to_jsonable_python(field.get_default(call_default_factory=True), by_alias=True)
+            for name, field in schema.model_fields.items()
+            if group != "train" or not (Path(config_dir) / name).is_dir()}
+
+
 def defaults_yaml(group: str) -> str:
     """The text of ``configs/<group>/_defaults.yaml``: what it is, then the schema's defaults."""
     schema = DEFAULTS_SCHEMAS[group]
     what = f"the defaults of {schema.__name__} ({schema.__module__})"
-    return (f"# {_NOTICE.format(what=what, write=WRITE)}\n# Not a preset: the base the {group} presets extend "
-            f"(`- _defaults` in their defaults list).\n"
-            + OmegaConf.to_yaml(schema().model_dump(mode="json", by_alias=True)))
+    base = (f"the base configs/{group}.yaml extends (`- {group}/_defaults@_here_`)"
+            + (": the settings without a config group" if group == "train" else "")
+            if (CONFIG_DIR / f"{group}.yaml").is_file() else
+            f"the base the {group} presets extend (`- _defaults` in their defaults list)")
+    return (f"# {_NOTICE.format(what=what, write=WRITE)}\n# Not a preset: {base}.\n"
+            + OmegaConf.to_yaml(schema_defaults(group)))
 
 
 def plugin_yaml(target: str) -> str:
