@@ -9,12 +9,10 @@ trainer it documents (FSDP on 8 GPUs for 7B / 8B, one GPU for the others).
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 
-from medsrl.plan.cli import compose_train_config, plan_for
 from medsrl.plan.gpu_bytes import GIB, MemoryPlan
+from plans import phase_items, plan_of
 from run_helpers import ROOT
 
 GPU_MODELS = ("qwen2.5-math-1.5b_", "qwen2.5-math-7b_", "qwen3-1.7b_", "qwen3-8b_", "r1-distill-")
@@ -27,18 +25,10 @@ def gpu_experiments() -> list[str]:
     return sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml") if p.stem.startswith(GPU_MODELS))
 
 
-@functools.cache
-def _plan(*overrides: str) -> MemoryPlan:
-    return plan_for(compose_train_config(list(overrides)))
-
-
-def _items(plan: MemoryPlan, phase: str) -> dict[str, int]:
-    (found,) = [p for p in plan.phases if p.name == phase]
-    return {i.name: i.bytes for i in found.items}
 
 
 def _total(plan: MemoryPlan, phase: str) -> int:
-    return sum(_items(plan, phase).values())
+    return sum(phase_items(plan, phase).values())
 
 
 def _milestone_before_issue_43(plan: MemoryPlan) -> int:
@@ -46,7 +36,7 @@ def _milestone_before_issue_43(plan: MemoryPlan) -> int:
     vLLM's woken weights, the whole policy gathered in the master dtype on every rank and rank 0's
     state dict cast to the milestone's dtype on the GPU."""
     size, run = plan.size, plan.run
-    held = sum(b for name, b in _items(plan, "milestone").items()
+    held = sum(b for name, b in phase_items(plan, "milestone").items()
                if name in ("weights", "AdamW moments", "runtime", "rollout tensors"))
     return (held + size.params * run.vllm_weight_bytes + size.params * run.master_bytes
             + size.params * run.milestone_bytes)
@@ -54,7 +44,7 @@ def _milestone_before_issue_43(plan: MemoryPlan) -> int:
 
 @pytest.mark.parametrize("name", gpu_experiments())
 def test_every_gpu_experiment_fits_its_milestone_and_resume_under_its_trainer(name):
-    plan = _plan(f"experiment={name}")
+    plan = plan_of(f"experiment={name}")
     run = plan.run
     assert len(gpu_experiments()) == 10 and run.on_gpu
     # the documented trainer: FSDP on 8 GPUs, or one GPU
@@ -68,10 +58,10 @@ def test_every_gpu_experiment_fits_its_milestone_and_resume_under_its_trainer(na
 
 @pytest.mark.parametrize(("experiment", "old_gib"), [("qwen2.5-math-7b_meds", 68.5), ("qwen3-8b_meds", 73.6)])
 def test_the_milestone_releases_the_engine_and_gathers_one_parameter(experiment, old_gib):
-    plan = _plan(f"experiment={experiment}")
+    plan = plan_of(f"experiment={experiment}")
     size = plan.size
     assert size.largest_param == size.vocab_size * size.hidden_size  # the embedding (or the LM head)
-    items = _items(plan, "milestone")
+    items = phase_items(plan, "milestone")
     assert items["gathered parameter"] == size.largest_param * 2  # bf16, whole on every rank
     assert items["shard copies"] == 2 * -(-size.largest_param // 8) * 2
     assert not {"vLLM engine", "vLLM weights (woken)", "gradients", "policy gathered whole"} & set(items)
@@ -82,52 +72,52 @@ def test_the_milestone_releases_the_engine_and_gathers_one_parameter(experiment,
 
 
 def test_a_one_gpu_milestone_casts_the_state_dict_and_an_engine_without_sleep_stays():
-    plan = _plan("experiment=qwen2.5-math-1.5b_meds")
+    plan = plan_of("experiment=qwen2.5-math-1.5b_meds")
     size = plan.size
-    assert _items(plan, "milestone")["state dict cast"] == size.params * 2  # save_policy: fp32 -> bf16 on the GPU
-    awake = _plan("experiment=qwen2.5-math-1.5b_meds", "rollout.vllm.enable_sleep_mode=false")
-    assert _items(awake, "milestone")["vLLM engine"] == _items(awake, "generation")["vLLM engine"]
-    fp32 = _plan("experiment=qwen2.5-math-1.5b_meds", "callbacks.milestones.dtype=float32")
-    assert "state dict cast" not in _items(fp32, "milestone")  # saved as it is
-    off = _plan("experiment=qwen2.5-math-1.5b_meds", "callbacks.milestones.every_n_steps=0")
+    assert phase_items(plan, "milestone")["state dict cast"] == size.params * 2  # save_policy: fp32 -> bf16 on the GPU
+    awake = plan_of("experiment=qwen2.5-math-1.5b_meds", "rollout.vllm.enable_sleep_mode=false")
+    assert phase_items(awake, "milestone")["vLLM engine"] == phase_items(awake, "generation")["vLLM engine"]
+    fp32 = plan_of("experiment=qwen2.5-math-1.5b_meds", "callbacks.milestones.dtype=float32")
+    assert "state dict cast" not in phase_items(fp32, "milestone")  # saved as it is
+    off = plan_of("experiment=qwen2.5-math-1.5b_meds", "callbacks.milestones.every_n_steps=0")
     assert "milestone" not in [p.name for p in off.phases]
     assert not any("milestone" in note for note in off.notes)
 
 
 def test_a_sharded_resume_makes_the_adamw_states_beside_the_engine_just_built():
-    plan = _plan("experiment=qwen3-8b_meds")
+    plan = plan_of("experiment=qwen3-8b_meds")
     size = plan.size
-    resume = _items(plan, "resume")
-    assert resume["vLLM engine"] == _items(plan, "first weight sync")["vLLM engine"]  # awake whole
+    resume = phase_items(plan, "resume")
+    assert resume["vLLM engine"] == phase_items(plan, "first weight sync")["vLLM engine"]  # awake whole
     assert resume["zero gradients"] == resume["AdamW temporaries"] == size.params * 4 // 8
     assert resume["checkpoint reads"] == 0  # host memory, copied into the shards in place
     assert "rollout tensors" not in resume
-    one_gpu = _items(_plan("experiment=qwen2.5-math-1.5b_meds"), "resume")
+    one_gpu = phase_items(plan_of("experiment=qwen2.5-math-1.5b_meds"), "resume")
     assert "zero gradients" not in one_gpu and "AdamW temporaries" not in one_gpu  # Lightning's load
 
 
 @pytest.mark.parametrize("experiment", ["qwen3-8b_meds", "qwen2.5-math-1.5b_meds"])
 def test_no_phase_but_the_update_and_the_optimizer_step_holds_the_steps_gradients(experiment):
     """Gradients are set to None after each optimizer step (FSDP2: zero_grad frees them)."""
-    plan = _plan(f"experiment={experiment}")
-    with_grads = {p.name for p in plan.phases if "gradients" in _items(plan, p.name)}
+    plan = plan_of(f"experiment={experiment}")
+    with_grads = {p.name for p in plan.phases if "gradients" in phase_items(plan, p.name)}
     assert with_grads == {"update", "optimizer step"}
 
 
 def test_a_lora_plan_holds_its_base_in_bf16_under_bf16_mixed_and_fp32_when_asked():
-    plan = _plan("experiment=qwen2.5-math-7b_meds", "model.lora.r=16")
+    plan = plan_of("experiment=qwen2.5-math-7b_meds", "model.lora.r=16")
     size, run = plan.size, plan.run
     assert (run.master_bytes, run.weight_bytes, run.autocast) == (4, 2, False)
-    items = _items(plan, "update")
+    items = phase_items(plan, "update")
     assert items["weights"] == size.params * 2 // 8
     assert items["adapter weights"] == size.trainable_params * 4 // 8
-    assert _items(plan, "milestone")["gathered base weight"] == size.lora_largest_matrix * 2  # merged one at a time
-    fp32 = _plan("experiment=qwen2.5-math-7b_meds", "model.lora.r=16", "model.lora.base_dtype=float32")
-    assert _items(fp32, "update")["weights"] == size.params * 4 // 8
+    assert phase_items(plan, "milestone")["gathered base weight"] == size.lora_largest_matrix * 2  # merged alone
+    fp32 = plan_of("experiment=qwen2.5-math-7b_meds", "model.lora.r=16", "model.lora.base_dtype=float32")
+    assert phase_items(fp32, "update")["weights"] == size.params * 4 // 8
     assert fp32.peak.total > plan.peak.total
     # one GPU: a bf16 base is not cast per op, an fp32 one is
-    one_gpu = _plan("experiment=qwen2.5-math-1.5b_meds", "model.lora.r=16")
-    assert "bf16 cast of a weight" not in _items(one_gpu, "scoring")
-    one_fp32 = _plan("experiment=qwen2.5-math-1.5b_meds", "model.lora.r=16", "model.lora.base_dtype=float32")
-    assert "bf16 cast of a weight" in _items(one_fp32, "scoring")
-    assert _items(one_gpu, "scoring")["weights"] * 2 == _items(one_fp32, "scoring")["weights"]
+    one_gpu = plan_of("experiment=qwen2.5-math-1.5b_meds", "model.lora.r=16")
+    assert "bf16 cast of a weight" not in phase_items(one_gpu, "scoring")
+    one_fp32 = plan_of("experiment=qwen2.5-math-1.5b_meds", "model.lora.r=16", "model.lora.base_dtype=float32")
+    assert "bf16 cast of a weight" in phase_items(one_fp32, "scoring")
+    assert phase_items(one_gpu, "scoring")["weights"] * 2 == phase_items(one_fp32, "scoring")["weights"]
