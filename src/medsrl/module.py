@@ -24,11 +24,10 @@ from medsrl.algo.engine_correction import check_engine_correction
 from medsrl.algo.policy_loss import policy_loss_reducers
 from medsrl.algo.settings import AlgorithmConfig
 from medsrl.models import lora
-from medsrl.models.export import save_policy
 from medsrl.models.sharding import (
     PolicyFSDPStrategy,
+    export_policy,
     full_weights,
-    host_weights,
     is_sharded,
     replicate_from_rank0,
     shard_policy,
@@ -314,24 +313,10 @@ class RLModule(L.LightningModule):
             self.log("train/stage", float(idx), on_step=True, on_epoch=False, batch_size=1)
 
     def export_policy(self, path, dtype: torch.dtype | None = None) -> None:
-        """Save the policy and tokenizer the Hugging Face way (every rank calls; rank 0 writes), in
-        ``dtype`` when given, else as they are. With LoRA: the merged weights as a plain model
-        (``model.lora.merge_on_export``), else the adapter alone. Sharded: each parameter gathered
-        alone, in ``dtype``, and kept on rank 0's host only (no rank holds the whole policy on its
-        device: the bf16 milestones at 8B did not fit beside the engine's weights)."""
-        rank0 = rank_and_size()[0] == 0
-        if not is_sharded(self.policy):
-            if rank0:
-                save_policy(self.policy, self.tokenizer, path, dtype=dtype, merge_on_export=self.merge_on_export)
-            return
-        adapters_only = self.lora and not self.merge_on_export
-        state = {}
-        for name, tensor in host_weights(self.policy, dtype, adapters_only=adapters_only):
-            if rank0:
-                state[name] = tensor
-        if rank0:
-            save_policy(self.policy, self.tokenizer, path, dtype=dtype, merge_on_export=self.merge_on_export,
-                        state=state)
+        """Save the policy and tokenizer the Hugging Face way (every rank calls; rank 0 writes): with
+        LoRA the merged weights (``model.lora.merge_on_export``), else the adapter alone; sharded,
+        one parameter at a time (``models/sharding.py`` ``export_policy``)."""
+        export_policy(self.policy, self.tokenizer, path, dtype, merge_on_export=self.merge_on_export)
 
 
 class _LightningStepper:

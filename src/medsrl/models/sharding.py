@@ -285,6 +285,27 @@ def host_weights(module: nn.Module, dtype: torch.dtype | None = None, *,
             yield name, whole(param.detach(), dtype).cpu()
 
 
+def export_policy(policy: nn.Module, tokenizer, path, dtype: torch.dtype | None = None, *,
+                  merge_on_export: bool = True) -> None:
+    """Save ``policy`` and ``tokenizer`` the Hugging Face way (``models/export.py`` ``save_policy``;
+    every rank calls, rank 0 writes), in ``dtype`` when given. Sharded: each parameter gathered
+    alone, in ``dtype``, and kept on rank 0's host only (:func:`host_weights`): no rank holds the
+    whole policy on its device (the bf16 milestones at 8B did not fit beside the engine's weights)."""
+    from medsrl.models.export import save_policy
+    from medsrl.models.lora import is_lora
+
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    state = None
+    if is_sharded(policy):
+        adapters_only = is_lora(policy) and not merge_on_export
+        state = {}
+        for name, tensor in host_weights(policy, dtype, adapters_only=adapters_only):
+            if rank0:
+                state[name] = tensor
+    if rank0:
+        save_policy(policy, tokenizer, path, dtype=dtype, merge_on_export=merge_on_export, state=state)
+
+
 @contextlib.contextmanager
 def full_weights(module: nn.Module) -> Iterator[nn.Module]:
     """A plain model with all the policy's weights, for reading (HF generation, the export), on
