@@ -1,18 +1,10 @@
 """MEDS as one plug-in: a wrong response that repeats a frequent past mistake of its prompt loses
 ``min(alpha * ln(|C| + 1), beta)`` of its score before group normalisation (docs/REFERENCE.md).
 
-Per step: read each response's answer feature in the scoring forward (``features/reader.py``),
-predict its cluster from the labels stored for its ``(prompt key, correctness)`` (k-NN vote; the
-step's own responses do not count) and shape the score; then insert every rank's features into
-the replicated memory (``clustered_memory.py``). Settings: ``configs/plugins/meds.yaml``.
-
-What the penalty can do (``gate.py``): with 0/1 rewards and group mean/std advantages the mean
-penalty of a group's wrong responses cancels, so only their spread moves the gradient; the gate
-figures G1-G4 are logged every step. Beyond the reference: ``mode=answer`` sizes a response by
-how often its extracted answer was given before for the prompt (an answer-keyed memory, the
-audit's upper bound), ``dedup`` clusters a store's distinct rows (a step's identical texts are
-one point, still counted in sizes), and ``placement=advantage`` subtracts the penalty from the normalised
-advantages instead of the score, so the mean penalty survives.
+Per step: the scoring forward reads each response's answer feature, the k-NN vote over its store's
+labels (earlier steps only) gives its cluster size and penalty, then every rank's features go into
+the replicated memory. The gate figures (``gate.py``) are logged every step; the options beyond
+the reference (``mode=answer``, ``dedup``, ``placement=advantage``): docs/MEDS.md.
 """
 
 from __future__ import annotations
@@ -175,33 +167,24 @@ class Meds(Plugin):
         self.alpha, self.beta, self.target, self.placement = alpha, beta, target, placement
         # Hydra passes mappings: the same schemas turn them into settings
         self.features = FeatureSpec.model_validate(features)
-        self.clustering = ClusteringSettings.model_validate(clustering)
-        self.memory = MemorySettings.model_validate(memory)
-        c, m = self.clustering, self.memory
+        c = self.clustering = ClusteringSettings.model_validate(clustering)
+        m = self.memory = MemorySettings.model_validate(memory)
         self.store = ClusteredMemory(m.cap_per_key, m.refit, m.refit_workers, c.min_cluster_size, c.min_samples,
                                      m.refit_growth, c.dedup)
-        self.mixed_groups_only = mixed_groups_only
-        self.remember_dropped = remember_dropped
+        self.mixed_groups_only, self.remember_dropped = mixed_groups_only, remember_dropped
         self.shuffle_penalties = shuffle_penalties
         self._seed = 0  # the run's seed (setup): shuffle_penalties' draws
-        self.snapshot_every_n_steps = snapshot_every_n_steps
+        self.snapshot_every_n_steps, self.snapshot_dir = snapshot_every_n_steps, snapshot_dir
         self.panels_every_n_steps, self.panel_prompts = panels_every_n_steps, panel_prompts
-        self.snapshot_dir = snapshot_dir
         self.reader: AnswerFeatureReader | None = None
         self._stage: str | None = None
-        self._feats = torch.zeros(0, 0)
-        self._rows = torch.zeros(0, dtype=torch.long)
-        self._dropped: tuple[list[tuple[str, bool]], np.ndarray, list[str | None]] = (
-            [], np.zeros((0, 0), np.float32), []
-        )
-        self._dropped_order: list = []  # the dropped rows' places in the step (_row_order)
+        self._feats, self._rows = torch.zeros(0, 0), torch.zeros(0, dtype=torch.long)
+        self._dropped, self._dropped_order = _NO_DROPPED, []  # DAPO's dropped rows and their places in the step
         self._read_sizes: list[int] = []  # sizes of the stores read this step (mechanism figures)
         self._read_labels: list[np.ndarray] = []  # fitted labels of the wrong stores read this step
         self._pen = torch.zeros(0)  # this step's penalty per response (placement=advantage)
         # per prompt key, how often each extracted answer was given by a remembered wrong response
         self.answer_counts: dict[str, dict[str, int]] = {}
-
-    # ------------------------------------------------------------------ lifecycle
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.reader is None:
@@ -227,7 +210,7 @@ class Meds(Plugin):
             self.store.close()
 
     def state_dict(self) -> dict:
-        """The whole memory with every pending re-fit applied (tensors: loads with weights_only)."""
+        """Every pending re-fit applied first (tensors: loads with weights_only)."""
         self.store.drain()
         return {"memory": self.store.memory.state_dict(as_tensors=True), "stage": self._stage,
                 "answer_counts": {k: dict(v) for k, v in self.answer_counts.items()}}
@@ -240,8 +223,6 @@ class Meds(Plugin):
     def digest(self) -> str:
         return self.store.memory.digest() + answer_counts_digest(self.answer_counts)
 
-    # ------------------------------------------------------------------ the step
-
     def before_scoring(self, rollouts: StepRollouts, ctx: StepContext) -> None:
         self.enter_stage(rollouts.stage)
         self.reader.begin(rollouts.response_ids, rollouts.packed.prompt_length)
@@ -250,8 +231,14 @@ class Meds(Plugin):
         return self.reader.microbatch(rows, rollouts.packed.columns_end(rows))
 
     def after_scoring(self, rollouts: StepRollouts, ctx: StepContext) -> None:
-        self.use_features(rollouts, *self.reader.finish(), ctx)
-        self._dropped, self._dropped_order = ([], np.zeros((0, 0), np.float32), []), []
+        feats, rows = self.reader.finish()  # the responses with an answer
+        ctx.log(self, {"answer_found_rate": len(rows) / max(len(rollouts), 1)})
+        if self.mixed_groups_only and len(rows):
+            keep = keep_mask_by_group_spread(rollouts.acc, rollouts.group_ids)[rows]  # mixed groups
+            ctx.log(self, {"skipped_rows": float((~keep).sum())})
+            feats, rows = feats[keep], rows[keep]
+        self._feats, self._rows = feats, rows
+        self._dropped, self._dropped_order = _NO_DROPPED, []
         if self.remember_dropped and ctx.dropped:
             self._dropped = self.dropped_features(ctx.dropped, rollouts.packed.input_ids.device, ctx)
         elif self.remember_dropped and is_sharded(ctx.scoring_policy):
@@ -259,9 +246,7 @@ class Meds(Plugin):
 
     def dropped_features(self, groups: list, device, ctx: StepContext
                          ) -> tuple[list[tuple[str, bool]], np.ndarray, list[str | None]]:
-        """``(key, correct)``, features and extracted answers of the responses of ``groups`` that DAPO's filter
-        dropped, from a no-grad forward over them alone (``meds.remember_dropped``, beyond the
-        reference: a mistake made in every sample costs at the prompt's next mixed group)."""
+        """``(key, correct)``, features and answers of DAPO's dropped groups, by a no-grad forward over them."""
         t0 = time.perf_counter()
         extra = StepRollouts.from_groups(groups, ctx.step, ctx.stage, self.reader.tokenizer.pad_token_id, device)
         self.reader.begin(extra.response_ids, extra.packed.prompt_length)
@@ -277,21 +262,12 @@ class Meds(Plugin):
         return keys, feats.numpy(), answers
 
     def enter_stage(self, stage: str | None) -> None:
-        """At a stage change, reset the memory first (option), before anything reads it."""
+        """At a stage change, reset the memory (option) before anything reads it."""
         if self.memory.reset_on_stage_change and self._stage is not None and stage != self._stage:
             log.info("MEDS memory reset at stage change %s -> %s", self._stage, stage)
             self.store.reset()
             self.answer_counts = {}
         self._stage = stage
-
-    def use_features(self, rollouts: StepRollouts, feats: torch.Tensor, rows: torch.Tensor, ctx: StepContext) -> None:
-        """The step's features ``[M, D]`` of response ``rows`` ``[M]`` (those with an answer)."""
-        ctx.log(self, {"answer_found_rate": len(rows) / max(len(rollouts), 1)})
-        if self.mixed_groups_only and len(rows):
-            keep = keep_mask_by_group_spread(rollouts.acc, rollouts.group_ids)[rows]  # mixed groups
-            ctx.log(self, {"skipped_rows": float((~keep).sum())})
-            feats, rows = feats[keep], rows[keep]
-        self._feats, self._rows = feats, rows
 
     def shape_rewards(self, rollouts: StepRollouts, ctx: StepContext) -> None:
         sizes, labels = self.cluster_sizes_for(rollouts)
@@ -310,18 +286,14 @@ class Meds(Plugin):
             "penalised_frac": float((pen > 0).float().mean()),
             "order_changed_group_frac": advantage_order_changed(raw, rollouts.scores, rollouts.group_ids),
             "cluster_size_mean": float(sizes.mean()) if len(sizes) else 0.0,
-            **self._store_figures(),
-            **self._mechanism(rollouts, labels, pen),
-            **self._gate(rollouts, sizes, pen),
+            **self._figures(rollouts, sizes, labels, pen),
         })
         every = self.panels_every_n_steps
         if every and rollouts.step % every == 0:
             self._panels(rollouts, sizes, labels, ctx)
 
     def shape_advantages(self, rollouts: StepRollouts, advantages: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        """``placement=advantage``: wrong responses lose their penalty after normalisation. Either
-        way, gate G2: the share of the advantage signal MEDS rewrote (against the advantages of
-        the scores without MEDS's term, under the run's estimator)."""
+        """``placement=advantage``: wrong responses lose their penalty here. Either way, gates G2, G5, G6."""
         pen = self._pen.to(device=advantages.device, dtype=advantages.dtype)
         wrong = (rollouts.acc <= 0.5).to(advantages.device)
         common_pen = common_penalty(pen, wrong, rollouts.group_ids.to(advantages.device))
@@ -332,27 +304,19 @@ class Meds(Plugin):
         else:
             base = self._advantages_without_meds(rollouts)
             common = self._advantages_without_meds(rollouts, -torch.where(wrong, common_pen, 0.0))
-        ctx.log(self, self._gate_advantages(rollouts, advantages, base.to(advantages.device),
-                                            common.to(advantages.device)))
-        return advantages
-
-    def _gate_advantages(self, rollouts: StepRollouts, shaped: torch.Tensor, base: torch.Tensor,
-                         common: torch.Tensor) -> dict[str, float]:
-        """Gate G2 (the share of the advantage signal MEDS rewrote, whole and split into the common
-        and targeted parts), G5 and G6 (``gate.py``)."""
-        mask = rollouts.packed.response_mask
-        out = {"g2_advantage_rewritten": advantage_change_fraction(shaped, base, mask),
+        base, common, mask = base.to(advantages.device), common.to(advantages.device), rollouts.packed.response_mask
+        out = {"g2_advantage_rewritten": advantage_change_fraction(advantages, base, mask),
                "g2_common": advantage_change_fraction(common, base, mask),
-               "g2_targeted": advantage_change_fraction(shaped, common, mask)}
+               "g2_targeted": advantage_change_fraction(advantages, common, mask)}
         correct, groups = (rollouts.acc > 0.5).cpu(), rollouts.group_ids.cpu()
-        shaped_r, base_r = (per_response(a.detach(), mask).cpu() for a in (shaped, base))
+        shaped_r, base_r = (per_response(a.detach(), mask).cpu() for a in (advantages, base))
         out["g5_rewarded_errors"] = rewarded_error_share(shaped_r, correct, groups)
         out["g6_correct_advantage_loss"] = correct_advantage_loss(shaped_r, base_r, correct, groups)
-        return {f"gate/{k}": float(v) for k, v in out.items() if v is not None}
+        ctx.log(self, _present(out, "gate/"))
+        return advantages
 
     def _advantages_without_meds(self, rollouts: StepRollouts, term: torch.Tensor | None = None) -> torch.Tensor:
-        """The run's advantages had MEDS added ``term`` (None: nothing) instead of its own to the
-        scores (the same collectives on every rank)."""
+        """The run's advantages had MEDS added ``term`` (None: nothing) instead of its own to the scores."""
         delta = rollouts.terms.get(self.name)
         scores = rollouts.scores if delta is None else rollouts.scores - delta
         if term is not None:
@@ -362,52 +326,38 @@ class Meds(Plugin):
                                  reduce_sum=all_reduce_sum if is_distributed() else None)
         return compute_advantages(self._algo.advantage, inputs, **self._algo.advantage_options)
 
-    def _mechanism(self, rollouts: StepRollouts, labels: np.ndarray, pen: torch.Tensor) -> dict[str, float]:
-        """Where the penalty landed (``diagnostics.py``) and ``entries_per_read``: the mean size of
-        the stores read this step (0 for a prompt's first visit)."""
-        groups = rollouts.group_ids.tolist()
+    def _figures(self, rollouts: StepRollouts, sizes: np.ndarray, labels: np.ndarray,
+                 pen: torch.Tensor) -> dict[str, float]:
+        """Clusters and noise of the wrong stores read (from the labels shaping used: after ``insert`` they would
+        depend on whether a background re-fit had landed), the mean size of the stores read (0 on a first
+        visit), where the penalty landed (``diagnostics.py``) and gates G1, G3, G4 (``gate.py``)."""
+        read = [lab for lab in self._read_labels if len(lab)]
+        store = {"clusters_per_key": float(np.mean([len(set(lab.tolist()) - {NOISE}) for lab in read])),
+                 "noise_fraction": float(np.mean([np.mean(lab == NOISE) for lab in read]))} if read else {}
+        groups, wrong, pens = rollouts.group_ids.tolist(), (rollouts.acc <= 0.5).tolist(), pen.tolist()
         answers = [g.extracted for g in rollouts.grades]
-        wrong = (rollouts.acc <= 0.5).tolist()
         rows = self._rows.tolist()
-        out = {"entries_per_read": float(np.mean(self._read_sizes)) if self._read_sizes else 0.0}
-        purity = cluster_answer_purity([groups[i] for i in rows], labels.tolist(), [answers[i] for i in rows])
-        on_top, top_share = penalty_on_top_answer(groups, wrong, answers, pen.tolist())
-        for name, value in (("cluster_answer_purity", purity), ("penalty_on_top_answer", on_top),
-                            ("top_answer_wrong_share", top_share)):
-            if value is not None:
-                out[name] = float(value)
-        return out
-
-    def _gate(self, rollouts: StepRollouts, sizes: np.ndarray, pen: torch.Tensor) -> dict[str, float]:
-        """Gate figures G1, G3, G4 (``gate.py``) of this step's groups; G2, G5, G6 in ``shape_advantages``."""
-        groups = rollouts.group_ids.tolist()
-        wrong = (rollouts.acc <= 0.5).tolist()
-        answers = [g.extracted for g in rollouts.grades]
-        out = {"g1_distinct_penalty_groups": distinct_penalty_share(groups, wrong, pen.tolist()),
-               "g3_group_top_answer_excess": top_answer_excess(groups, wrong, answers, pen.tolist())}
-        featured = [(j, i) for j, i in enumerate(self._rows.tolist()) if wrong[i]]
+        on_top, top_share = penalty_on_top_answer(groups, wrong, answers, pens)
+        out = _present({
+            "entries_per_read": float(np.mean(self._read_sizes)) if self._read_sizes else 0.0,
+            "cluster_answer_purity": cluster_answer_purity([groups[i] for i in rows], labels.tolist(),
+                                                           [answers[i] for i in rows]),
+            "penalty_on_top_answer": on_top,
+            "top_answer_wrong_share": top_share,
+        })
+        featured = [(j, i) for j, i in enumerate(rows) if wrong[i]]
         counts = earlier_answer_counts([rollouts.keys[i] for _, i in featured],
                                        [answers[i] for _, i in featured], self.answer_counts)
-        out["g4_size_recurrence_corr"] = size_recurrence_correlation(
-            [groups[i] for _, i in featured], [sizes[j] for j, _ in featured], counts)
-        return {f"gate/{k}": float(v) for k, v in out.items() if v is not None}
-
-    def _store_figures(self) -> dict[str, float]:
-        """Clusters and noise share of the wrong stores read this step. Read here, from the labels
-        shaping used (``labels_for`` waits for a running re-fit), they are the same in every run of
-        a seed; read after ``insert`` they depended on whether a background re-fit had landed."""
-        labels = [lab for lab in self._read_labels if len(lab)]
-        if not labels:
-            return {}
-        return {"clusters_per_key": float(np.mean([len(set(lab.tolist()) - {NOISE}) for lab in labels])),
-                "noise_fraction": float(np.mean([np.mean(lab == NOISE) for lab in labels]))}
+        gate = {"g1_distinct_penalty_groups": distinct_penalty_share(groups, wrong, pens),
+                "g3_group_top_answer_excess": top_answer_excess(groups, wrong, answers, pens),
+                "g4_size_recurrence_corr": size_recurrence_correlation(
+                    [groups[i] for _, i in featured], [sizes[j] for j, _ in featured], counts)}
+        return {**store, **out, **_present(gate, "gate/")}
 
     def cluster_sizes_for(self, rollouts: StepRollouts) -> tuple[np.ndarray, np.ndarray]:
         """Predicted cluster size and label per featured response, from the memory so far."""
-        feats = self._feats.numpy()
-        rows = self._rows.tolist()
-        keys = rollouts.keys
-        correct = (rollouts.acc > 0.5).tolist()
+        feats, rows = self._feats.numpy(), self._rows.tolist()
+        keys, correct = rollouts.keys, (rollouts.acc > 0.5).tolist()
         sizes = np.zeros(len(rows), dtype=np.int64)
         labels = np.full(len(rows), -1, dtype=np.int64)
         by_store: dict[tuple[str, bool], list[int]] = {}
@@ -441,9 +391,8 @@ class Meds(Plugin):
         return sizes, labels
 
     def step_additions(self, rollouts: StepRollouts, ctx: StepContext):
-        """The features of this step's sampled responses (and, ``remember_dropped``, of the groups
-        DAPO dropped). Rows another plug-in added (R3's replays) are not remembered again: a
-        response enters the memory once, in the step that sampled it."""
+        """The features of this step's sampled responses (``remember_dropped``: and DAPO's dropped
+        ones); R3's replays entered the memory in the step that sampled them."""
         keys, correct = rollouts.keys, (rollouts.acc > 0.5).tolist()
         fresh = [j for j, i in enumerate(self._rows.tolist()) if rollouts.source[i] == SAMPLED]
         rows = self._rows[fresh].tolist()
@@ -459,8 +408,7 @@ class Meds(Plugin):
         return InStepOrder(zip(added, feats, answers, strict=True), order)
 
     def commit(self, additions, ctx: StepContext) -> None:
-        """Every rank's rows into the memory (in the step's order, ``step/balance.py``), and their
-        wrong answers into ``answer_counts``."""
+        """Every rank's rows into the memory in the step's order (``step/balance.py``), as one process would."""
         rows = in_step_order(additions)
         added = [key_ok for key_ok, _, _ in rows]
         feats = np.stack([f for _, f, _ in rows]) if rows else np.zeros((0, 0), np.float32)
@@ -475,8 +423,7 @@ class Meds(Plugin):
                      self.store.memory.num_entries())
 
     def _panels(self, rollouts: StepRollouts, sizes: np.ndarray, labels: np.ndarray, ctx: StepContext) -> None:
-        """Histogram of predicted cluster sizes; per prompt, the largest error cluster this step
-        fell into, with two of its responses (what the model keeps getting wrong)."""
+        """Cluster sizes; per prompt, the largest error cluster hit this step, with two of its responses."""
         rows = self._rows.tolist()
         wrong = [j for j, i in enumerate(rows) if rollouts.acc[i] <= 0.5 and sizes[j] > 0]
         by_group: dict[int, list[int]] = {}
@@ -489,33 +436,31 @@ class Meds(Plugin):
             members = [j for j in js if sizes[j] == top][:2]
             prompt = rollouts.prompts[g]
             answers = [rollouts.grades[rows[j]].extracted for j in members]
-            body = "\n\n".join(
-                "    " + rollouts.response_text[rows[j]][:800].replace("\n", "\n    ") for j in members
-            )
-            blocks.append(
-                f"**{prompt.problem[:300]}** (gold `{prompt.answer}`): error cluster {labels[members[0]]}"
-                f" of size {top}, answers {answers}\n\n{body}"
-            )
+            body = "\n\n".join("    " + rollouts.response_text[rows[j]][:800].replace("\n", "\n    ") for j in members)
+            blocks.append(f"**{prompt.problem[:300]}** (gold `{prompt.answer}`): error cluster {labels[members[0]]}"
+                          f" of size {top}, answers {answers}\n\n{body}")
         if len(sizes):
             ctx.histogram(self, "cluster_size", sizes)
         if blocks:
             ctx.text(self, "largest_error_clusters", "\n\n---\n\n".join(blocks))
 
 
+_NO_DROPPED: tuple[list[tuple[str, bool]], np.ndarray, list[str | None]] = ([], np.zeros((0, 0), np.float32), [])
+
+
 def _targeted(target: str, correct: bool) -> bool:
     return {"wrong": not correct, "right": correct, "both": True, "none": False}[target]
 
 
+def _present(values: dict, prefix: str = "") -> dict[str, float]:
+    return {prefix + k: float(v) for k, v in values.items() if v is not None}
+
+
 def _row_order(rollouts: StepRollouts, rows: list[int], place, tier: int) -> list:
-    """Each of ``rows``' place in the step's order: ``(tier, place(its group), its row in the
-    group)`` (the batch's rows, tier 0, before the dropped ones, tier 1, as one process adds them);
-    None where its group has no place (not dealt, ``step/balance.py``: rank order)."""
+    """Per row, ``(tier, place(its group), its row in the group)``: the batch's rows (tier 0) before
+    the dropped ones (tier 1); None where its group has no place (rank order, ``step/balance.py``)."""
     groups = rollouts.group_ids.tolist()
     first: dict[int, int] = {}
     for i, g in enumerate(groups):
         first.setdefault(g, i)
-    out = []
-    for i in rows:
-        at = place(groups[i])
-        out.append(None if at is None else (tier, at, i - first[groups[i]]))
-    return out
+    return [None if (at := place(groups[i])) is None else (tier, at, i - first[groups[i]]) for i in rows]
