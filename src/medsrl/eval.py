@@ -1,11 +1,7 @@
 """Evaluation entry point (``medsrl-eval``): pass@k, mean@n, maj@n and diversity on benchmarks.
 
-Models: ``model_path`` and/or ``runs_dir`` (:func:`models_to_evaluate`); benchmarks: the
-``benchmark`` config group; MEDS features: :func:`feature_spec_for`; the engine, one per model:
-``rollout`` (:func:`choose_backend`, :func:`engine_config`). Writes into the output
-directory ``generations.jsonl`` (every graded response, appended as produced: rerunning into the
-same directory resumes), ``results.md`` / ``.csv`` / ``.json`` (one row per model and benchmark)
-and ``pass_at_k.png``.
+Writes ``generations.jsonl`` (every graded response, appended: rerunning into the same directory
+resumes), ``results.md`` / ``.csv`` / ``.json`` (a row per model and benchmark) and ``pass_at_k.png``.
 """
 
 from __future__ import annotations
@@ -46,8 +42,7 @@ set_data_dir_default(Path(os.environ["MEDSRL_ROOT"]))  # configs/paths: data_dir
 
 
 def load_for_eval(model_path: str, tokenizer: str | None, dtype: str):
-    """``(policy, tokenizer)`` from an HF dir/name or a training run's checkpoint, single-file or
-    sharded (``export.checkpoint_policy``: the model rebuilt from the run's config)."""
+    """``(policy, tokenizer)`` from an HF dir/name or a run's checkpoint (file or sharded)."""
     if not is_checkpoint_path(model_path):
         return load_policy(model_path, dtype=dtype), load_tokenizer(tokenizer or model_path)
     policy, tok = checkpoint_policy(model_path, dtype=dtype)
@@ -73,9 +68,8 @@ def run_name(path: str | Path) -> str:
 
 
 def runs_in(runs_dir: str | Path) -> list[tuple[str, str]]:
-    """``(name, model path)`` of every run (a directory with a ``policy/`` export or a
-    ``checkpoints/last.ckpt``) under a (multi)run directory, in name order; its name carries the
-    Hydra overrides that distinguish it (``0: optim.optimizer.lr=1e-5``)."""
+    """``(name, model path)`` of every run with a ``policy/`` or ``checkpoints/last.ckpt`` under a
+    (multi)run directory; a name carries the run's Hydra overrides (``0: optim.optimizer.lr=1e-5``)."""
     found = []
     for d in sorted(Path(runs_dir).iterdir(), key=lambda p: (len(p.name), p.name)):
         if (d / "policy" / "config.json").exists():
@@ -88,14 +82,12 @@ def runs_in(runs_dir: str | Path) -> list[tuple[str, str]]:
         items = [str(x) for x in OmegaConf.load(overrides)] if overrides.exists() else []
         found.append((f"{d.name}: {' '.join(items)}" if items else d.name, str(path)))
     if not found:
-        raise FileNotFoundError(f"{runs_dir}: no run with a policy/ export or "
-                                "checkpoints/last.ckpt")
+        raise FileNotFoundError(f"{runs_dir}: no run with a policy/ export or checkpoints/last.ckpt")
     return found
 
 
 def models_to_evaluate(run: EvalRunConfig) -> list[tuple[str, str]]:
-    """``(row name, model path)`` pairs: ``model_path`` (one, a list, or ``{name: path}``) and the
-    runs of ``runs_dir``."""
+    """``(row name, model path)`` of ``model_path`` (one, a list, or ``{name: path}``) and ``runs_dir``."""
     paths = run.model_path
     if isinstance(paths, dict):
         models = [(str(name), str(path)) for name, path in paths.items()]
@@ -105,10 +97,8 @@ def models_to_evaluate(run: EvalRunConfig) -> list[tuple[str, str]]:
     if run.runs_dir:
         models += runs_in(run.runs_dir)
     if not models:
-        raise ValueError(
-            "nothing to evaluate: set model_path=<dir|name|.ckpt> (or a list, or {name: path}) "
-            "or runs_dir=<multirun dir>"
-        )
+        raise ValueError("nothing to evaluate: set model_path=<dir|name|.ckpt> (or a list, or {name: path}) "
+                         "or runs_dir=<multirun dir>")
     names = [m[0] for m in models]
     if len(set(names)) != len(names):
         models = [(f"{i}:{name}", path) for i, (name, path) in enumerate(models)]
@@ -116,9 +106,8 @@ def models_to_evaluate(run: EvalRunConfig) -> list[tuple[str, str]]:
 
 
 def feature_spec_for(model_path: str | Path, default: FeatureSpec | None) -> FeatureSpec | None:
-    """The features to compute for a model: its training run's MEDS feature when it has one (so
-    its diversity is measured on the feature it was shaped with), else ``default``.
-    ``default=None`` (``features: null``): none."""
+    """Its training run's MEDS feature when it has one (diversity on the feature it was shaped with),
+    else ``default``; ``default=None`` (``features: null``): none."""
     if default is None:
         return None
     run = _run_of(Path(model_path))
@@ -138,24 +127,20 @@ def feature_spec_for(model_path: str | Path, default: FeatureSpec | None) -> Fea
 
 
 def benchmark_name(key: str, source: Source) -> str:
-    """The label of a benchmark's rows: its ``name`` when set; for a file without one, the file's
-    name as the loader names it (``/x/aime25.jsonl`` and ``/x/aime25/test.jsonl`` -> ``aime25``),
-    so ``benchmark=file`` rows say which file; else its config key."""
+    """A benchmark's row label: its ``name``, else a file's name as the loader names it
+    (``/x/aime25/test.jsonl`` -> ``aime25``), else its config key."""
     return source.name or (default_name(source.path) if source.path else key)
 
 
 def build_benchmarks(run: EvalRunConfig) -> dict[str, list]:
-    """``{label: examples}`` of every benchmark, cut to ``limit``. Built before any model loads:
-    a benchmark without problems fails here (a file names its path), not in the report."""
+    """``{label: examples}`` cut to ``limit``, before any model loads: an empty benchmark fails here."""
     benchmarks: dict[str, list] = {}
     keys: dict[str, str] = {}
     for key, source in run.benchmark.items():
         name = benchmark_name(key, source)
         if name in keys:
-            raise ValueError(
-                f"benchmarks {keys[name]!r} and {key!r} are both named {name!r}; "
-                f"set benchmark.{key}.name to tell their rows apart"
-            )
+            raise ValueError(f"benchmarks {keys[name]!r} and {key!r} are both named {name!r}; "
+                             f"set benchmark.{key}.name to tell their rows apart")
         keys[name] = key
         node = source.model_dump(exclude_unset=True)
         examples = list(instantiate(node, _convert_="object"))
@@ -167,9 +152,8 @@ def build_benchmarks(run: EvalRunConfig) -> dict[str, list]:
 
 
 def choose_backend(backend: str | None, device: str) -> tuple[str, str]:
-    """The engine and why: ``rollout=hf|vllm`` as chosen; with none chosen, vLLM on a CUDA device
-    when vllm is installed (the paper's table takes hours there, days with HF generate), else HF
-    ``generate`` (the CPU path)."""
+    """The engine and why: ``rollout=hf|vllm``; unset, vLLM on CUDA when installed (hours, not the days
+    of HF generate), else HF."""
     if backend is not None:
         return backend, f"rollout={backend}"
     if not str(device).startswith("cuda"):
@@ -179,27 +163,10 @@ def choose_backend(backend: str | None, device: str) -> tuple[str, str]:
     return "vllm", f"no rollout chosen, device {device} and vllm installed"
 
 
-def engine_config(run: EvalRunConfig, backend: str, prompt_tokens: int) -> RolloutConfig:
-    """The engine's settings for ``build_engine``: eval's ``max_new_tokens`` and ``batch_size``,
-    ``rollout.vllm``'s options, and the longest benchmark prompt as ``max_prompt_tokens``, so an
-    unset ``rollout.vllm.max_model_len`` sizes vLLM for exactly what it will see (longest prompt +
-    max_new_tokens, at most the model's positions: ``factory.engine_max_model_len``)."""
-    return RolloutConfig(backend=backend, max_new_tokens=run.max_new_tokens, max_batch_size=run.batch_size,
-                         max_prompt_tokens=prompt_tokens, vllm=run.rollout.vllm)
-
-
-def prompt_tokens(problems: dict[str, list], tokenizer) -> dict[str, list[int]]:
-    """Each benchmark problem's prompt length in tokens, counted as the engines tokenize."""
-    return {bench: [len(ids) for ids in tokenizer([p.text for p in ps])["input_ids"]] if ps else []
-            for bench, ps in problems.items()}
-
-
 def check_prompts_fit(lengths: dict[str, list[int]], engine_cfg: RolloutConfig, policy,
                       max_new_tokens: int) -> None:
-    """Refuse, before anything is sampled, a prompt that cannot take ``max_new_tokens`` more
-    within the engine's length (``rollout.vllm.max_model_len`` when set for vLLM, else the model's
-    positions): evaluation keeps every problem (the table counts them all), vLLM would refuse it
-    mid-run and HF would generate past the positions. Names each, and the largest budget that fits."""
+    """Refuse, before sampling, a prompt with no room for ``max_new_tokens`` in the engine's length:
+    eval keeps every problem, and vLLM would refuse it mid-run, HF generate past the positions."""
     if engine_cfg.backend == "vllm" and engine_cfg.vllm.max_model_len is not None:
         limit, what = engine_cfg.vllm.max_model_len, "rollout.vllm.max_model_len"
     else:
@@ -226,9 +193,8 @@ def check_prompts_fit(lengths: dict[str, list[int]], engine_cfg: RolloutConfig, 
 
 
 def engine_fingerprint(engine_cfg: RolloutConfig, policy) -> dict:
-    """What of the engine decides the samples, for the resume fingerprint, so a resume never mixes
-    two engines' generations: nothing for HF ``generate`` (the fingerprint evaluations had before
-    the vLLM path, so they still resume); the backend, dtype and seeding for vLLM."""
+    """What of the engine decides the samples (resume fingerprint): nothing for HF (older evaluations
+    still resume), the backend, dtype and seeding for vLLM."""
     if engine_cfg.backend == "hf":
         return {}
     dtype = engine_cfg.vllm.dtype
@@ -239,8 +205,7 @@ def engine_fingerprint(engine_cfg: RolloutConfig, policy) -> dict:
 
 
 class EngineOnDemand:
-    """A model's engine, built at the first chunk that needs sampling: a resumed evaluation whose
-    generations are all stored starts none (a vLLM start takes a minute or more on a GPU)."""
+    """A model's engine, built at the first chunk to sample: a fully stored resume starts no vLLM."""
 
     def __init__(self, build) -> None:
         self.build, self.engine = build, None
@@ -251,32 +216,26 @@ class EngineOnDemand:
         return self.engine.generate(prompts, params)
 
     def close(self) -> None:
-        """Shut vLLM down (HF holds nothing) so the next model's engine gets the memory."""
         if self.engine is not None and hasattr(self.engine, "close"):
             self.engine.close()
         self.engine = None
 
 
-def _free_device_memory() -> None:
-    """Return a finished model's (and its engine's) memory before the next model loads."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def evaluate_model(cfg: EvalRunConfig, run: str, path: str, benchmarks: dict[str, list], backend: str,
                    device: str, store: GenerationStore, grader) -> list[dict]:
-    """One model's rows: its prompts checked against the engine's length first, then every
-    benchmark sampled through one engine, closed at the end (vLLM keeps process-global state)."""
+    """One model's rows: every benchmark through one engine, closed at the end (vLLM keeps
+    process-global state). vLLM is sized for the longest prompt + max_new_tokens."""
     policy, tok = load_for_eval(path, cfg.tokenizer, cfg.dtype)
     problems = {bench: problems_from(ex, cfg.template, tok) for bench, ex in benchmarks.items()}
-    lengths = prompt_tokens(problems, tok)
-    engine_cfg = engine_config(cfg, backend, max(max(ns, default=1) for ns in lengths.values()))
+    lengths = {bench: [len(ids) for ids in tok([p.text for p in ps])["input_ids"]] if ps else []
+               for bench, ps in problems.items()}
+    engine_cfg = RolloutConfig(backend=backend, max_new_tokens=cfg.max_new_tokens, max_batch_size=cfg.batch_size,
+                               max_prompt_tokens=max(max(ns, default=1) for ns in lengths.values()),
+                               vllm=cfg.rollout.vllm)
     check_prompts_fit(lengths, engine_cfg, policy, cfg.max_new_tokens)
     # Per model: its run's MEDS feature when it has one (part of the fingerprint).
     sampling: SamplingSpec = cfg.model_copy(update={"features": feature_spec_for(path, cfg.features)})
-    # The HF copy goes to the device for HF generate or the features' forward; vLLM alone reads
-    # its weights from host memory, as it reads a checkpoint.
+    # on the device for HF generate or the features' forward; vLLM alone reads it from host memory
     policy.to(device if backend == "hf" or sampling.features is not None else "cpu").eval()
     extra = {"template": cfg.template.model_dump(), "limit": cfg.limit, **engine_fingerprint(engine_cfg, policy)}
     if backend == "vllm":
@@ -298,15 +257,12 @@ def evaluate_model(cfg: EvalRunConfig, run: str, path: str, benchmarks: dict[str
 
 
 def evaluate(cfg: DictConfig) -> list[dict]:
-    """Evaluate every model on every benchmark; write the generations, tables and plot.
-
-    Everything that can be checked without a model is checked first (the config's values, the
-    benchmarks' problems, the models' paths), so a mistake costs no model load."""
+    """Every model on every benchmark; all that needs no model (config, benchmarks, model paths) is
+    checked first, so a mistake costs no model load."""
     parsed = EvalRunConfig.parse(cfg)
     out_dir = Path(parsed.paths.output_dir)
     benchmarks = build_benchmarks(parsed)
     models = models_to_evaluate(parsed)
-    grader_cfg = parsed.grader
     out_dir.mkdir(parents=True, exist_ok=True)
     device = parsed.device if parsed.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     backend, why = choose_backend(parsed.rollout.backend, device)
@@ -314,21 +270,20 @@ def evaluate(cfg: DictConfig) -> list[dict]:
     rows = []
     with (
         GenerationStore(out_dir / "generations.jsonl") as store,
-        MathGrader(timeout_s=grader_cfg.timeout_s, num_workers=grader_cfg.workers(),
-                   reasoning_end=grader_cfg.reasoning_end).start() as grader,
+        MathGrader(timeout_s=parsed.grader.timeout_s, num_workers=parsed.grader.workers(),
+                   reasoning_end=parsed.grader.reasoning_end).start() as grader,
     ):
         for run, path in models:
             rows += evaluate_model(parsed, run, path, benchmarks, backend, device, store, grader)
-            _free_device_memory()
+            gc.collect()  # the model's and its engine's memory, before the next model loads
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
     write_markdown(rows, out_dir / "results.md")
     write_csv(rows, out_dir / "results.csv")
     write_json(rows, out_dir / "results.json")
     plot_pass_at_k(rows, out_dir / "pass_at_k.png")
     print((out_dir / "results.md").read_text())
-    print(
-        f"[medsrl] results in {out_dir} "
-        "(results.md / .csv / .json, pass_at_k.png, generations.jsonl)"
-    )
+    print(f"[medsrl] results in {out_dir} (results.md / .csv / .json, pass_at_k.png, generations.jsonl)")
     return rows
 
 

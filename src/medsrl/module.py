@@ -1,10 +1,6 @@
-"""The LightningModule: Lightning glue around one RL step (``trainer.global_step`` counts these;
-``docs/ARCHITECTURE.md`` draws one, :meth:`RLModule.training_step` runs it). The math is in
-``medsrl.algo``, the phases in ``medsrl.step``, the training methods in ``medsrl.plugins``.
-
-Several processes (``trainer=ddp`` / ``fsdp``): each rank generates, grades and scores a
-contiguous shard of the step's prompts (a group never spans ranks); ``step/schedule.py`` keeps
-the updates in step, and plug-in state is replicated through one all-gather per step.
+"""The LightningModule: Lightning glue around one RL step (``docs/ARCHITECTURE.md`` draws one). The
+math is in ``medsrl.algo``, the phases in ``medsrl.step``, the training methods in ``medsrl.plugins``.
+Under ddp / fsdp each rank generates, grades and scores a contiguous shard of the step's prompts.
 """
 
 from __future__ import annotations
@@ -107,8 +103,7 @@ class RLModule(L.LightningModule):
         self.grader: MathGrader | None = None
         self.last_rollouts: StepRollouts | None = None
         self.guard: RunawayGuard | None = None  # the runaway guard, built at each fit's start
-        # how many times each prompt key was sampled (every rank counts the whole step's prompts):
-        # per-prompt methods (MEDS's memory) act only on prompts that come back
+        # how often each prompt key was sampled: per-prompt methods act only on prompts that come back
         self.prompt_visits = PromptVisits()
 
     def configure_callbacks(self) -> list[Plugin]:
@@ -129,19 +124,12 @@ class RLModule(L.LightningModule):
             self.engine = build_engine(self.rollout_cfg, self.policy, self.tokenizer, seed=self.seed)
 
     def configure_model(self) -> None:
-        """Under ``trainer=fsdp``: shard the policy (an FSDP2 unit per decoder layer; on ranks that
-        built it on the ``meta`` device, filled from rank 0's weights; see ``models/sharding.py``)."""
+        """Under ``trainer=fsdp``: shard the policy (``models/sharding.py``)."""
         strategy = self.trainer.strategy
         if isinstance(strategy, PolicyFSDPStrategy) and not is_sharded(self.policy):
             self.policy = shard_policy(self.policy, strategy)
             if self.ref_policy is not None:  # a whole copy on every rank, rank 0's on the others
                 self.ref_policy = replicate_from_rank0(self.ref_policy, strategy.root_device)
-
-    def full_policy(self):
-        """The policy with all its weights, for HF generation and the export (FSDP: gathered for
-        the block, on every rank together; otherwise the policy itself). Everything else runs
-        through ``self.policy``, the module the update trains."""
-        return full_weights(self.policy)
 
     def sync_engine(self, *, stale_only: bool = False) -> None:
         """``rollout.base.sync_engine`` of this module's engine and policy (every rank together)."""
@@ -149,14 +137,12 @@ class RLModule(L.LightningModule):
 
     @contextmanager
     def policy_for_generation(self) -> Iterator[None]:
-        """For the block, an engine that generates with the policy module (HF) generates with
-        :meth:`full_policy` (sharded or LoRA: a plain model with the merged weights, so no rank
-        runs a collective per token and no decode step runs the adapters' extra matmuls). vLLM
-        holds its own copy of the weights: nothing to do."""
+        """For the block, an HF engine generates with the full (gathered, LoRA-merged) weights: no
+        collective per token, no adapter matmuls. vLLM holds its own copy: nothing to do."""
         if not self.engine.uses_policy_weights:
             yield
             return
-        with self.full_policy() as full:
+        with full_weights(self.policy) as full:
             self.engine.sync_weights(full)
             try:
                 yield
@@ -179,8 +165,7 @@ class RLModule(L.LightningModule):
             self.grader = None
 
     def state_dict(self, *args, **kwargs):
-        """The policy only (with LoRA its adapters only): the reference model is rebuilt from
-        the policy at start, a LoRA policy's frozen base from the model config."""
+        """The policy only (with LoRA its adapters only): the reference and a frozen base are rebuilt."""
         sd = super().state_dict(*args, **kwargs)
         return lora.checkpoint_state({k: v for k, v in sd.items() if not k.startswith("ref_policy.")}, self.lora)
 
@@ -279,9 +264,8 @@ class RLModule(L.LightningModule):
         return scoring_forward_needed(self.algorithm, self.plugins, self.reducers, self.rollout_cfg.logprobs)
 
     def _sample(self, step: int, timer: PhaseTimer, prompts: list, round_: int) -> list[Group]:
-        """Generate for this rank's contiguous shard of ``prompts`` and grade: one group each.
-        Seeded by (seed, step, round) and the shard's first prompt (the engine continues the seed
-        per chunk), so a resumed run, or one on other ranks, samples what one process would."""
+        """Generate and grade this rank's shard of ``prompts``, seeded by (seed, step, round) and the
+        shard's first prompt: a resumed run, or one on other ranks, samples what one process would."""
         cfg = self.rollout_cfg
         self.prompt_visits.add(p.key for p in prompts)
         start, stop = shard_bounds(len(prompts), *rank_and_size())
@@ -313,15 +297,13 @@ class RLModule(L.LightningModule):
             self.log("train/stage", float(idx), on_step=True, on_epoch=False, batch_size=1)
 
     def export_policy(self, path, dtype: torch.dtype | None = None) -> None:
-        """Save the policy and tokenizer the Hugging Face way (every rank calls; rank 0 writes): with
-        LoRA the merged weights (``model.lora.merge_on_export``), else the adapter alone; sharded,
-        one parameter at a time (``models/sharding.py`` ``export_policy``)."""
+        """The policy and tokenizer the Hugging Face way (every rank calls; rank 0 writes)."""
         export_policy(self.policy, self.tokenizer, path, dtype, merge_on_export=self.merge_on_export)
 
 
 class _LightningStepper:
-    """``policy_update``'s optimiser calls through Lightning: only the last of an RL step goes
-    through Lightning's optimizer wrapper, so ``global_step`` advances once per RL step."""
+    """``policy_update``'s optimiser calls; only an RL step's last goes through Lightning's wrapper,
+    so ``global_step`` advances once per RL step."""
 
     def __init__(self, module: RLModule) -> None:
         self.module, self.opt, self.sched = module, module.optimizers(), module.lr_schedulers()

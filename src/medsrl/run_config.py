@@ -1,9 +1,7 @@
-"""A run's config, parsed once: the entry points (``train``, ``eval``, ``plan``, the study)
-turn the composed Hydra config into one typed :class:`RunConfig` (or :class:`EvalRunConfig`)
-and pass its sections on; nothing below reads a raw config key. Each section's schema lives
-with its package (``algo/settings.py``, ``rollout/settings.py``, ...); this module composes them
-and adds the checks that span sections. A bad config raises one ``ValueError`` listing every
-problem by its Hydra key, before any model loads."""
+"""A run's config, parsed once by the entry points into a typed :class:`RunConfig` (or
+:class:`EvalRunConfig`) whose sections they pass on. The sections' schemas live with their packages;
+this module composes them and adds the checks that span sections. A bad config raises one
+``ValueError`` listing every problem by its Hydra key, before any model loads."""
 
 from __future__ import annotations
 
@@ -49,12 +47,9 @@ log = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 
-# --------------------------------------------------------------------------- instantiated classes
-
 
 class Built(NamedTuple):
-    """A ``{_target_: class, settings}`` node, checked: the class and its settings, parsed from
-    its annotated ``__init__`` (None: a library class pydantic cannot read; Hydra builds it)."""
+    """A checked ``{_target_: class, settings}`` node (settings None: a library class Hydra builds)."""
 
     cls: type
     settings: BaseModel | None
@@ -87,8 +82,7 @@ def _built(node: dict, where: str, base: type | None) -> tuple[Built | None, lis
 
 
 def _nodes(section: Any, group: str) -> dict[str, dict]:
-    """The entries of a group of named ``_target_`` nodes. A null entry is not built, nor one
-    without ``_target_``: settings an experiment gives a plug-in this run does not choose."""
+    """A group's ``_target_`` nodes; one without (settings for a plug-in not chosen) is not built."""
     nodes = {}
     for name, node in (section or {}).items():
         if isinstance(node, dict) and "_target_" in node:
@@ -114,9 +108,6 @@ def nodes(group: str, base: type | None = None) -> Any:
     return Annotated[dict[str, InstanceOf[Built]], BeforeValidator(partial(_group, group, base))]
 
 
-# --------------------------------------------------------------------------- sections
-
-
 class Hardware(Settings):
     """What an experiment is sized for (medsrl-plan checks its memory per GPU against it)."""
 
@@ -125,8 +116,7 @@ class Hardware(Settings):
 
 
 class TrainerSettings(Open):
-    """Lightning's ``Trainer`` (Hydra instantiates it): the keys medsrl reads; the others are
-    Lightning's to check. Defaults: the CPU preset's."""
+    """Lightning's ``Trainer``: the keys medsrl reads (defaults: the CPU preset's); Lightning checks the rest."""
 
     accelerator: Text = "cpu"
     """Lightning's accelerator (cpu, gpu, auto)."""
@@ -155,9 +145,6 @@ class Paths(Open):
 class AlgorithmSection(AlgorithmConfig):
     plugins: nodes("algorithm.plugins", Plugin) = {}
     """The plug-ins, in order: {name: {_target_: class, its settings}}; each checked by its class."""
-
-
-# --------------------------------------------------------------------------- the training run
 
 
 class RunConfig(Open):
@@ -192,9 +179,8 @@ class RunConfig(Open):
 
     @classmethod
     def parse(cls, cfg: DictConfig | dict, *checks) -> RunConfig:
-        """The run's settings, or one ``ValueError`` naming every problem; once the sections
-        parse, the checks that span them run on the typed run (``checks``: more of them, e.g.
-        ``train.lora_target_problems``)."""
+        """The run's settings, or one ``ValueError`` naming every problem; the checks that span
+        sections (and ``checks``) run once the sections parse."""
         run, found = _validated(cls, cfg, _dataset_named)
         if run is not None and not found:
             for check in (bound_checks, precision_problems, logger_problems, *checks):
@@ -204,8 +190,7 @@ class RunConfig(Open):
 
 
 def _validated(cls: type[BaseModel], cfg: DictConfig | dict, named) -> tuple[Any, list[str]]:
-    """``cfg`` parsed as ``cls`` (None where it does not parse) and every problem found, each
-    ``named(message, loc, values)`` (the dataset or benchmark it belongs to)."""
+    """``(cfg as cls or None, every problem)``, each ``named(message, loc, values)`` for its context."""
     missing: list[str] = []
     values = plain(cfg, missing) if isinstance(cfg, DictConfig) else dict(cfg)
     found = [f"{key} must be set (it is ???)" for key in missing]
@@ -233,8 +218,7 @@ def _raise(found: list[str], what: str) -> None:
 
 
 def bound_checks(run: RunConfig) -> list[str]:
-    """The bounds (:func:`medsrl.settings.below`) of the advantage estimator's options (passk's
-    ``k <= rollout.n``) and of the plug-ins' and callbacks' settings."""
+    """The bounds (:func:`medsrl.settings.below`) of the advantage options, plug-ins and callbacks."""
     algo = run.algorithm
     options = ADVANTAGE_OPTIONS[algo.advantage].model_validate(algo.advantage_options)
     return bound_problems(options, "algorithm.advantage_options", run) + [
@@ -248,13 +232,9 @@ PURE_16BIT_PRECISIONS = ("bf16-true", "16-true")
 
 
 def precision_problems(run: RunConfig) -> list[str]:
-    """16-bit master weights train only when asked for by name (``model.allow_16bit_weights``).
-
-    AdamW's update at lr 1e-6 is far below one bf16 step of a weight of size 0.02, so pure bf16
-    leaves most weights unchanged and nothing fails (docs/GPU.md): fp32 masters with
-    ``trainer.precision=bf16-mixed`` compute in bf16 and keep every update. With LoRA the masters
-    are the adapters (``model.dtype``); a 16-bit frozen base (``model.lora.base_dtype``, bf16 by
-    default under bf16-mixed) loses nothing, no update reaching it."""
+    """16-bit master weights only when asked for (``model.allow_16bit_weights``): AdamW's update at
+    lr 1e-6 is below one bf16 step of a weight of 0.02, so pure bf16 silently leaves most weights
+    unchanged (docs/GPU.md). A 16-bit frozen LoRA base loses nothing: no update reaches it."""
     if run.model.allow_16bit_weights or run.optim.optimizer.lr == 0:
         return []
     dtype = str(run.model.dtype).lower().removeprefix("torch.")
@@ -275,8 +255,7 @@ def precision_problems(run: RunConfig) -> list[str]:
 
 
 def logger_problems(run: RunConfig) -> list[str]:
-    """A logger whose package is not installed: W&B (``logger=wandb`` / ``many``) is the
-    ``wandb`` extra, so say how to install it rather than fail in Lightning's constructor."""
+    """W&B loggers without the ``wandb`` extra: say how to install it, not fail in Lightning."""
     from medsrl.utils.wandb_log import INSTALL_HINT, is_wandb_target, wandb_installed
 
     return [f"logger.{name} ({node['_target_']}) needs the wandb package, which is not installed: "
@@ -285,17 +264,13 @@ def logger_problems(run: RunConfig) -> list[str]:
             if is_wandb_target(node["_target_"]) and not wandb_installed()]
 
 
-# --------------------------------------------------------------------------- evaluation
-
-
 def _eval_own(key: str) -> Any:
     """A training rollout key eval samples without: null only, the message naming eval's own."""
     return Annotated[None, must(f"null: eval samples with its own {key}")]
 
 
 class EvalRollout(Settings):
-    """Eval's ``rollout``: the engine (``rollout=hf|vllm``; no ``backend``: vLLM on a CUDA GPU
-    when installed, else HF) and its options. Training's sampling keys stay null there."""
+    """Eval's ``rollout``: the engine and its options; training's sampling keys stay null."""
 
     backend: nullable(one_of(BACKENDS)) = None
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
@@ -310,8 +285,7 @@ class EvalRollout(Settings):
 
 
 class EvalRunConfig(SamplingSpec, Open):
-    """The evaluation config (configs/eval.yaml): the sampling (``SamplingSpec``), the models and
-    the benchmarks."""
+    """The evaluation config (configs/eval.yaml): the sampling, the models and the benchmarks."""
 
     model_path: Annotated[
         str | list | dict | None, must("a path, a list of paths, a {name: path} mapping or null")

@@ -1,8 +1,5 @@
-"""Training entry point (``medsrl-train``, ``make train``): Hydra config in, a trained policy out.
-
-Thin on purpose: it builds the parts the config names, wires them into a Lightning ``Trainer``
-and handles the two ways to start from a checkpoint. The step itself is ``medsrl.module``.
-"""
+"""Training entry point (``medsrl-train``): builds the parts the config names into a Lightning
+``Trainer`` and handles the two ways to start from a checkpoint. The step is ``medsrl.module``."""
 
 from __future__ import annotations
 
@@ -58,8 +55,7 @@ warnings.filterwarnings("ignore", message="Found .* module\\(s\\) in eval mode a
 
 
 def lora_target_problems(run: RunConfig) -> list[str]:
-    """With LoRA on, every ``target_modules`` name must match a module of the model built on the
-    ``meta`` device (as medsrl-plan does) before weights load; else apply_lora checks after load."""
+    """LoRA ``target_modules`` checked on the ``meta`` model before weights load (apply_lora checks later)."""
     if not run.model.lora.enabled:
         return []
     try:
@@ -70,14 +66,12 @@ def lora_target_problems(run: RunConfig) -> list[str]:
 
 
 def parse_run(cfg: DictConfig) -> RunConfig:
-    """The run's typed settings; fails at start, before the model is built, naming every
-    missing or bad value by its key."""
+    """The run's typed settings; fails before the model is built, naming every bad value by its key."""
     return RunConfig.parse(cfg, lora_target_problems)
 
 
 def instantiate_group(group: DictConfig | None, parsed: dict[str, Built] | None = None) -> list[Any]:
-    """Every entry of a config group of named ``_target_`` configs, in order: from its parsed
-    settings (``RunConfig.callbacks``) when it has them, else by Hydra."""
+    """A config group's ``_target_`` entries, built from their parsed settings if any, else by Hydra."""
     parsed = parsed or {}
     return [b.cls(**dict(b.settings)) if (b := parsed.get(k)) and b.settings is not None else instantiate(c)
             for k, c in (group or {}).items() if c is not None and "_target_" in c]
@@ -117,12 +111,9 @@ class Run:
 
 
 def gpu_environment(trainer: TrainerSettings, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The process settings a GPU run needs, set where the user has not set them (and returned):
-    ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, so the cache the update leaves in
-    fragments does not make vLLM's KV-cache wake fail (vLLM turns it off around its own pool), and
-    ``OMP_NUM_THREADS`` (the node's cores over its ranks), without which vLLM sets torch's
-    intra-op threads to 1 for the whole process, the trainer's CPU work included. Before any CUDA
-    allocation: the allocator reads its settings once. A CPU run: nothing."""
+    """The env a GPU run needs, where the user has not set it (returned), before any CUDA allocation:
+    expandable segments, so a fragmented cache does not fail vLLM's KV-cache wake, and
+    ``OMP_NUM_THREADS`` (cores per rank), else vLLM sets torch's threads to 1 for the whole process."""
     environ = os.environ if environ is None else environ
     if trainer.accelerator == "cpu":
         return {}
@@ -160,15 +151,9 @@ def build_run(cfg: DictConfig) -> Run:
     # prompts the engine can't take: dropped now
     datamodule.limit_prompt_tokens(tokenizer, prompt_token_limit(run.rollout, policy),
                                    why=describe_prompt_token_limit(run.rollout, policy))
-    module = RLModule(
-        policy,
-        tokenizer,
-        algorithm=run.algorithm,
-        rollout=run.rollout, optim=run.optim, grader=run.grader,
-        plugins=build_plugins(run.algorithm.plugins),
-        seed=run.seed,
-        merge_on_export=run.model.lora.merge_on_export,
-    )
+    module = RLModule(policy, tokenizer, algorithm=run.algorithm, rollout=run.rollout, optim=run.optim,
+                      grader=run.grader, plugins=build_plugins(run.algorithm.plugins), seed=run.seed,
+                      merge_on_export=run.model.lora.merge_on_export)
     # the plug-ins join through the module
     callbacks = with_step_progress_bar(instantiate_group(cfg.get("callbacks"), run.callbacks), run)
     loggers = instantiate_group(cfg.get("logger"))
@@ -181,9 +166,8 @@ def build_run(cfg: DictConfig) -> Run:
 
 
 def with_step_progress_bar(callbacks: list, run: RunConfig) -> list:
-    """The step bar, never Lightning's epoch bar ("Epoch 0/-2 ... 0.03it/s"): a
-    ``StepProgressBar`` added last when the callbacks have no progress bar (``callbacks=none``),
-    and none when ``trainer.enable_progress_bar=false`` (Lightning refuses a bar then)."""
+    """A ``StepProgressBar`` (never Lightning's epoch bar) added when the callbacks have no bar;
+    none with ``trainer.enable_progress_bar=false`` (Lightning refuses a bar then)."""
     if not run.trainer.enable_progress_bar:
         return [c for c in callbacks if not isinstance(c, ProgressBar)]
     if not any(isinstance(c, ProgressBar) for c in callbacks):
@@ -241,7 +225,8 @@ def _fit(cfg: DictConfig, run: Run, ckpt_path: str | None, out_dir: Path) -> dic
             print(f"[medsrl] final policy saved to {out_dir / 'policy'}")
     if trainer.is_global_zero:
         log_final_hparams(run.loggers, cfg, summary, step=trainer.global_step)  # for HParams
-        write_summary(out_dir, summary)  # last: its presence means the run is complete (skip_if_done)
+        # last, atomically: its presence means the run is complete (skip_if_done)
+        atomic_write(out_dir / "summary.json", lambda f: f.write(json.dumps(summary, indent=2).encode()))
         print(f"[medsrl] summary: {json.dumps(summary)}")
     return summary
 
@@ -260,15 +245,9 @@ def final_validation(rows: list[dict]) -> dict[str, float]:
     return out
 
 
-def write_summary(out_dir: Path, summary: dict[str, float]) -> Path:
-    """``summary.json``, atomically: a crash mid-write never leaves a half file that reads as done."""
-    data = json.dumps(summary, indent=2).encode()
-    return atomic_write(out_dir / "summary.json", lambda f: f.write(data))
-
-
 def train_or_skip(cfg: DictConfig) -> dict[str, float]:
-    """``train(cfg)``, or with ``skip_if_done``: the stored summary of a run that finished in this
-    output dir (nothing is built), or a full resume from the ``last.ckpt`` of one interrupted."""
+    """``train(cfg)``; with ``skip_if_done``: the stored summary of a finished run in this output dir,
+    or a full resume from the ``last.ckpt`` of an interrupted one."""
     if not cfg.get("skip_if_done", False):
         return train(cfg)
     out_dir = Path(cfg.paths.output_dir)
@@ -287,9 +266,8 @@ def train_or_skip(cfg: DictConfig) -> dict[str, float]:
 
 
 def optimized_value(cfg: DictConfig, summary: dict[str, float], strict: bool = True) -> float | None:
-    """``summary[cfg.optimized_metric]``, the value ``main`` returns to a Hydra sweeper; None when
-    the key is null. A missing key fails under ``strict`` (an optimising sweeper would otherwise
-    rank the trial on nothing) and only warns otherwise (a single run or a grid needs no value)."""
+    """``summary[cfg.optimized_metric]`` for a Hydra sweeper (None: key null). A missing key fails under
+    ``strict`` (an optimising sweeper would rank the trial on nothing), else only warns."""
     key = cfg.get("optimized_metric")
     if key is None:
         return None
