@@ -1,6 +1,4 @@
-"""Advantage estimators (GRPO, Dr.GRPO, RLOO, GDPO, W-REINFORCE, Pass@k) and their registry: ``algorithm.advantage``
-picks one by name (verl style), with ``algorithm.advantage_options``.
-"""
+"""Advantage estimators (GRPO, Dr.GRPO, RLOO, GDPO, W-REINFORCE, Pass@k) and their registry, by name (verl style)."""
 
 from __future__ import annotations
 
@@ -62,7 +60,6 @@ def compute_advantages(name: str, inputs: AdvantageInputs, **options: Any) -> Te
 
 
 def _group_sum(values: Tensor, inv: Tensor, num_groups: int) -> Tensor:
-    """Per-group sum of ``values`` [B] for group indices ``inv`` in 0..num_groups-1."""
     return values.new_zeros(num_groups).index_add_(0, inv, values)
 
 
@@ -80,10 +77,9 @@ def _group_deviation(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor,
 def group_advantages(
     scores: Tensor, group_ids: Tensor, *, norm_by_std: bool = True, eps: float = 1e-6
 ) -> Tensor:
-    """GRPO's ``(score - group mean) / (group std + eps)`` per response (unbiased std);
-    ``norm_by_std=False``: Dr.GRPO's ``score - group mean``, without the division that up-weights
-    near-uniform groups. Groups may be ragged, ids arbitrary; a singleton or all-equal group gets 0.
-    """
+    """GRPO's ``(score - group mean) / (group std + eps)`` (unbiased std); ``norm_by_std=False``:
+    Dr.GRPO's ``score - group mean``, without the division that up-weights near-uniform groups.
+    Groups may be ragged, ids arbitrary; a singleton or all-equal group gets 0."""
     dev, counts, inv, g = _group_deviation(scores, group_ids)
     if not norm_by_std:
         return dev
@@ -109,9 +105,7 @@ def gdpo_advantages(
 ) -> Tensor:
     """GDPO (arXiv 2601.05242): each reward term normalised within its group, so that its
     ``weights`` entry (default 1.0), not its raw scale, sets its influence; the weighted sum is
-    whitened over the batch (unbiased std; ``reduce_sum`` sums the sum, sum of squares and row
-    count over ranks, in that order). [B], in the terms' dtype.
-    """
+    whitened over the batch (unbiased std; ``reduce_sum``: the sums over ranks)."""
     if not terms:
         raise ValueError("gdpo_advantages needs at least one reward term")
     weights = weights or {}
@@ -135,24 +129,18 @@ def gdpo_advantages(
 
 
 def w_reinforce_advantages(scores: Tensor, correct: Tensor, *, positive_weight: float = 0.1) -> Tensor:
-    """W-REINFORCE (arXiv 2506.01347): REINFORCE on the reward itself, no group baseline, no std,
-    the correct responses' term weighted down: ``positive_weight * score`` if correct, ``score - 1``
-    if wrong; on 0/1 rewards ``lambda`` and ``-1``. A shaping term rides on its side (a wrong
-    response that MEDS penalised by ``p``: ``-1 - p``), as in the authors' code. [B], float."""
+    """W-REINFORCE (arXiv 2506.01347): REINFORCE on the reward itself, no baseline, the correct
+    responses' term weighted down: ``positive_weight * score`` if correct, ``score - 1`` if wrong
+    (a shaping term rides on its side: MEDS's ``p`` makes ``-1 - p``, as in the authors' code)."""
     x = scores if scores.is_floating_point() else scores.float()
     return torch.where(correct.to(torch.bool), positive_weight * x, x - 1.0)
 
 
 def passk_advantages(scores: Tensor, group_ids: Tensor, k: int) -> Tensor:
-    """Pass@k training's analytical advantage (arXiv 2508.10751), per group of ``n`` responses:
-    the group's value ``R`` is the mean over all its k-subsets of their best score, ``sigma`` the
-    std of that best score over the subsets, and a response's advantage is ``(mean best score of
-    the k-subsets holding it - R) / sigma``. On 0/1 scores with ``c`` correct this is the paper's
-    closed form: ``R = 1 - C(n-c, k) / C(n, k)``, ``sigma = sqrt(R (1 - R))``, a correct response
-    ``(1 - R) / sigma``, a wrong one ``(1 - C(n-c-1, k-1) / C(n-1, k-1) - R) / sigma``; the same
-    rule on the shaped score lets shaping terms (DAPO's overlong, MEDS) take part. A group whose
-    scores are all equal, or whose every k-subset has the same best (``sigma = 0``), gets 0; a
-    group smaller than ``k`` is taken with ``k = n``. The advantages of a group sum to 0. [B]."""
+    """Pass@k training's analytical advantage (arXiv 2508.10751) per group of ``n``: ``R`` is the
+    mean over its k-subsets of their best score, ``sigma`` that best score's std, and a response
+    gets ``(mean best score of the k-subsets holding it - R) / sigma``: the paper's closed form on
+    0/1 scores, and shaping terms (overlong, MEDS) take part. ``sigma = 0`` gives 0; ``k > n``: ``k = n``."""
     if scores.dim() != 1 or scores.shape != group_ids.shape:
         raise ValueError(f"scores {tuple(scores.shape)} and group_ids must both be [B]")
     x = scores.detach().double().cpu()
@@ -250,8 +238,8 @@ def _passk(
 
 def advantage_change_fraction(shaped: Tensor, base: Tensor, response_mask: Tensor) -> float:
     """How much of the policy-gradient signal shaping rewrote: mean |shaped - base| over mean
-    |base| per response token (``base``: advantages of the unshaped reward); NaN when shaping
-    made a signal where there was none. On the host: the step's tensors may sit on two devices."""
+    |base| per response token; NaN when shaping made a signal where there was none. On the host:
+    the step's tensors may sit on two devices."""
     shaped, base, response_mask = (t.detach().cpu() for t in (shaped, base, response_mask))
     mask = response_mask.to(torch.float64)
     shaped, base = per_token(shaped, response_mask).double(), per_token(base, response_mask).double()

@@ -1,8 +1,6 @@
-"""Entropy-covariance policy losses ``clip_cov`` and ``kl_cov`` ("The Entropy Mechanism of
-Reinforcement Learning for Reasoning Language Models"; verl's names and defaults): entropy falls
-fastest through the tokens whose log-prob and advantage covary most, so both act on a small share
-of those (docs/NEIGHBOURS.md).
-"""
+"""Entropy-covariance policy losses ``clip_cov`` and ``kl_cov`` ("The Entropy Mechanism of RL for
+Reasoning Language Models", verl's names and defaults): entropy falls fastest through the tokens
+whose log-prob and advantage covary most, so both act on a small share of those."""
 
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ from medsrl.settings import Count, Fraction, NonNegative, Number
 
 
 def token_covariance(advantages: Tensor, logp: Tensor, mask: Tensor) -> Tensor:
-    """``(A - mean A) * (logp - mean logp)`` per token ``[B, T]``, means over the masked tokens;
-    detached (it selects tokens, it is not differentiated)."""
+    """``(A - mean A) * (logp - mean logp)`` per token, means over the mask; detached: it selects tokens."""
     adv = per_token(advantages, logp).detach().expand_as(logp).float()
     lp = logp.detach().float()
     return (adv - masked_mean(adv, mask)) * (lp - masked_mean(lp, mask))
@@ -48,8 +45,7 @@ def clip_cov_loss(
     seed: Annotated[Count, Doc("seed of the random pick among candidates")] = 0,
 ) -> PolicyLossOutput:
     """The clipped surrogate, with ``max(1, int(clip_cov_ratio * tokens))`` unclipped tokens of
-    covariance in ``(clip_cov_lb, clip_cov_ub)`` drawn at random (seeded by ``seed`` and the
-    candidate count) and given zero loss and gradient."""
+    covariance in ``(lb, ub)``, drawn at random (``seed``), given zero loss and gradient."""
     if clip_cov_ratio <= 0 or clip_cov_lb >= clip_cov_ub:
         raise ValueError(f"clip_cov needs clip_cov_ratio > 0 and lb < ub, "
                          f"got {clip_cov_ratio}, {clip_cov_lb}, {clip_cov_ub}")
@@ -80,9 +76,9 @@ def kl_cov_loss(
     kl_cov_ratio: Annotated[Fraction, Doc("share of tokens (largest covariance) given the KL term")] = 0.0002,
     ppo_kl_coef: Annotated[NonNegative, Doc("the KL term's coefficient")] = 0.1,
 ) -> PolicyLossOutput:
-    """``-A * ratio`` (no clipping, as in verl: the KL term replaces it) plus
-    ``ppo_kl_coef * |logp - old_logp|`` on the ``max(1, int(kl_cov_ratio * tokens))`` tokens of
-    largest covariance."""
+    """``-A * ratio`` (no clipping, as in verl) plus ``ppo_kl_coef * |logp - old_logp|`` on the
+    ``max(1, int(kl_cov_ratio * tokens))`` tokens of largest covariance."""
+
     if kl_cov_ratio <= 0 or ppo_kl_coef < 0:
         raise ValueError(f"kl_cov needs kl_cov_ratio > 0 and ppo_kl_coef >= 0, got {kl_cov_ratio}, {ppo_kl_coef}")
     adv = per_token(advantages, logp)

@@ -9,14 +9,10 @@ KL_ALIASES = {"k1": "k1", "kl": "k1", "k2": "k2", "mse": "k2", "k3": "k3", "low_
 
 
 def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
-    """Per-token estimate of KL(pi || ref) given log-probs of tokens sampled from pi.
+    """Per-token KL(pi || ref) from tokens sampled from pi: ``k1`` unbiased, high variance; ``k2``
+    biased, low variance; ``k3`` unbiased and >= 0, its log-ratio clamped to [-20, 20] and the
+    estimate to [-10, 10] as verl's ``low_var_kl``, so one rare token cannot blow up."""
 
-    - ``k1`` / ``kl``: ``logp - ref_logp``; unbiased, high variance, can be negative.
-    - ``k2`` / ``mse``: ``0.5 * (logp - ref_logp)^2``; biased, low variance, >= 0.
-    - ``k3`` / ``low_var_kl``: ``exp(ref_logp - logp) - (ref_logp - logp) - 1``; unbiased and
-      >= 0 (since e^x >= 1 + x). As in verl's ``low_var_kl``, the log-ratio is clamped to
-      [-20, 20] before ``exp`` and the estimate to [-10, 10], so one rare token cannot blow up.
-    """
     k = KL_ALIASES.get(kind)
     if k is None:
         raise ValueError(f"unknown KL estimator {kind!r}; valid: {sorted(KL_ALIASES)}")

@@ -1,10 +1,6 @@
-"""Per-token log-probabilities, entropies and masked means, in fp32 and light on memory.
-
-The ``[b, R, V]`` logits are an RL step's largest tensors (7 GiB in bf16 for Qwen at 8 x 3072
-tokens), so :func:`head_logprobs` fuses the LM head and the log-softmax over chunks of
-``CHUNK_TOKENS`` tokens (recomputed in backward); :func:`token_logprobs` / :func:`token_entropy`
-chunk logits already made (tests' references, tools).
-"""
+"""Per-token log-probabilities, entropies and masked means, in fp32 and light on memory: the
+``[b, R, V]`` logits are a step's largest tensors (7 GiB in bf16 for Qwen at 8 x 3072 tokens), so
+:func:`head_logprobs` fuses the LM head and the log-softmax over chunks (recomputed in backward)."""
 
 from __future__ import annotations
 
@@ -16,18 +12,15 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-# logits [b, R, V], labels [b, R] -> a per-token quantity [b, R], read in the scoring forward.
-# Must be per position (its value at a token depends on that token's logits and label only):
-# the fused path calls it on one chunk of tokens at a time, as [1, n, V] and [1, n].
+# logits [b, R, V], labels [b, R] -> [b, R], read in the scoring forward; per position only: the
+# fused path calls it on one chunk of tokens at a time, as [1, n, V] and [1, n].
 TokenReducer = Callable[[Tensor, Tensor], Tensor]
 
-# Tokens per chunk. The fused path's vocabulary-wide working set is about
-# CHUNK_TOKENS * V * 8 bytes (two fp32 [chunk, V] buffers): 1.2 GiB at 1024 x 151,936.
+# the fused path's working set: about CHUNK_TOKENS * V * 8 bytes, 1.2 GiB at 1024 x 151,936
 CHUNK_TOKENS = 1024
 
 
 def _acc_dtype(x: Tensor) -> torch.dtype:
-    """At least fp32 (fp64 stays fp64)."""
     return torch.promote_types(x.dtype, torch.float32)
 
 
@@ -73,8 +66,8 @@ class _TokenLogprob(torch.autograd.Function):
 
 
 def token_logprobs(logits: Tensor, labels: Tensor) -> Tensor:
-    """Log-probability of each label under softmax(logits): [B,T,V], [B,T] -> [B,T] in fp32 (fp64
-    for fp64 input); the gradient comes back in the logits' dtype. Mask padding afterwards."""
+    """Log-probability of each label under softmax(logits), [B,T] in fp32 (fp64 stays); the
+    gradient comes back in the logits' dtype. Mask padding afterwards."""
     if logits.dim() < 2 or labels.shape != logits.shape[:-1]:
         raise ValueError(f"labels {tuple(labels.shape)} must be logits {tuple(logits.shape)}[:-1]")
     return _TokenLogprob.apply(logits, labels.long())
@@ -91,8 +84,7 @@ def token_entropy(logits: Tensor) -> Tensor:
 
 
 class HeadLogprobs(NamedTuple):
-    """Per token, shaped like the labels: the label's log-prob, the entropy (when asked) and each
-    reducer's value."""
+    """Per token, shaped like the labels."""
 
     logp: Tensor
     entropy: Tensor | None
@@ -110,14 +102,9 @@ def head_logprobs(
     reducers: dict[str, TokenReducer] | None = None,
     chunk_tokens: int | None = None,
 ) -> HeadLogprobs:
-    """``log_softmax(hidden @ weight.T + bias)[label]`` per token, without the full logits.
-
-    ``hidden`` ``[..., H]`` predicts ``labels`` ``[...]``; ``weight``, ``bias``: the LM head's.
-    Logits are made ``chunk_tokens`` at a time as the head makes them (``F.linear`` under the
-    active autocast), then upcast: the numbers of ``token_logprobs(head(hidden), labels)``.
-    ``entropy`` is differentiable when ``entropy_grad``; ``reducers`` (no-grad only) see each
-    chunk's logits, ``[1, n, V]``.
-    """
+    """``log_softmax(hidden @ weight.T + bias)[label]`` per token without the full logits: made
+    ``chunk_tokens`` at a time as the head makes them (under the active autocast), then upcast,
+    the numbers of ``token_logprobs(head(hidden), labels)``. ``reducers``: no-grad only."""
     reducers = reducers or {}
     chunk = chunk_tokens or CHUNK_TOKENS
     flat_h, flat_y = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1).long()
@@ -143,8 +130,7 @@ def head_logprobs(
 
 def _autocast_head(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """The head's weight and bias as autocast casts them, once for all chunks: Lightning's
-    autocast has its weight-cast cache off, so every chunk's matmul would cast the fp32 ``[V, H]``
-    weight again (as much memory traffic as the matmul). Not kept from forward to backward."""
+    autocast has its weight-cast cache off, so every chunk would cast the fp32 ``[V, H]`` again."""
     device_type = hidden.device.type
     if not torch.is_autocast_enabled(device_type):
         return weight, bias
@@ -163,7 +149,7 @@ def _head_forward(
     reducers: dict[str, TokenReducer], chunk: int,
 ) -> tuple[Tensor, Tensor, Tensor | None, dict[str, Tensor]]:
     """Log-probs, logsumexps, entropies (or None) and reducer values of ``[N, H]`` hidden states,
-    one chunk of logits at a time (at most two fp32 ``[chunk, V]`` buffers beside the logits)."""
+    one chunk of logits at a time."""
     weight, bias = _autocast_head(hidden, weight, bias)
     logps, lses, ents = [], [], []
     stats: dict[str, list[Tensor]] = {name: [] for name in reducers}
@@ -188,11 +174,9 @@ def _head_forward(
 
 
 class _FusedHeadLogprob(torch.autograd.Function):
-    """The LM head and the log-softmax (and entropy) of :func:`head_logprobs`, with recompute:
-    saves the inputs (alive anyway) and ``[N]`` logsumexps / entropies; backward remakes each
-    chunk's logits under the forward's autocast and feeds their gradient to the head's matmuls in
-    the logits' dtype, as autograd would, summing the weight and bias gradients in fp32.
-    """
+    """:func:`head_logprobs` with recompute: saves the inputs and ``[N]`` logsumexps / entropies;
+    backward remakes each chunk's logits under the forward's autocast and feeds their gradient to
+    the head's matmuls in the logits' dtype, as autograd would, summing in fp32."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, entropy, entropy_grad, chunk):
@@ -245,8 +229,8 @@ class _FusedHeadLogprob(torch.autograd.Function):
 def _logits_grad(
     logits: Tensor, labels: Tensor, lse: Tensor, g_logp: Tensor, entropy: tuple[Tensor, Tensor] | None
 ) -> Tensor:
-    """The gradient at one chunk's logits, in their dtype: ``g_logp * (onehot - p)``, plus
-    ``g_H * (-p * (log p + H))`` when ``entropy = (H, g_H)``; in fp32, in place on the upcast."""
+    """The gradient at one chunk's logits: ``g_logp * (onehot - p)``, plus ``g_H * (-p * (log p + H))``
+    when ``entropy = (H, g_H)``; in fp32, in place on the upcast."""
     x = _acc(logits)
     out_dtype = logits.dtype
     del logits
@@ -264,14 +248,14 @@ def _logits_grad(
 
 
 def per_token(advantages: Tensor, like: Tensor) -> Tensor:
-    """Sequence advantages ``[B]`` as ``[B, 1]`` (broadcast over the tokens of ``like`` ``[B, T]``);
-    token-level ``[B, T]`` ones unchanged."""
+    """Sequence advantages ``[B]`` as ``[B, 1]``, to broadcast over ``like`` ``[B, T]``; ``[B, T]`` unchanged."""
     return advantages.unsqueeze(-1) if advantages.dim() == like.dim() - 1 else advantages
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
-    """Mean of ``x`` over positions where ``mask`` (0/1 or weights) is non-zero: 0 (with finite
-    gradients) where the mask sums to 0; NaN/inf at masked-out positions are ignored."""
+    """Mean of ``x`` weighted by ``mask``: 0 (finite gradients) where it sums to 0; NaN/inf at
+    masked-out positions are ignored."""
+
     m = mask.to(x.dtype) if x.is_floating_point() else mask.float()
     num = (torch.where(m != 0, x, 0) * m).sum(dim)
     den = m.sum(dim)

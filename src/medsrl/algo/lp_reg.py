@@ -1,8 +1,6 @@
-"""Lp-Reg, low-probability regularisation (arXiv 2510.03222), the policy loss ``lp_reg``: RL
-keeps pushing down the rare tokens of failed responses (the "reasoning sparks" exploration needs);
-Lp-Reg pulls them towards ``pi_proxy``, the old policy renormalised over the tokens above ``tau``
-(docs/NEIGHBOURS.md), whose log-probs are a token stat of the scoring forward.
-"""
+"""Lp-Reg (arXiv 2510.03222), the policy loss ``lp_reg``: RL keeps pushing down the rare tokens of
+failed responses (the "reasoning sparks" exploration needs); Lp-Reg pulls them towards
+``pi_proxy``, the old policy renormalised over the tokens above ``tau`` (a scoring-forward stat)."""
 
 from __future__ import annotations
 
@@ -25,9 +23,8 @@ from medsrl.settings import Flag, Fraction, NonNegative
 
 
 def proxy_logprobs(logits: Tensor, labels: Tensor, tau: float, relative: bool = False) -> Tensor:
-    """``log pi_proxy(label)`` per position ``[b, R]``: the label's log-prob renormalised over the
-    tokens whose probability is above ``tau`` (``relative``: above ``tau * max prob``, the
-    min-p form of the authors' code); ``-inf`` where the label itself is not above it."""
+    """``log pi_proxy(label)`` ``[b, R]``: renormalised over the tokens of probability above ``tau``
+    (``relative``: ``tau * max prob``, the authors' min-p form); ``-inf`` where the label is not."""
     parts = []
     rows = _chunk_rows(logits)
     for c, y in zip(logits.split(rows, dim=-2), labels.split(rows, dim=-1), strict=True):
@@ -44,8 +41,7 @@ def proxy_logprobs(logits: Tensor, labels: Tensor, tau: float, relative: bool = 
 def lp_reg_proxy(tau: Annotated[Fraction, Doc("the proxy keeps tokens above this probability")] = 0.02,
                  tau_relative: Annotated[Flag, Doc("tau times the top probability (min-p) instead")] = False,
                  ) -> TokenReducer:
-    """The scoring forward's reducer for ``lp_reg``'s ``proxy_logp`` (options from
-    ``algorithm.policy_loss_options``)."""
+    """The scoring forward's reducer for ``lp_reg``'s ``proxy_logp``."""
     if not 0 < tau < 1:
         raise ValueError(f"tau must be in (0, 1), got {tau}")
     return lambda logits, labels: proxy_logprobs(logits, labels, tau, tau_relative)
@@ -76,9 +72,9 @@ def lp_reg_loss(
     bottom_frac: Annotated[Fraction, Doc("share of negative-advantage tokens (lowest log-prob) regularised")] = 0.01,
     beta: Annotated[NonNegative, Doc("the regulariser's coefficient")] = 1.0,
 ) -> PolicyLossOutput:
-    """The clipped surrogate, except on the lowest ``bottom_frac`` of negative-advantage tokens
-    by current log-prob with ``logp < proxy_logp`` (never ``-inf``): those get
-    ``-A * ratio + beta * k3(logp, proxy_logp)``, unclipped as in the authors' code."""
+    """The clipped surrogate, except on the lowest ``bottom_frac`` of negative-advantage tokens by
+    log-prob with ``logp < proxy_logp``: ``-A * ratio + beta * k3(logp, proxy_logp)``, unclipped."""
+
     if not 0 < bottom_frac <= 1 or beta < 0:
         raise ValueError(f"lp_reg needs 0 < bottom_frac <= 1 and beta >= 0, got {bottom_frac}, {beta}")
     base = clipped_surrogate(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high,

@@ -1,6 +1,4 @@
-"""Policy losses and their registry: PPO clipped surrogate (DAPO clip-higher, dual-clip).
-``algorithm.policy_loss`` picks one by name (verl style), with ``algorithm.policy_loss_options``.
-"""
+"""Policy losses and their registry, by name (verl style): PPO clipped surrogate (DAPO clip-higher, dual-clip)."""
 
 from __future__ import annotations
 
@@ -36,10 +34,9 @@ _F = TypeVar("_F", bound=Callable[..., PolicyLossOutput])
 
 POLICY_LOSSES: dict[str, Callable[..., PolicyLossOutput]] = {}
 # name -> {stat name: factory(**its options) -> TokenReducer}: what a loss needs from the
-# scoring forward (Lp-Reg's proxy log-probs). The loss receives each stat as a keyword argument.
+# scoring forward (Lp-Reg's proxy log-probs), passed to it as keyword arguments
 POLICY_LOSS_STATS: dict[str, dict[str, Callable[..., TokenReducer]]] = {}
-# name -> the settings model of ``algorithm.policy_loss_options`` (its own keyword options and
-# its stats' factories'), checked at start
+# name -> the settings model of its own and its stats' factories' options, checked at start
 POLICY_LOSS_OPTIONS: dict[str, type[BaseModel]] = {}
 
 # Settings of ``algorithm`` itself, given to each loss whose signature names them.
@@ -50,10 +47,8 @@ def register_policy_loss(
     name: str, token_stats: dict[str, Callable[..., TokenReducer]] | None = None
 ) -> Callable[[_F], _F]:
     """Decorator adding ``fn(logp, old_logp, advantages, mask, *, **options) -> PolicyLossOutput``
-    as ``name``. Its keyword-only arguments are its options, less ``CLIP_SETTINGS`` (which the
-    update passes from ``algorithm`` when the loss names them) and ``token_stats``: per-token
-    quantities of the old policy it gets as keyword arguments, each built by a factory from the
-    options the factory names."""
+    as ``name``: its keyword-only arguments are its options, less ``CLIP_SETTINGS`` (passed from
+    ``algorithm`` when named) and the ``token_stats`` (the old policy's, built by their factories)."""
     stats = dict(token_stats or {})
 
     def deco(fn: _F) -> _F:
@@ -76,7 +71,7 @@ def register_policy_loss(
 
 
 def clip_settings(name: str, algo: Any) -> dict[str, Any]:
-    """The clip settings of ``algo`` (``algorithm``) that the loss ``name`` takes."""
+    """The clip settings of ``algorithm`` that the loss ``name`` takes."""
     taken = inspect.signature(_lookup(name)).parameters
     return {k: getattr(algo, k) for k in CLIP_SETTINGS if k in taken}
 
@@ -92,15 +87,13 @@ def _own_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def policy_loss(algo: Any) -> Callable[..., PolicyLossOutput]:
-    """``algo.policy_loss`` with its settings bound, resolved once per run: the clip settings it
-    names and its own ``policy_loss_options``. Called ``(logp, old_logp, advantages, mask, **stats)``."""
+    """``algo.policy_loss`` with its clip settings and own options bound, resolved once per run."""
     name = algo.policy_loss
     return partial(_lookup(name), **clip_settings(name, algo), **_own_options(name, algo.policy_loss_options))
 
 
 def policy_loss_reducers(name: str, options: dict[str, Any]) -> dict[str, TokenReducer]:
-    """The per-token reducers the loss ``name`` needs from the scoring forward, built from
-    ``options`` (``algorithm.policy_loss_options``); empty for most losses."""
+    """The per-token reducers the loss ``name`` needs from the scoring forward; most need none."""
     _lookup(name)
     return {stat: factory(**{k: v for k, v in options.items() if k in _factory_options(factory)})
             for stat, factory in POLICY_LOSS_STATS[name].items()}
@@ -118,14 +111,12 @@ def compute_policy_loss(
     name: str, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, **options: Any
 ) -> PolicyLossOutput:
     """Per-token loss from the policy loss registered as ``name``; ``advantages`` [B] or [B,T].
-    ``options``: its own (checked at start against ``POLICY_LOSS_OPTIONS[name]``), its clip
-    settings and token stats; those of its stats' factories are not passed on."""
+    ``options``: its own, its clip settings and token stats (its factories' are dropped)."""
     return _lookup(name)(logp, old_logp, advantages, mask, **_own_options(name, options))
 
 
 def clamped_log_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
-    """``logp - old_logp`` clamped to [-20, 20], so that ``exp`` of it (the importance ratio)
-    stays finite; every policy loss takes its ratio from here."""
+    """``logp - old_logp`` clamped to [-20, 20]: the importance ratio ``exp`` of it stays finite."""
     return (logp - old_logp).clamp(-20.0, 20.0)
 
 
@@ -141,9 +132,9 @@ def clipped_surrogate(
     dual_clip: float | None,
 ) -> PolicyLossOutput:
     """Per-token PPO loss ``max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))``; a larger
-    ``clip_high`` (DAPO clip-higher) lets low-probability tokens grow, against entropy collapse;
-    ``dual_clip`` (> 1) caps the loss of ``A < 0`` tokens at ``-A * dual_clip``, so a huge ratio on
-    a bad token cannot dominate the update."""
+    ``clip_high`` (DAPO) lets rare tokens grow, against entropy collapse; ``dual_clip`` (> 1) caps
+    an ``A < 0`` token's loss at ``-A * dual_clip``, so one huge ratio cannot dominate the update."""
+
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
     adv = per_token(advantages, logp)
