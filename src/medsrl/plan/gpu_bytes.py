@@ -1,23 +1,9 @@
-"""Memory per GPU and per phase of a training step, by arithmetic from the run's settings.
+"""Memory per GPU and per phase of a training step, by arithmetic from the run's settings (``medsrl-plan``).
 
-What ``medsrl-plan`` prints (docs/GPU.md). Every figure is computed from the model's parameter
-counts (``plan/model_size.py``) and the run's batch, precision and sharding; what a CPU can
-measure is checked in ``tests/plan/test_gpu_bytes.py``, the rest (activations, KV cache, the
-engine) are estimates with their formulas. Phases, as ``module.py`` and the validation callback
-run them: the first weight sync (train start, vLLM only: the engine awake with its whole
-reservation, the weights streamed in), generation (HF: the policy gathered whole under FSDP and
-HF's KV cache; vLLM: the engine's reservation, from its own weights), scoring (no-grad forward
-per micro-batch; under FSDP through the wrapper: a unit gathered at a time), update (forward +
-backward of one micro-batch, the step's gradients alive, the fused head's weight-gradient
-buffers), optimizer step, the weight sync (vLLM: streamed a parameter at a time, in the
-engine's dtype, into its woken weights), and with validation on (``callbacks.pass_at_k.every_n_steps`` > 0) validation
-sampling (as generation, with its own rows and length) and validation features (one no-grad
-feature forward like scoring, without the head chunk); the resume from a checkpoint (before the
-first step, the engine awake) and, with ``callbacks.milestones`` on, the milestone save (the
-engine released, a parameter made whole at a time). A vLLM engine without sleep mode
-keeps its reservation throughout. No phase outside the update and the optimizer step holds
-gradients: they are set to None after each optimizer step (``step/update.py``; FSDP2's
-``zero_grad`` frees them too).
+Every figure is computed from the model's parameter counts (``plan/model_size.py``) and the run's
+batch, precision and sharding; what a CPU can measure is checked in ``tests/plan/test_gpu_bytes.py``,
+the rest are estimates with their formulas. The phases and what each holds: docs/GPU.md. Only the
+update and the optimizer step hold gradients: they are set to None after each step (``step/update.py``).
 """
 
 from __future__ import annotations
@@ -80,23 +66,20 @@ class RunShape:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of a policy weight: the master's, or with LoRA the frozen base's."""
+        """The master's, or with LoRA the frozen base's."""
         return self.base_bytes or self.master_bytes
 
     @property
     def micro_batch_tokens(self) -> int:
-        """Padded tokens of the largest forward/backward: ``micro_batch`` rows of the longest
-        prompt + response, or the token budget when smaller (a longer row still runs alone)."""
         return self.budget_tokens(self.tokens_per_row)
 
     @property
     def val_micro_batch_tokens(self) -> int:
-        """Padded tokens of validation's largest feature forward: the same cut, its own rows."""
         return self.budget_tokens(self.prompt_tokens + self.val_response_tokens)
 
     def budget_tokens(self, row_tokens: int) -> int:
-        """Padded tokens of the largest forward over rows of at most ``row_tokens``, cut by rows
-        and the token budget as ``step/micro_batches.py`` cuts them."""
+        """Padded tokens of the largest forward, cut by rows and the token budget as
+        ``step/micro_batches.py`` cuts them (a longer row still runs alone)."""
         full = self.micro_batch * row_tokens
         return full if self.max_tokens is None else max(row_tokens, min(full, self.max_tokens))
 
@@ -106,8 +89,7 @@ class RunShape:
 
     @property
     def autocast(self) -> bool:
-        """Weights wider than the compute (fp32 masters, or an fp32 LoRA base, under bf16): every op
-        casts its weight (Lightning: ``cache_enabled=False``); a bf16 LoRA base is cast by none."""
+        """Weights wider than the compute: every op casts its weight (Lightning: ``cache_enabled=False``)."""
         return self.weight_bytes > self.compute_bytes
 
     @property
@@ -116,8 +98,7 @@ class RunShape:
 
     @property
     def resid_bytes(self) -> int:
-        """An element of the residual stream: fp32 under autocast over fp32 weights, else (FSDP's
-        gathered weights) the compute dtype."""
+        """The residual stream: fp32 under autocast over fp32 weights, else (FSDP) the compute dtype."""
         return self.compute_bytes if self.sharded or not self.autocast else 4
 
 
@@ -158,7 +139,7 @@ class MemoryPlan:
 
     @property
     def fits(self) -> bool | None:
-        """Whether every phase fits the declared GPU; None when no hardware is declared."""
+        """None when no hardware is declared."""
         usable = self.usable_bytes
         return None if usable is None else all(p.total <= usable for p in self.phases)
 
@@ -181,7 +162,6 @@ def gib(n: float) -> str:
 
 
 def run_shape(run: RunConfig, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> RunShape:
-    """The :class:`RunShape` of a parsed training config (``configs/train.yaml`` + overrides)."""
     trainer, rollout, algo, model = run.trainer, run.rollout, run.algorithm, run.model
     devices = _count(trainer.devices) * trainer.num_nodes
     strategy = trainer.strategy  # a name, or a node with a _target_
@@ -236,16 +216,13 @@ def run_shape(run: RunConfig, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> Run
 
 
 def dtype_bytes(name: str, default: int) -> int:
-    """Bytes of an element of a dtype setting's value (``bf16``, ``float32`` ...); ``default`` for
-    "auto" (the checkpoint's own dtype, which the plan does not read)."""
+    """``default`` for "auto" (the checkpoint's own dtype, which the plan does not read)."""
     dtype = resolve_dtype(name)
     return default if isinstance(dtype, str) else dtype.itemsize
 
 
 def callback_settings(run: RunConfig, key: str, callback: type) -> Any:
-    """``callbacks.<key>``'s settings (the callback's defaults where the config leaves one out);
-    every_n_steps 0 (off) when the run builds no such callback (null, or settings without a
-    ``_target_``: ``callbacks=none`` under an experiment's settings)."""
+    """``callbacks.<key>``'s settings; every_n_steps 0 (off) when the run builds no such callback."""
     built = run.callbacks.get(key)
     return settings_model(callback)(every_n_steps=0) if built is None else built.settings
 
@@ -259,45 +236,36 @@ def _count(v: Any) -> int:
 
 
 def layer_forward_bytes(size: ModelSize, tokens: int, compute_bytes: int, resid_bytes: int = 4) -> int:
-    """The working set of one decoder layer's no-grad forward over ``tokens``: the residual
-    stream (``resid_bytes``: fp32 under autocast over fp32 weights, the compute dtype over FSDP's
-    gathered ones) and the norm's fp32 upcast, q/k/v and the attention output, the MLP's gate, up
-    and product (sdpa attention: no ``T x T`` scores)."""
+    """One decoder layer's no-grad forward: the residual stream and the norm's fp32 upcast, q/k/v
+    and the attention output, the MLP's gate, up and product (sdpa: no ``T x T`` scores)."""
     H, inter = size.hidden_size, size.intermediate_size
     per_token = (H + 2 * size.q_width + 2 * size.kv_width + 3 * inter) * compute_bytes + H * resid_bytes + H * 4
     return tokens * per_token
 
 
 def layer_saved_bytes(size: ModelSize, tokens: int, compute_bytes: int) -> int:
-    """What one decoder layer saves for its backward over ``tokens`` under autocast, as measured
-    on CPU (``tests/plan/test_gpu_bytes.py``): four fp32 ``H`` tensors (each norm's input and its
-    fp32 normalised output); six ``H``-wide casts (each of q/k/v/o/gate/up casts its input
-    itself: autocast's cache is off); q, k, v; gate, up, act(gate) and their product. Without
-    autocast (inputs already in the compute dtype) the casts are shared: an upper bound."""
+    """What one decoder layer saves for its backward under autocast, as measured on CPU: four fp32
+    ``H`` tensors (each norm's input and output), six ``H``-wide casts (autocast's cache is off),
+    q, k, v, gate, up, act(gate) and their product. Without autocast: an upper bound."""
     H, inter = size.hidden_size, size.intermediate_size
     per_token = (6 * H + size.q_width + 2 * size.kv_width + 4 * inter) * compute_bytes + 4 * H * 4
     return tokens * per_token
 
 
 def kv_cache_bytes(size: ModelSize, rows: int, tokens: int, compute_bytes: int) -> int:
-    """K and V of every layer for ``rows`` sequences of ``tokens``."""
     return rows * tokens * size.kv_bytes_per_token * compute_bytes
 
 
 def head_chunk_bytes(size: ModelSize, chunk: int, compute_bytes: int, backward: bool) -> int:
-    """The fused log-prob head's vocabulary-wide buffers (``algo/logprobs.py``): one chunk's
-    logits in the compute dtype and two fp32 ``[chunk, V]`` buffers; the backward adds the
-    gradient at the logits, in the compute dtype."""
+    """The fused log-prob head (``algo/logprobs.py``): a chunk's logits, two fp32 ``[chunk, V]``
+    buffers and in the backward the gradient at the logits."""
     per_row = size.vocab_size * (compute_bytes + 8 + (compute_bytes if backward else 0))
     return chunk * per_row
 
 
 def head_weight_grad_items(size: ModelSize, run: RunShape) -> list[Item]:
-    """The fused head's buffers for the LM head's weight gradient (``algo/logprobs.py``
-    ``_FusedHeadLogprob.backward``): the fp32 ``[V, H]`` sum; each chunk's ``g.t() @ h``, made in
-    the compute dtype before it is added when that is not fp32 (otherwise ``addmm_`` in place);
-    the sum returned in the weight's dtype, a copy unless that is fp32 (under FSDP the gathered
-    weight's, the compute dtype). None with LoRA: the head is frozen."""
+    """``_FusedHeadLogprob.backward``'s buffers for the LM head's weight gradient (none with LoRA:
+    the head is frozen): the fp32 sum, a chunk's product when the compute is not fp32, the cast."""
     if size.lora:
         return []
     V, H, c = size.vocab_size, size.hidden_size, run.compute_bytes
@@ -313,12 +281,8 @@ def head_weight_grad_items(size: ModelSize, run: RunShape) -> list[Item]:
 
 
 def sync_items(size: ModelSize, run: RunShape) -> list[Item]:
-    """The weight sync's transient (``models/sharding.py`` ``streamed_weights``, ``models/lora.py``
-    ``merged_weights``): under FSDP one parameter at a time made whole in the engine's dtype
-    (:func:`gathered_parameter`; a LoRA layer's base weight in its own dtype, then merged); one
-    vLLM layer's tensors as fresh copies in the engine's dtype, which vLLM's layerwise reload may
-    hold until its layer is complete (without FSDP only where a cast or a merge makes them); with
-    LoRA one module's delta and merged sum."""
+    """The weight sync's transient (``streamed_weights``): a parameter made whole at a time under
+    FSDP, one vLLM layer's fresh copies (its layerwise reload holds them), a LoRA module's merge."""
     w, e = run.weight_bytes, run.vllm_weight_bytes
     items = gathered_parameter(size, run, e) if run.sharded else []
     if run.sharded and size.lora:
@@ -334,9 +298,8 @@ def sync_items(size: ModelSize, run: RunShape) -> list[Item]:
 
 
 def gathered_parameter(size: ModelSize, run: RunShape, dtype_bytes: int) -> list[Item]:
-    """One sharded parameter made whole (``models/sharding.py`` ``whole``): its shard cast to the
-    target dtype, the padded copy the all-gather makes of an uneven shard, and the whole tensor
-    on every rank, at most the largest parameter (a real model's embedding or LM head)."""
+    """``models/sharding.py`` ``whole`` of the largest parameter: its shard cast, the all-gather's
+    padded copy, and the whole tensor."""
     L, N, d = size.largest_param, run.shards, dtype_bytes
     shard = -(-L // N)
     return [Item("gathered parameter", L * d, f"the largest parameter, {L:,} elements, whole on every rank "
@@ -345,9 +308,7 @@ def gathered_parameter(size: ModelSize, run: RunShape, dtype_bytes: int) -> list
 
 
 def lora_merge_item(size: ModelSize, run: RunShape) -> Item:
-    """``models/lora.py`` ``merged_weights``: one module at a time, its delta made in the adapters'
-    dtype (PEFT's ``get_delta_weight``) and added to the base weight in the base's dtype (after a
-    cast of the delta when the base is narrower)."""
+    """``merged_weights``: a module's delta in the adapters' dtype, added in the base's dtype."""
     n, m, w = size.lora_largest_matrix, run.master_bytes, run.weight_bytes
     if w == m:
         return Item("LoRA merge", 2 * n * m, f"one module's delta and merged weight: 2 x {n:,} x {m} B",
@@ -357,17 +318,13 @@ def lora_merge_item(size: ModelSize, run: RunShape) -> Item:
 
 
 def gathered_units(size: ModelSize, compute_bytes: int) -> Item:
-    """A forward through the FSDP wrapper: the root unit and two decoder layers (one computing,
-    one prefetched), gathered in the compute dtype."""
     units = size.root_params + 2 * size.layer_params
     return Item("gathered units", units * compute_bytes, f"root {size.root_params:,} + 2 layers x "
                 f"{size.layer_params:,} (one computing, one prefetched) x {compute_bytes} B")
 
 
 def hf_generation_items(size: ModelSize, run: RunShape, rows: int, response_tokens: int, rows_knob: str) -> list[Item]:
-    """HF ``generate`` of ``rows`` sequences a call (``rollout/hf.py``): under FSDP the whole policy
-    gathered in its weights' dtype (``full_weights``); the KV cache; one layer's prefill; the
-    sampling logits; under autocast a weight's cast per op (the gathered weights are the master's)."""
+    """HF ``generate`` of ``rows`` sequences a call; under FSDP on the whole policy (``full_weights``)."""
     c, w, P = run.compute_bytes, run.weight_bytes, size.params
     V, H = size.vocab_size, size.hidden_size
     T = run.prompt_tokens + response_tokens
@@ -392,9 +349,7 @@ def hf_generation_items(size: ModelSize, run: RunShape, rows: int, response_toke
 
 
 def resident_items(size: ModelSize, run: RunShape) -> list[Item]:
-    """What every phase holds: the weights (with LoRA the frozen base in its own dtype, bf16 under
-    bf16-mixed by default, and the adapters in the master's), AdamW's two moments of what trains,
-    the CUDA runtime, and the KL reference's copy when there is one."""
+    """What every phase holds."""
     P, Pt, shards = size.params, size.trained, run.shards
     m, w = run.master_bytes, run.weight_bytes
     share = f" / {shards} ranks" if shards > 1 else ""
@@ -413,8 +368,7 @@ def resident_items(size: ModelSize, run: RunShape) -> list[Item]:
 
 
 def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
-    """The bytes per GPU of every phase of a step (see the module docstring), in the order a run
-    meets them."""
+    """The bytes per GPU of every phase, in the order a run meets them."""
     resident = resident_items(size, run)
     engine = _engine_item(size, run)
     engines = [engine] if engine is not None else []
@@ -435,7 +389,7 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
 
 
 def rollout_item(run: RunShape) -> Item:
-    """The step's packed rollouts, held from scoring to the next generation."""
+    """Held from scoring to the next generation."""
     T = run.tokens_per_row
     return Item("rollout tensors", run.sequences_per_rank * (T * 3 * 8 + run.response_tokens * 4 * 4),
                 f"{run.sequences_per_rank} rows x {T} tokens: ids, mask, positions (int64); log-probs, stats (fp32)",
@@ -443,9 +397,7 @@ def rollout_item(run: RunShape) -> Item:
 
 
 def forward_items(size: ModelSize, run: RunShape) -> tuple[list[Item], list[Item]]:
-    """``(units, cast)`` of every forward but HF generation, through the policy module: under FSDP
-    its wrapper gathers a unit at a time in the compute dtype; without FSDP autocast casts the
-    fp32 weight of every op (the largest, the LM head's)."""
+    """``(units, cast)`` of every forward but HF generation: FSDP's gathered units, or autocast's cast."""
     V, H, c = size.vocab_size, size.hidden_size, run.compute_bytes
     units = [gathered_units(size, c)] if run.sharded else []
     cast = [Item("bf16 cast of a weight", V * H * c, f"the largest matrix ({V} x {H}) cast per op")
@@ -458,7 +410,6 @@ def _micro_batch_knob(run: RunShape) -> str:
 
 
 def generation_phase(size: ModelSize, run: RunShape, held: list[Item]) -> Phase:
-    """Sampling the step's responses: with HF the policy generates, vLLM from its own copy."""
     generation = Phase("generation", list(held))
     if run.backend == "hf":
         generation.items += hf_generation_items(size, run, run.generate_rows, run.response_tokens,
@@ -467,7 +418,6 @@ def generation_phase(size: ModelSize, run: RunShape, held: list[Item]) -> Phase:
 
 
 def scoring_phase(size: ModelSize, run: RunShape, held: list[Item]) -> Phase:
-    """The no-grad scoring forward, one micro-batch at a time."""
     c = run.compute_bytes
     head = Item("log-prob head chunk", head_chunk_bytes(size, run.chunk_tokens, c, backward=False),
                 f"{run.chunk_tokens} tokens x {size.vocab_size} x ({c} + 8) B")
@@ -477,16 +427,13 @@ def scoring_phase(size: ModelSize, run: RunShape, held: list[Item]) -> Phase:
 
 def no_grad_forward_items(size: ModelSize, run: RunShape, row_tokens: int, tokens: int, how: str, knob: str,
                           *head: Item) -> list[Item]:
-    """A no-grad forward over ``tokens`` (rows of at most ``row_tokens``) through the policy module:
-    :func:`forward_items` and one layer's activations (and ``head``, the log-prob head's chunk)."""
     units, cast = forward_items(size, run)
     return [*units, Item("activations (no grad)", layer_forward_bytes(size, tokens, run.compute_bytes, run.resid_bytes),
                          f"one layer over {_budget_how(run, row_tokens, tokens)} tokens{how}", knob), *head, *cast]
 
 
 def update_phases(size: ModelSize, run: RunShape, held: list[Item], awake: list[Item]) -> list[Phase]:
-    """The update (each micro-batch's forward and backward) and the optimiser step after it, both
-    beside the gradients (and DDP's buckets)."""
+    """The update and the optimiser step, both beside the gradients (and DDP's buckets)."""
     Pt, m, shards = size.trained, run.master_bytes, run.shards
     share = f" / {shards} ranks" if shards > 1 else ""
     grads = Item("gradients", m * Pt // shards, f"{Pt:,} x {m} B{share}", "" if run.sharded else SHARD_KNOB)
@@ -498,8 +445,6 @@ def update_phases(size: ModelSize, run: RunShape, held: list[Item], awake: list[
 
 
 def backward_items(size: ModelSize, run: RunShape) -> list[Item]:
-    """What a micro-batch's forward and backward add: FSDP's gathered unit and its unsharded
-    gradients, or autocast's weight casts; the activations; the head's buffers."""
     V, H, c, tokens = size.vocab_size, size.hidden_size, run.compute_bytes, run.micro_batch_tokens
     items = []
     if run.sharded:
@@ -512,9 +457,7 @@ def backward_items(size: ModelSize, run: RunShape) -> list[Item]:
         items.append(Item("bf16 weight casts", saved * c, "the LM head's and the recomputed layer's"
                           if run.gradient_checkpointing else "every layer's, saved for backward",
                           "" if run.gradient_checkpointing else "model.gradient_checkpointing=true"))
-    # the residual stream (what checkpointing keeps per layer) is fp32 under autocast over fp32
-    # weights; FSDP's bf16 gathered weights make it bf16
-    if run.gradient_checkpointing:
+    if run.gradient_checkpointing:  # keeps the residual stream per layer
         acts = size.num_layers * tokens * H * run.resid_bytes + 2 * layer_saved_bytes(size, tokens, c)
         how = (f"{size.num_layers} layer inputs x {tokens} tokens x {H} x {run.resid_bytes} B, and one layer "
                "recomputed with its gradients (2x its saved tensors)")
@@ -530,7 +473,6 @@ def backward_items(size: ModelSize, run: RunShape) -> list[Item]:
 
 
 def weight_sync_phase(size: ModelSize, run: RunShape, held: list[Item], engine: Item) -> Phase:
-    """After each update the weights go into the engine (its KV cache asleep when it sleeps)."""
     awake = engine if not run.vllm_sleep else Item(
         "vLLM weights (woken)", size.params * run.vllm_weight_bytes,
         f"{size.params:,} x {run.vllm_weight_bytes} B; the KV cache stays asleep until generation")
@@ -538,8 +480,7 @@ def weight_sync_phase(size: ModelSize, run: RunShape, held: list[Item], engine: 
 
 
 def plan_notes(size: ModelSize, run: RunShape, engine: Item | None) -> list[str]:
-    """What the tables leave out: LoRA's split, the milestone's host copy, the KV cache, HF's calls,
-    validation."""
+    """What the tables leave out."""
     P, Pt, m = size.params, size.trained, run.master_bytes
     notes = []
     if size.trainable_params is not None:
@@ -563,16 +504,8 @@ def plan_notes(size: ModelSize, run: RunShape, engine: Item | None) -> list[str]
 
 
 def milestone_phase(size: ModelSize, run: RunShape, held: list[Item]) -> Phase:
-    """``callbacks.milestones`` (after the step's weight sync) as ``callbacks/milestones.py`` and
-    ``RLModule.export_policy`` save it: the engine released first (vLLM sleep level
-    2: its weights and KV cache freed; an engine without sleep mode keeps its reservation, in
-    ``held``). Under FSDP each parameter alone is made whole in the milestone's dtype and moved to
-    rank 0's host memory before the next (``host_weights``, :func:`gathered_parameter`); with LoRA a
-    targeted module's base weight is gathered in the base's dtype and merged (``merged_weights``).
-    Without FSDP ``models/export.py`` ``save_policy`` casts the whole state dict to the milestone's
-    dtype on the GPU (none when the dtypes agree), with LoRA after merging every adapted weight in
-    the base's dtype. No gradient exists: they are freed at the step's ``zero_grad``
-    (``tests/plan/test_milestone_resume.py``)."""
+    """``callbacks.milestones``, the engine released first: under FSDP a parameter made whole at a
+    time to rank 0's host (``host_weights``); else ``save_policy`` casts the state dict on the GPU."""
     d, w, P = run.milestone_bytes, run.weight_bytes, size.params
     items = list(held)
     if run.sharded:
@@ -591,17 +524,8 @@ def milestone_phase(size: ModelSize, run: RunShape, held: list[Item]) -> Phase:
 
 
 def resume_phase(size: ModelSize, run: RunShape, resident: list[Item], engines: list[Item]) -> Phase:
-    """Resuming from a checkpoint (``ckpt_path=``), before the first step. The engine is awake
-    with its whole reservation (built in ``setup``, before Lightning restores the checkpoint; the
-    first sync follows). Under FSDP ``torch.distributed.checkpoint`` loads each rank's shards of
-    the weights and AdamW states in place: its reads land in host memory (``torch.load`` to the
-    CPU, one saved tensor at a time) and are copied into the allocated shard, nothing staged on
-    the GPU; a fresh optimiser's AdamW states are first made by one zero-lr step over zero
-    gradients (``torch.distributed.checkpoint.state_dict._init_optim_state``, which Lightning's
-    sharded load calls): the sharded gradients and the foreach temporaries, freed before the
-    reads. Without FSDP Lightning reads the whole checkpoint into host memory and copies it into
-    the weights in place; the optimiser's load makes the moments (counted in ``resident``). No
-    rollouts yet."""
+    """``ckpt_path=``, the engine awake: reads land in host memory; under FSDP the AdamW states are
+    first made by a zero-lr step (``_init_optim_state``): its gradients and temporaries."""
     Pt, m, shards = size.trained, run.master_bytes, run.shards
     share = f" / {shards} ranks" if shards > 1 else ""
     items = [*resident, *engines]
@@ -618,10 +542,7 @@ def resume_phase(size: ModelSize, run: RunShape, resident: list[Item], engines: 
 
 def validation_phases(size: ModelSize, run: RunShape, held: list[Item], engines: list[Item],
                       awake: list[Item]) -> list[Phase]:
-    """``callbacks/pass_at_k.py``: every chunk sampled first (vLLM awake with its reservation; HF
-    as in generation, with validation's rows and length), the engine released, then with features
-    on one no-grad feature forward through the policy module, cut like scoring, ``logits_to_keep=1``
-    (no head chunk). ``held``: what stays allocated (resident, the last step's rollout tensors)."""
+    """``callbacks/pass_at_k.py``: sampling, the engine released, then the feature forward."""
     sampling = Phase("validation sampling", [*held, *engines])
     if run.backend == "hf":
         sampling.items += hf_generation_items(
@@ -662,7 +583,6 @@ def _engine_note(size: ModelSize, run: RunShape, engine: Item) -> str:
 
 
 def format_plan(plan: MemoryPlan) -> str:
-    """The plan as text: one table per phase, the verdict and the knobs to turn."""
     run, size = plan.run, plan.size
     lines = [
         f"model: {size.params / 1e9:.2f}B params ({size.num_layers} layers of {size.layer_params:,}, "

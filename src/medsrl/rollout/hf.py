@@ -2,16 +2,11 @@
 
 Only our :class:`SamplingParams` sample: the model's own ``generation_config`` (real Qwen
 checkpoints ship ``top_k``, ``repetition_penalty``, ...) is swapped for a complete one meanwhile.
-
-Seeding: prompts go in chunks of ``max_batch_size // n`` whole prompts (at least one). With
-``params.seed`` the call runs in ``torch.random.fork_rng`` (the caller's RNG stream untouched)
-and the chunk starting at prompt ``i`` draws after ``torch.manual_seed(seed + i)``: reproducible
-for the same prompts, params, model and ``max_batch_size``, and a rank taking prompts ``s..``
-with ``seed + s`` (split at chunk boundaries) gets the responses of the unsplit call.
-
-Sampling log-probs: ``generate`` runs a caller's logits processors *before* its own warpers, so
-with ``params.logprobs`` temperature and top-p run in :class:`_SampledTokenLogProbs`, the last
-processor, which then sees exactly the scores sampled from.
+With ``params.seed`` the chunk (``max_batch_size // n`` whole prompts) starting at prompt ``i``
+draws after ``torch.manual_seed(seed + i)`` in a forked RNG: a rank taking prompts ``s..`` with
+``seed + s`` (split at chunk boundaries) gets the responses of the unsplit call. ``generate`` runs a
+caller's logits processors *before* its own warpers, so with ``params.logprobs`` temperature and
+top-p run in :class:`_SampledTokenLogProbs`, the last processor, which sees the scores sampled from.
 """
 
 from __future__ import annotations
@@ -44,8 +39,7 @@ from medsrl.utils.guard import LIKELY_CAUSES, NONFINITE_SAMPLING, RunawayError
 
 @contextlib.contextmanager
 def _generating(model: torch.nn.Module, config: GenerationConfig) -> Iterator[None]:
-    """Eval mode, and ``config`` as the model's generation config so none of its shipped defaults
-    leak in; each submodule's ``training`` flag and the previous config restored after."""
+    """Eval mode and ``config`` (none of the model's shipped defaults leak in), restored after."""
     flags = [(m, m.training) for m in model.modules()]
     previous = getattr(model, "generation_config", None)
     model.eval()
@@ -59,8 +53,7 @@ def _generating(model: torch.nn.Module, config: GenerationConfig) -> Iterator[No
 
 
 class HFRolloutEngine:
-    """A :class:`~medsrl.rollout.base.RolloutEngine` backed by ``model.generate``;
-    ``max_batch_size`` caps the sequences per call (a prompt with ``n`` above it takes one call)."""
+    """``max_batch_size`` caps the sequences per call (a prompt with ``n`` above it takes one call)."""
 
     def __init__(
         self,
@@ -81,16 +74,14 @@ class HFRolloutEngine:
     weights_released = False  # nothing of its own to release
 
     def release(self) -> None:
-        """No-op: the engine holds nothing between calls."""
+        """Nothing is held between calls."""
 
     def sync_weights(self, model: torch.nn.Module) -> None:
-        """No-op for the training module itself; another module is generated with from now on."""
         if model is not None:
             self.model = model
 
     def generation_config(self, params: SamplingParams) -> GenerationConfig:
-        """The complete generation config for ``params`` (nothing left to model defaults); with
-        ``params.logprobs`` temperature and top-p run in :meth:`log_prob_recorder` instead."""
+        """Nothing left to model defaults; with ``params.logprobs`` the warpers run in :meth:`log_prob_recorder`."""
         common = dict(
             max_new_tokens=params.max_new_tokens,
             min_new_tokens=0,
@@ -123,7 +114,6 @@ class HFRolloutEngine:
         )
 
     def log_prob_recorder(self, params: SamplingParams) -> _SampledTokenLogProbs:
-        """A fresh last processor for one ``generate`` call, with the warpers ``params`` needs."""
         warpers: list[LogitsProcessor] = []
         if not params.greedy:
             if params.temperature != 1.0:
@@ -133,7 +123,6 @@ class HFRolloutEngine:
         return _SampledTokenLogProbs(warpers)
 
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:
-        """Sample ``params.n`` responses for each prompt (grouped by prompt, in order)."""
         prompt_ids, order = tokenize_prompts(self.tokenizer, prompts, params.n, "HFRolloutEngine")
         if not prompt_ids:
             return RolloutBatch.empty(params.logprobs)
@@ -191,8 +180,8 @@ class HFRolloutEngine:
 
 @contextlib.contextmanager
 def _nonfinite_sampling_is_runaway() -> Iterator[None]:
-    """``torch.multinomial``'s error on inf/nan probabilities as our :class:`RunawayError`, which
-    names the cause. Caught rather than checked per token: a check would sync every token."""
+    """``torch.multinomial``'s error on inf/nan probabilities, caught rather than checked per token
+    (a check would sync every token)."""
     try:
         yield
     except RuntimeError as e:
@@ -202,9 +191,8 @@ def _nonfinite_sampling_is_runaway() -> Iterator[None]:
 
 
 def _shared_prompt_cache(model: torch.nn.Module, prompts: PackedRollouts):
-    """The KV cache of every prompt but its last token, computed once per run of equal rows (the
-    ``n`` copies of a prompt) and expanded to all rows (``None`` when no row repeats): the prefill
-    shrinks ``n``-fold (``docs/BENCHMARKS.md``), the samples stay the same."""
+    """The prompts' KV cache (but the last token) computed once per run of equal rows and expanded:
+    the prefill shrinks ``n``-fold (``docs/BENCHMARKS.md``). None when no row repeats."""
     input_ids, attention_mask = prompts.input_ids, prompts.attention_mask
     if input_ids.shape[1] < 2 or input_ids.shape[0] < 2:
         return None
@@ -223,9 +211,8 @@ def _shared_prompt_cache(model: torch.nn.Module, prompts: PackedRollouts):
 
 
 class _SampledTokenLogProbs(LogitsProcessor):
-    """The last logits processor: applies ``warpers``, then records the sampled tokens' log-probs,
-    keeping the log-softmax of call ``t`` until call ``t + 1`` shows the token drawn from it (one
-    ``[B]`` vector per step is stored, never ``[B, V]`` scores for the whole response)."""
+    """The last logits processor: applies ``warpers``, then keeps call ``t``'s log-softmax until call
+    ``t + 1`` shows the token drawn (one ``[B]`` vector a step is stored, never ``[B, V]``)."""
 
     def __init__(self, warpers: list[LogitsProcessor]) -> None:
         self.warpers = warpers
@@ -245,18 +232,14 @@ class _SampledTokenLogProbs(LogitsProcessor):
         self.pending = None
 
     def finish(self, new_tokens: torch.Tensor) -> list[list[float]]:
-        """``[B, T]`` log-probs of the ``T`` generated tokens, as lists (rows not yet trimmed)."""
         if self.pending is not None:
             self._take(new_tokens[:, -1])
         if len(self.steps) != new_tokens.shape[1]:
-            raise RuntimeError(
-                f"recorded {len(self.steps)} log-probs for {new_tokens.shape[1]} generated tokens"
-            )
+            raise RuntimeError(f"recorded {len(self.steps)} log-probs for {new_tokens.shape[1]} generated tokens")
         return torch.stack(self.steps, dim=1).tolist()
 
 
 def _trim(row: list[int], stop: set[int]) -> tuple[list[int], str]:
-    """Cut a generated row after its first stop token (kept); no stop -> the whole row."""
     for pos, tok in enumerate(row):
         if tok in stop:
             return row[: pos + 1], FINISH_STOP

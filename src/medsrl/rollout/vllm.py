@@ -1,37 +1,16 @@
 """Rollouts with an in-process (colocated) vLLM engine, fed the policy's weights in place.
 
 The engine starts from the policy's config and tokenizer only (``load_format="dummy"``); the
-weights arrive by reference through :meth:`VLLMRolloutEngine.sync_weights`, so nothing as large
-as them goes to disk and the engine must be in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``;
-``tensor_parallel_size > 1`` would pickle them: untested). They are streamed one tensor at a time
-into the worker's in-place, layerwise ``reload_weights`` (``load_weights`` where that is missing;
-it fails on the CPU build, which repacks its linear layers): under FSDP one parameter is gathered at a
-time (``models/sharding.py`` ``streamed_weights``). A sync that leaves a parameter of the engine
-unloaded fails (vLLM only warns, and after a level-2 sleep that parameter holds garbage). The
-prefix cache is reset after every sync.
+weights are streamed by reference, one tensor at a time, into the worker's layerwise
+``reload_weights`` (nothing as large goes to disk, so the engine must be in this process). A sync
+that leaves an engine parameter unloaded fails (vLLM only warns; after a level-2 sleep it holds
+garbage). Every response is its own request (vLLM refuses ``n > 1`` when greedy; the prefix cache
+runs a shared prompt once); vLLM samples from NaN logits without complaint, so the sampled
+log-probs are always checked. vLLM keeps its parallel state in process globals: one engine a process.
 
-Sampling mirrors :class:`~medsrl.rollout.hf.HFRolloutEngine` (our tokenizer, the model's
-``generation_config`` ignored); every response is its own request (vLLM refuses ``n > 1`` when
-greedy; the prefix cache runs a shared prompt once). ``per_request_seeds=True`` seeds response
-``j`` of prompt ``i`` with ``(params.seed + i) * 2**20 + j``, so a rank's shard taken with
-``seed + s`` samples what one process would (slower than one seeded draw per call).
-
-vLLM samples from NaN logits without complaint, so every request asks for the sampled token's
-log-prob and a NaN or +inf raises :class:`~medsrl.utils.guard.RunawayError`. Generation and the
-sync run outside the trainer's autocast. vLLM keeps its parallel state in process globals:
-creating an engine closes the previous one, which is refused while a process group is up (vLLM's
-shutdown destroys the default one, Lightning's). Sleep mode and ``external_launcher`` under DDP /
-FSDP: docs/GPU.md.
-
-Sleep mode as vLLM 0.32.0 runs it (``tests/helpers/fake_vllm.py`` follows it step for step): a sync wakes
-the weights alone, sampling the KV cache too, and :meth:`VLLMRolloutEngine.release` sleeps at
-level 2. The executor skips a sleep only while its weights sleep
-(``vllm/v1/executor/abstract.py:383-385``), not while the KV cache alone does, and the allocator
-frees whatever is still mapped (``vllm/device_allocator/cumem.py:256-262``): one release frees
-both on every rank, whether it sampled, only synced, or did nothing. The KV cache never wakes with
-the weights asleep (``generate`` refuses first): that sleep would keep it. A wake whose tag is
-awake does nothing (abstract.py:398-404), so vLLM's answer to every wake is checked against this
-engine's record.
+Sleep mode as vLLM 0.32.0 runs it (``tests/helpers/fake_vllm.py`` follows it): a sync wakes the
+weights alone, sampling the KV cache too, :meth:`VLLMRolloutEngine.release` sleeps at level 2.
+docs/GPU.md has the rest (sleep mode, ``external_launcher`` under DDP / FSDP).
 """
 
 from __future__ import annotations
@@ -73,9 +52,8 @@ def _drop_rotary_warning(record: logging.LogRecord) -> bool:
 
 
 def _load_into_worker(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) -> tuple[str, list[str]]:
-    """Runs inside the vLLM worker: copy ``weights`` into its model in place, as they come.
-    Returns the API used and the model's parameters that no weight reached (the names the model's
-    ``load_weights`` reports loaded, against its parameters: vLLM's own check, which only warns)."""
+    """Runs inside the vLLM worker: copy ``weights`` into its model in place. Returns the API used
+    and the parameters no weight reached (vLLM's own check only warns)."""
     model = worker.model_runner.get_model()
     expected = {name for name, _ in model.named_parameters()}
     loaded: set[str] | None = set()
@@ -101,13 +79,11 @@ def _load_into_worker(worker: Any, weights: Iterator[tuple[str, torch.Tensor]]) 
 
 
 def _seed_worker(worker: Any, seed: int) -> None:
-    """Runs inside the (in-process) vLLM worker: seed the default generators, which its sampler
-    draws unseeded requests from."""
+    """Runs inside the vLLM worker: its sampler draws unseeded requests from the default generators."""
     torch.manual_seed(seed)
 
 
 def _sampled_logprobs(completion: Any) -> list[float]:
-    """The log-prob vLLM returned for each token it sampled (``logprobs=0``)."""
     if completion.logprobs is None:
         raise RuntimeError("vLLM returned no log-probs although they were asked for")
     pairs = zip(completion.token_ids, completion.logprobs, strict=True)
@@ -115,7 +91,6 @@ def _sampled_logprobs(completion: Any) -> list[float]:
 
 
 def _multi_process_options(tensor_parallel_size: int) -> dict[str, Any]:
-    """Engine options for one rank of a multi-process run (none in a single process)."""
     if not is_distributed():
         return {}
     if tensor_parallel_size != 1:
@@ -139,7 +114,6 @@ def _engine_dtype(dtype: str, model: torch.nn.Module) -> str:
 
 
 def _torch_dtype(name: str) -> torch.dtype | None:
-    """The torch dtype of a vLLM dtype name (``bfloat16``, ``half``, ...); None if it names none."""
     dtype = getattr(torch, name, None)
     return dtype if isinstance(dtype, torch.dtype) else None
 
@@ -162,8 +136,7 @@ def _device_type() -> str:
 
 
 class VLLMRolloutEngine:
-    """A :class:`~medsrl.rollout.base.RolloutEngine` backed by an in-process ``vllm.LLM``, which
-    the options go to (``enable_sleep_mode`` ignored, with a log line, where not supported)."""
+    """A :class:`~medsrl.rollout.base.RolloutEngine` backed by an in-process ``vllm.LLM``."""
 
     def __init__(
         self,
@@ -211,7 +184,7 @@ class VLLMRolloutEngine:
         trainer_group = _process_group_up()  # the trainer's, which vLLM joins (external_launcher)
         llm = vllm.LLM(
             model=config_dir.name,
-            load_format="dummy",  # the real weights arrive through sync_weights below
+            load_format="dummy",
             generation_config="vllm",
             logprobs_mode="processed_logprobs",  # after temperature and top-p, as sampled
             dtype=engine_dtype,
@@ -222,9 +195,8 @@ class VLLMRolloutEngine:
             enable_sleep_mode=sleep_mode,
             **{k: v for k, v in options.items() if v is not None},
         )
-        self._attach(llm, tokenizer, sleep_mode=sleep_mode, per_request_seeds=per_request_seeds,
-                     max_model_len=max_model_len, weight_dtype=_torch_dtype(engine_dtype), config_dir=config_dir,
-                     trainer_group=trainer_group)
+        self._attach(llm, tokenizer, sleep_mode=sleep_mode, per_request_seeds=per_request_seeds, config_dir=config_dir,
+                     max_model_len=max_model_len, weight_dtype=_torch_dtype(engine_dtype), trainer_group=trainer_group)
         _live = weakref.ref(self)
         logging.getLogger(ROTARY_LOGGER).addFilter(_drop_rotary_warning)  # added once
         # an FSDP rank other than 0 has no weights yet (its policy is on the meta device until
@@ -234,19 +206,15 @@ class VLLMRolloutEngine:
             self.sync_weights(model)
 
     @classmethod
-    def around(cls, llm: Any, tokenizer: PreTrainedTokenizerBase, *, sleep_mode: bool = False,
-               per_request_seeds: bool = False, max_model_len: int | None = None,
-               weight_dtype: torch.dtype | None = None, trainer_group: bool = False) -> VLLMRolloutEngine:
-        """An engine over an ``llm`` already built (an object with ``vllm.LLM``'s API: the tests'
-        recording fakes of it, where vLLM cannot run)."""
+    def around(cls, llm: Any, tokenizer: PreTrainedTokenizerBase, **options: Any) -> VLLMRolloutEngine:
+        """An engine over an ``llm`` already built (the tests' recording fakes of ``vllm.LLM``)."""
         engine = cls.__new__(cls)
-        engine._attach(llm, tokenizer, sleep_mode=sleep_mode, per_request_seeds=per_request_seeds,
-                       max_model_len=max_model_len, weight_dtype=weight_dtype, config_dir=None,
-                       trainer_group=trainer_group)
+        engine._attach(llm, tokenizer, **options)
         return engine
 
-    def _attach(self, llm: Any, tokenizer: PreTrainedTokenizerBase, *, sleep_mode: bool, per_request_seeds: bool,
-                max_model_len: int | None, weight_dtype: torch.dtype | None, config_dir, trainer_group: bool) -> None:
+    def _attach(self, llm: Any, tokenizer: PreTrainedTokenizerBase, *, sleep_mode: bool = False,
+                per_request_seeds: bool = False, max_model_len: int | None = None,
+                weight_dtype: torch.dtype | None = None, config_dir=None, trainer_group: bool = False) -> None:
         self.llm = llm
         self.tokenizer = tokenizer
         self.stop_token_ids = resolve_stop_ids(tokenizer, None, "VLLMRolloutEngine")
@@ -267,14 +235,10 @@ class VLLMRolloutEngine:
 
     @property
     def weights_released(self) -> bool:
-        """Whether :meth:`release` dropped the weights (or none came yet) and no :meth:`sync_weights`
-        came since."""
         return "weights" in self._asleep or getattr(self, "_unsynced", False)
 
     def close(self) -> None:
-        """Shut the engine down now (idempotent); it cannot generate afterwards. Refused while the
-        trainer's process group is up (one that existed before the engine, which vLLM joined):
-        vLLM's shutdown destroys the default group. A single process's own group is vLLM's."""
+        """Refused while the trainer's process group is up: vLLM's shutdown destroys the default group."""
         if self.llm is None:
             return
         if self.trainer_group and _process_group_up():
@@ -288,10 +252,8 @@ class VLLMRolloutEngine:
             self._dir.cleanup()
 
     def sync_weights(self, model: torch.nn.Module) -> None:
-        """Stream ``model``'s weights into the engine in place (a LoRA policy's merged, under the
-        base model's names; under FSDP one parameter at a time, every rank together) and drop the prefix
-        cache; the KV cache stays asleep until ``generate``. Raises when a parameter of the engine
-        got no weight."""
+        """Stream ``model``'s weights into the engine in place (every rank together under FSDP); the
+        KV cache stays asleep until ``generate``."""
         self._check_open()
         self._wake(["weights"])
         weights = streamed_weights(model, self.weight_dtype)
@@ -311,7 +273,6 @@ class VLLMRolloutEngine:
             log.warning("vLLM prefix cache not reset after the weight sync")
 
     def generate(self, prompts: list[str], params: SamplingParams) -> RolloutBatch:
-        """Sample ``params.n`` responses for each prompt (grouped by prompt, in order)."""
         prompt_ids, order = tokenize_prompts(self.tokenizer, prompts, params.n, "VLLMRolloutEngine")
         if not prompt_ids:
             return RolloutBatch.empty(params.logprobs)
@@ -367,9 +328,7 @@ class VLLMRolloutEngine:
         return FINISH_STOP if ids and ids[-1] in self.stop_token_ids else FINISH_LENGTH
 
     def _check_lengths(self, prompt_ids: list[list[int]], params: SamplingParams) -> None:
-        """A prompt too long for ``max_model_len`` is refused here, naming it and the limits.
-        Training data is filtered to this limit at load (``rollout/factory.py``
-        ``prompt_token_limit``), so such a prompt was made during the run (a plug-in's)."""
+        """Data is filtered to this limit at load (``prompt_token_limit``): such a prompt was made in the run."""
         if self.max_model_len is None:
             return
         room = self.max_model_len - params.max_new_tokens
@@ -383,23 +342,17 @@ class VLLMRolloutEngine:
                     "shorten the prompts made during the run, or lower max_new_tokens")
 
     def release(self) -> None:
-        """Free the engine's GPU memory until next needed: sleep level 2 (weights dropped, not
-        copied to the host), on every rank whether or not it generated; :meth:`sync_weights` brings
-        the weights back. A no-op without sleep mode, or with the weights asleep: vLLM's executor
-        would skip that sleep (``vllm/v1/executor/abstract.py:383-385``), and the KV cache sleeps
-        then too (it never wakes alone). With the KV cache alone asleep (a rank that synced and
-        sampled nothing) the sleep runs and frees the weights (``cumem.py:256-262``)."""
+        """Sleep level 2 on every rank, whether or not it generated. A no-op with the weights asleep:
+        vLLM's executor would skip it (``vllm/v1/executor/abstract.py:383-385``); with the KV cache
+        alone asleep it runs and frees the weights too (``vllm/device_allocator/cumem.py:256-262``)."""
         self._check_open()
         if self.sleep_mode and "weights" not in self._asleep:
             self.llm.sleep(level=2)
             self._asleep.update(SLEEP_TAGS)
 
     def _wake(self, tags: list[str]) -> None:
-        """Wake those of ``tags`` that sleep: the weights for a sync, both for sampling. vLLM
-        ignores a wake whose tag is awake (``vllm/v1/executor/abstract.py:398-404``) and answers
-        whether it is fully awake (``vllm/v1/engine/core.py:1016-1019``): an answer that differs
-        from this record raises here, not later as a generate whose requests are never scheduled
-        (the scheduler stays paused until fully awake) or as memory a release does not free."""
+        """vLLM ignores a wake whose tag is awake (``abstract.py:398-404``) and answers whether it is
+        fully awake: an answer unlike this record raises here, not as a generate that never runs."""
         todo = [t for t in tags if t in self._asleep]
         if not todo:
             return
