@@ -1,19 +1,8 @@
-"""R3 (arXiv 2601.19620) as one plug-in: replay, reflection and ranking over a per-prompt
-response history (``r3/``; the paper's rules and our defaults for its gaps: docs/REFERENCE.md).
-
-Per step:
-- ``add_prompts`` (reflection, ISR): a prompt whose stored mean reward is below ``tau`` gets an
-  extra prompt showing one of its stored wrong responses (``reflection.py``).
-- ``transform_groups`` (replay, CCR): an all-right (all-wrong) group gets up to ``k`` stored
-  wrong (right) responses of its prompt (``replay.py``); an all-wrong group that ranking will
-  score is marked ``kept_by``. Every sampled group is noted for the history here.
-- ``shape_rewards`` (ranking, SERR): an all-wrong group's responses are ranked (``ranking.py``).
-- ``commit``: every rank's sampled responses enter the replicated history, with their behaviour
-  log-probs (none for groups dropped before the scoring forward).
-- ``shape_advantages``: replay's normalisation of mixed groups; optional importance weights.
-
-The mechanisms act on a prompt seen in ``min_visits`` earlier steps, from ``start_step`` on (the
-paper: epoch 2). Place R3 before ``dynamic_sampling``, so that a group it rescues counts as kept.
+"""R3 (arXiv 2601.19620) as one plug-in: replay (CCR, ``transform_groups``), reflection (ISR,
+``add_prompts``) and ranking (SERR, ``shape_rewards``) over a replicated per-prompt response history
+(``r3/``; the paper's rules and our defaults for its gaps: docs/REFERENCE.md, docs/R3.md). They act
+on a prompt seen in ``min_visits`` earlier steps, from ``start_step`` on (the paper: epoch 2).
+Place R3 before ``dynamic_sampling``, so that a group it rescues counts as kept.
 """
 
 from __future__ import annotations
@@ -98,14 +87,12 @@ class R3(Plugin):
     def __init__(
         self,
         replay: Annotated[ReplaySettings, Doc(
-            "cross-context replay (CCR) into groups whose rewards are all equal"
-        )] = ReplaySettings(),  # noqa: B008 - never mutated
+            "cross-context replay (CCR) into groups whose rewards are all equal")] = ReplaySettings(),  # noqa: B008
         reflection: Annotated[ReflectionSettings, Doc(
             "in-context self-reflection (ISR): one extra prompt per failing prompt"
         )] = ReflectionSettings(),  # noqa: B008 - never mutated
         ranking: Annotated[RankingSettings, Doc(
-            "structural entropy ranking reward (SERR) for all-wrong groups"
-        )] = RankingSettings(),  # noqa: B008 - never mutated
+            "structural entropy ranking reward (SERR) for all-wrong groups")] = RankingSettings(),  # noqa: B008
         cap_per_key: Annotated[nullable(PositiveInt), Doc(
             "stored responses per prompt, oldest out; null: unbounded (a checkpoint holds every "
             "stored response's tokens and log-probs)")] = 16,
@@ -148,8 +135,6 @@ class R3(Plugin):
         self._n, self._seed = pl_module.rollout_cfg.n, pl_module.seed
         self._render = getattr(trainer.datamodule, "render", None)
 
-    # ------------------------------------------------------------------ state
-
     def state_dict(self) -> dict:
         return {"history": self.history.state_dict()}
 
@@ -160,10 +145,7 @@ class R3(Plugin):
         return self.history.digest()
 
     def active(self, key: str, step: int) -> bool:
-        """Whether the mechanisms act on ``key`` at ``step`` (it has enough history)."""
         return step >= self.start_step and self.history.visits(key) >= self.min_visits
-
-    # ------------------------------------------------------------------ the step
 
     def _begin(self, ctx: StepContext) -> None:
         if ctx.step != self._step:
@@ -213,7 +195,7 @@ class R3(Plugin):
         return groups
 
     def _replay_into(self, g: Group, all_correct: bool, ctx: StepContext) -> bool:
-        """Append stored opposite-outcome responses to zero-spread group ``g``; False: none stored."""
+        """Stored opposite-outcome responses into zero-spread group ``g``; False: none stored."""
         k = replay_count(self.replay.k, len(g))
         picks = self.history.recent(g.prompt.key, correct=not all_correct, k=k)  # newest first
         if not picks:
@@ -251,7 +233,6 @@ class R3(Plugin):
             ))
 
     def shape_rewards(self, rollouts: StepRollouts, ctx: StepContext) -> None:
-        """The length bonus of correct responses (a reward term), then ranking (SERR)."""
         if self.length_bonus is not None:
             lengths = torch.tensor([len(r) for r in rollouts.response_ids])
             length_reward = correct_length_bonus(lengths, rollouts.acc.cpu() > 0.5, self.length_bonus)
@@ -276,16 +257,25 @@ class R3(Plugin):
         ctx.log(self, {"ranking/groups": float(groups), "ranking/rows": float(ranked)})
 
     def step_additions(self, rollouts: StepRollouts, ctx: StepContext) -> list[tuple[str, StoredResponse]]:
-        """This rank's sampled responses of the step, with reward and behaviour log-probs where
-        they went through the scoring forward (a group dropped before it: its correctness, none).
-        A group balanced ranks moved (``step/balance.py``) is told by the rank that scored it;
-        each response carries its place in the step, so commit applies them as one process would."""
+        """This rank's sampled responses, with reward and behaviour log-probs where they were scored
+        (a dropped group: its correctness, none); a group moved between ranks (``step/balance.py``)
+        is told by the rank that scored it, in its place in the step."""
         packed: dict[tuple[str, tuple[int, ...]], int] = {}
         keys = rollouts.keys
         for i, ids in enumerate(rollouts.response_ids):
             if rollouts.source[i] == SAMPLED:
                 packed.setdefault((keys[i], tuple(ids)), i)
         old_logp = rollouts.old_logp.float().cpu() if rollouts.old_logp is not None else None
+
+        def stored(text: str, ids: tuple[int, ...], finish_reason: str, grade: GradeResult, i: int | None):
+            """The response for the history: reward and log-probs of its scored row ``i``, else its correctness."""
+            scored = i is not None and old_logp is not None
+            return StoredResponse(
+                token_ids=ids, text=text, reward=float(rollouts.reward[i]) if scored else float(grade.score),
+                correct=grade.score > 0.5, step=ctx.step, finish_reason=finish_reason, extracted=grade.extracted,
+                has_box=grade.has_box, logprobs=tuple(old_logp[i][: len(ids)].tolist()) if scored else None,
+            )
+
         held = set(rollouts.group_index) - {None}
         out, order = [], []
         for key, g in self._seen:
@@ -295,11 +285,8 @@ class R3(Plugin):
                 if g.source[j] != SAMPLED:
                     continue
                 ids = tuple(g.rollout.response_ids[j])
-                i = packed.get((key, ids))
-                scored = i is not None and old_logp is not None
-                out.append((key, _stored(g.rollout.response_text[j], ids, g.rollout.finish_reason[j], g.grades[j],
-                                         float(rollouts.reward[i]) if scored else None,
-                                         old_logp[i] if scored else None, ctx.step)))
+                out.append((key, stored(g.rollout.response_text[j], ids, g.rollout.finish_reason[j], g.grades[j],
+                                        packed.get((key, ids)))))
                 order.append(None if g.origin is None else (*g.origin, j))
         mine = {g.index for _, g in self._seen} - {None}
         group_ids = rollouts.group_ids.tolist()
@@ -309,10 +296,8 @@ class R3(Plugin):
             index = rollouts.group_index[gid] if rollouts.group_index else None
             if index is None or index in mine or rollouts.source[i] != SAMPLED or is_reflection(rollouts.prompts[gid]):
                 continue
-            out.append((keys[i], _stored(
-                rollouts.response_text[i], tuple(rollouts.response_ids[i]), rollouts.finish_reason[i],
-                rollouts.grades[i], float(rollouts.reward[i]) if old_logp is not None else None,
-                old_logp[i] if old_logp is not None else None, ctx.step)))
+            out.append((keys[i], stored(rollouts.response_text[i], tuple(rollouts.response_ids[i]),
+                                        rollouts.finish_reason[i], rollouts.grades[i], i)))
             origin = rollouts.origins[gid]
             order.append(None if origin is None else (*origin, i - first[gid]))
         return InStepOrder(out, order)
@@ -333,7 +318,7 @@ class R3(Plugin):
                      self.history.num_responses())
 
     def shape_advantages(self, rollouts: StepRollouts, advantages: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        """Replay's normalisation over each mixed group; importance weights of replayed rows."""
+        """Replay's normalisation of each mixed group; importance weights of replayed rows."""
         replayed = torch.tensor([s == self.name for s in rollouts.source], dtype=torch.bool)
         if not replayed.any():
             return advantages
@@ -371,17 +356,7 @@ class R3(Plugin):
 
 
 def _rng(seed: int, step: int, key: str) -> np.random.Generator:
-    """A generator fixed by (seed, step, prompt key): the same pick on every rank and on resume."""
+    """The same pick on every rank and on resume."""
     digest = hashlib.sha256(f"{seed}:{step}:{key}".encode()).digest()
     return np.random.default_rng(int.from_bytes(digest[:8], "little"))
 
-
-def _stored(text: str, ids: tuple[int, ...], finish_reason: str, grade: GradeResult, reward: float | None,
-            logprobs: torch.Tensor | None, step: int) -> StoredResponse:
-    """A sampled response for the history: the scored reward and behaviour log-probs (row
-    ``[R]``) where it went through the scoring forward, else its correctness and none."""
-    return StoredResponse(
-        token_ids=ids, text=text, reward=float(grade.score) if reward is None else reward,
-        correct=grade.score > 0.5, step=step, finish_reason=finish_reason, extracted=grade.extracted,
-        has_box=grade.has_box, logprobs=None if logprobs is None else tuple(logprobs[: len(ids)].tolist()),
-    )
