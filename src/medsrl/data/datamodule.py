@@ -1,18 +1,10 @@
 """Staged, stateless prompt schedule for RL training.
 
-The prompts of training step ``s`` are a pure function of ``(seed, s)``:
-
-- the stage is the one whose ``start_step`` is the largest ``<= s``;
-- each dataset ``d`` of the stage has a fixed quota ``q_d`` of ``prompts_per_step`` (largest
-  remainder rounding of the weights; every dataset gets at least one slot when there are enough);
-- at stage-local step ``k = s - stage.start_step`` dataset ``d`` contributes items
-  ``k*q_d ... k*q_d + q_d - 1`` of an infinite sequence made of per-epoch permutations of ``d``,
-  each seeded by ``(seed, stage name, dataset name, epoch)``: epochs without replacement.
-
-There is no iterator state to save: resuming at ``trainer.global_step`` reproduces the run, and
-Lightning's one-batch prefetch is harmless. Prompts too long for the rollout engine are dropped
-from each dataset once, at the start (:meth:`MathDataModule.limit_prompt_tokens`), before any
-permutation is drawn: the schedule is then a pure function of ``(seed, step)`` over what is kept.
+The prompts of step ``s`` are a pure function of ``(seed, s)``: in the stage whose ``start_step`` is
+the largest ``<= s``, dataset ``d`` with quota ``q_d`` (largest remainder of the weights) gives items
+``k*q_d ... k*q_d + q_d - 1`` (``k = s - start_step``) of its per-epoch permutations, seeded by
+``(seed, stage, dataset, epoch)``. No iterator state to save: a resume at ``trainer.global_step``
+repeats the run. Prompts too long for the engine are dropped once, before any permutation is drawn.
 """
 
 from __future__ import annotations
@@ -43,8 +35,7 @@ LIMIT_SETTINGS = "rollout.max_prompt_tokens / rollout.max_new_tokens / rollout.v
 
 
 def describe_source(source: Any) -> str:
-    """Where a dataset's examples come from, for an error message: the loader or generator and
-    its arguments (a file's path among them) when the source is a callable, else its type."""
+    """Where a dataset's examples come from (a loader and its arguments), for an error message."""
     if isinstance(source, functools.partial):
         args = [repr(a) for a in source.args] + [f"{k}={v!r}" for k, v in source.keywords.items()]
         return f"{describe_source(source.func)}({', '.join(args)})"
@@ -72,8 +63,7 @@ def _as_example(item: Any, dataset: str, i: int) -> MathExample:
 
 
 def _source(d: Dataset) -> ExampleSource:
-    """A dataset's examples, or a zero-arg callable returning them (loaded at first use): a
-    ``_target_`` source (a loader or generator) built by Hydra, examples or a callable as they are."""
+    """A dataset's examples, or a zero-arg callable returning them (a ``_target_`` built by Hydra)."""
     if isinstance(d.source, Source):
         from hydra.utils import instantiate
 
@@ -143,12 +133,9 @@ class PromptDrop:
                 f"{limit} tokens")
 
 
-# iterables handed to Lightning (not lists: Lightning would read a list as several loaders)
-
-
 class _TrainSteps:
-    """Infinite iterable of ``{"step", "stage", "prompts"}``, starting at the trainer's
-    ``global_step`` (read when iteration starts, so a resumed run continues exactly) or 0."""
+    """Infinite iterable of ``{"step", "stage", "prompts"}`` from the trainer's ``global_step`` (read
+    when iteration starts: a resumed run continues exactly). Not a list: Lightning reads one as several loaders."""
 
     def __init__(self, dm: MathDataModule):
         self.dm = dm
@@ -169,11 +156,8 @@ class _TrainSteps:
 
 
 class MathDataModule(lightning.LightningDataModule):
-    """Prompts for RL training, in stages, as a stateless function of ``(seed, step)``, from the
-    run's parsed ``data`` section (:class:`DataConfig`). The held-out set is the union of the val
-    datasets, shuffled with the seed and cut to ``val_size``. ``Prompt.source`` is the dataset's
-    name in this config. A dataset losing more than ``max_dropped_prompt_share`` to
-    :meth:`limit_prompt_tokens` stops the run (the limit, not a few outliers, is then wrong)."""
+    """Prompts for RL training from the run's ``data`` section (:class:`DataConfig`); ``Prompt.source``
+    is the dataset's name in this config."""
 
     def __init__(self, config: DataConfig):
         super().__init__()
@@ -182,8 +166,7 @@ class MathDataModule(lightning.LightningDataModule):
         self.prompt_token_limit: int | None = None  # set by limit_prompt_tokens
         self.prompt_drops: list[PromptDrop] = []
         self.tokenizer = None  # the policy's, for kind=chat (use_tokenizer)
-        # by (stage name, None for the val datasets; dataset name): its source, every example of
-        # it once loaded, and those limit_prompt_tokens kept
+        # by (stage name, or None for val; dataset name): its source, its examples, those kept
         self._sources = {key: _source(d) for key, d in self._datasets()}
         self._loaded: dict[tuple, list[MathExample]] = {}
         self._kept: dict[tuple, list[MathExample]] = {}
@@ -225,14 +208,10 @@ class MathDataModule(lightning.LightningDataModule):
         self._val_prompts = None
 
     def limit_prompt_tokens(self, tokenizer, limit: int | None, why: str = "") -> list[PromptDrop]:
-        """Drop from every stage's datasets and every val dataset the prompts (rendered with
-        :meth:`render`) longer than ``limit`` tokens of ``tokenizer``: those the rollout engine
-        cannot take beside its new tokens (rollout/factory.py ``prompt_token_limit``), dropped at
-        load as verl's ``filter_overlong_prompts`` does, not refused at the step that draws one.
-        Each list is cut once, before any permutation is drawn: the schedule stays a pure function
-        of ``(seed, step)`` and a resumed run repeats the uninterrupted one. A dataset losing more
-        than ``max_dropped_prompt_share`` fails here, at the start; ``why`` says where ``limit``
-        comes from, for that message. ``limit`` None keeps every prompt."""
+        """Drop from every dataset the rendered prompts longer than ``limit`` tokens, those the engine
+        cannot take (as verl's ``filter_overlong_prompts``), before any permutation is drawn. A dataset
+        losing more than ``max_dropped_prompt_share`` fails here (the limit, not a few outliers, is
+        then wrong); ``why`` names where ``limit`` comes from. ``limit`` None keeps every prompt."""
         if limit is not None and int(limit) < 1:
             raise ValueError(f"the prompt token limit must be >= 1, got {limit} ({why or LIMIT_SETTINGS})")
         self.prompt_token_limit = None if limit is None else int(limit)
@@ -244,7 +223,11 @@ class MathDataModule(lightning.LightningDataModule):
         limit = self.prompt_token_limit
         self.prompt_drops = [self._drop_overlong(key, tokenizer, limit) for key, _ in self._datasets()]
         for drop in self.prompt_drops:
-            self._log_drop(drop)
+            if drop.dropped:
+                log.warning("%s, dropped; the longest kept has %d tokens", drop.describe(limit), drop.longest_kept)
+            else:
+                log.info("%s: all %d prompts within %d tokens (the longest has %d)",
+                         drop.where, drop.total, limit, drop.longest_kept)
         self._check_drops(why)
         return self.prompt_drops
 
@@ -256,15 +239,6 @@ class MathDataModule(lightning.LightningDataModule):
         longest = max((n for n in counts if n <= limit), default=0)
         where = f"stage {key[0]!r} dataset {key[1]!r}" if key[0] is not None else f"val dataset {key[1]!r}"
         return PromptDrop(where, key[1], len(examples) - len(self._kept[key]), len(examples), longest)
-
-    def _log_drop(self, drop: PromptDrop) -> None:
-        limit = self.prompt_token_limit
-        if drop.dropped:
-            log.warning("%s, dropped; the longest kept has %d tokens",
-                        drop.describe(limit), drop.longest_kept)
-        else:
-            log.info("%s: all %d prompts within %d tokens (the longest has %d)",
-                     drop.where, drop.total, limit, drop.longest_kept)
 
     def _check_drops(self, why: str) -> None:
         """Refuse a dataset that lost more than the allowed share, or everything."""
@@ -280,7 +254,6 @@ class MathDataModule(lightning.LightningDataModule):
             )
 
     def render(self, problem: str) -> str:
-        """The prompt text of ``problem`` in this data's format."""
         return self.template.render(problem, self.tokenizer)
 
     def _render(self, ex: MathExample, source: str) -> Prompt:
@@ -310,9 +283,8 @@ class MathDataModule(lightning.LightningDataModule):
         return [self._render(self.examples((stage.name, ds.name))[i], ds.name) for ds, idx in parts for i in idx]
 
     def extra_prompts(self, step: int, round: int, n: int) -> list[Prompt]:
-        """``n`` more prompts of ``step``'s stage for DAPO dynamic sampling round ``round``,
-        deterministic in ``(seed, step, round)``; none repeats ``prompts_for_step(step)`` or the
-        call's others while the datasets are large enough. Slots are shared by weight."""
+        """``n`` more prompts of ``step``'s stage for DAPO dynamic sampling round ``round``, deterministic
+        in ``(seed, step, round)``; none repeats the step's or each other while the datasets suffice."""
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         stage, regular = self._step_indices(step)
@@ -341,12 +313,10 @@ class MathDataModule(lightning.LightningDataModule):
         return out
 
     def train_dataloader(self) -> _TrainSteps:
-        """The steps from ``trainer.global_step`` on (:class:`_TrainSteps`)."""
         return _TrainSteps(self)
 
     def val_prompts(self) -> list[Prompt]:
-        """The held-out prompts: the union of the val datasets, shuffled with the seed, cut to
-        ``val_size``. Empty when ``val`` is None."""
+        """The union of the val datasets, shuffled with the seed, cut to ``val_size``."""
         if self.config.val is None:
             return []
         if self._val_prompts is None:

@@ -1,21 +1,10 @@
-"""Read math problem files (.jsonl, .json, .parquet) into :class:`MathExample` lists.
+"""Read math problem files (.jsonl, .json, .parquet) or hub data sets into :class:`MathExample` lists.
 
-Fields are named with dotted paths (``reward_model.ground_truth``, ``prompt.0.content``) or
-found per row, the first key the row has:
-
-- problem: ``problem``, ``question``, the first ``user`` message of ``prompt``, without known
-  instruction text (verl's, Qwen's, DAPO's) and reduced to its user turn if a chat string.
-- answer: ``ANSWER_FIELDS``, else the last ``\\boxed{...}`` of ``solution``; the number after the
-  last ``####`` of a GSM8K rationale. Lists are joined with ", ", integral floats lose their ".0".
-- solution: ``solution`` when it is a worked one (the first of a list; verl's final-answer-only
-  "solution" is dropped), or a GSM8K rationale.
-
-A key that is present decides the field even when its value is empty: such a row is a bad row
-(skipped and counted, or raised), it never silently falls back to another field.
-
-A data set of the Hugging Face hub reads the same way (:func:`load_math_hub`, or ``hub=`` in
-place of ``path`` in :func:`load_math_file`), through ``datasets.load_dataset``: the same call
-reads a local file with its ``parquet`` / ``json`` builder (``hub="parquet", data_files=...``).
+Fields are dotted paths (``reward_model.ground_truth``, ``prompt.0.content``) or the first key a row
+has: the problem from ``problem``, ``question`` or the first user message of ``prompt``, less known
+instruction text; the answer from ``ANSWER_FIELDS``, else the last ``\\boxed{}`` of ``solution``, or
+the number after a GSM8K rationale's last ``####``. A key that is present decides its field even
+when empty: such a row is bad (skipped and counted, or raised), it never falls back to another.
 """
 
 from __future__ import annotations
@@ -65,7 +54,6 @@ Rows = Iterator[tuple[int, int | None, Any]]  # (row index, line number or None,
 
 
 def strip_instructions(problem: str) -> str:
-    """Remove known instruction suffixes/prefixes and surrounding whitespace from a problem."""
     text, previous = problem.strip(), None
     while text != previous:
         previous = text
@@ -76,14 +64,7 @@ def strip_instructions(problem: str) -> str:
     return text
 
 
-def _user_turn(text: str) -> str:
-    """The user turn of a ready Qwen chat string; other text unchanged."""
-    _, found, body = text.partition("<|im_start|>user\n")
-    return body.partition("<|im_end|>")[0] if found else text
-
-
 def _answer_to_str(value: Any) -> str | None:
-    """Gold answer as a string; None for missing/empty."""
     if value is None or value is MISSING:
         return None
     if isinstance(value, float):
@@ -153,9 +134,7 @@ def _auto_answer(row: Mapping[str, Any]) -> tuple[str, Any]:
     return "answer", MISSING
 
 
-def _row_fields(
-    obj: Any, problem_field: str | None, answer_field: str | None
-) -> tuple[str, str, str | None] | str:
+def _row_fields(obj: Any, problem_field: str | None, answer_field: str | None) -> tuple[str, str, str | None] | str:
     """``(problem, answer, solution)`` of a row, or why the row is unusable."""
     if not isinstance(obj, Mapping):
         return f"expected an object, got {type(obj).__name__}"
@@ -182,9 +161,11 @@ def _row_fields(
 
 
 def _problem_text(value: Any) -> str | None:
+    """The problem less known instructions; a ready Qwen chat string reduced to its user turn."""
     if value is MISSING or value is None:
         return None
-    return strip_instructions(_user_turn(str(value))) or None
+    _, found, body = str(value).partition("<|im_start|>user\n")
+    return strip_instructions(body.partition("<|im_end|>")[0] if found else str(value)) or None
 
 
 def _read_jsonl(path: Path) -> Rows:
@@ -283,8 +264,7 @@ def _examples(
     rows: Rows, where: str, source: str, problem_field: str | None, answer_field: str | None,
     limit: int | None, on_bad_row: str, kind: str = "file",
 ) -> list[MathExample]:
-    """The usable rows as examples; bad ones skipped (one warning) or raised, named by ``where``
-    (the file, or the hub data set: ``kind``) and row."""
+    """The usable rows as examples; bad ones skipped (one warning) or raised, naming ``where`` and row."""
     examples: list[MathExample] = []
     bad: list[tuple[int, str]] = []  # (row, why it is unusable)
     total = 0
@@ -324,14 +304,10 @@ def load_math_file(
     answer_field: str | None = None, limit: int | None = None, on_bad_row: str = "skip",
     hub: str | None = None, split: str = "train",
 ) -> list[MathExample]:
-    """Read a .jsonl / .json (list of objects) / .parquet file of math problems.
+    """Read a .jsonl / .json (list of objects) / .parquet file, or ``hub`` (:func:`load_math_hub`).
 
-    ``name``: ``MathExample.source``, default ``default_name(path)``. ``problem_field`` /
-    ``answer_field``: dotted paths (``answer_field="boxed:<path>"``: the last ``\\boxed{}`` of a
-    field), default auto-detected. ``limit``: the first examples only (rows after are not read).
-    Bad rows are ``on_bad_row="skip"``ped (one warning) or ``"raise"`` a :class:`DataError`, as
-    does a file that is missing, unparsable, of an unknown extension or without a usable row.
-    ``hub`` (with ``split``) instead of ``path``: a hub data set, read by :func:`load_math_hub`.
+    ``answer_field="boxed:<path>"``: the last ``\\boxed{}`` of a field. ``limit``: rows after it are
+    not read. A bad file, or a bad row with ``on_bad_row="raise"``, is a :class:`DataError`.
     """
     if (path is None) == (hub is None):
         raise ValueError(f"give a file path or a hub data set, not both or neither "
@@ -349,8 +325,7 @@ def load_math_file(
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     source = name if name is not None else default_name(path)
-    cols = _columns_needed(problem_field, answer_field)
-    rows = _read_parquet(path, cols) if reader is _read_parquet else reader(path)
+    rows = reader(path, _columns_needed(problem_field, answer_field)) if reader is _read_parquet else reader(path)
     return _examples(rows, str(path), source, problem_field, answer_field, limit, on_bad_row)
 
 
@@ -364,11 +339,7 @@ def _hub_where(hub: str, subset: str | None, split: str, data_files: Any) -> str
 
 
 def _plain_files(data_files: Any) -> Any:
-    """``data_files`` as ``datasets`` takes it: strings, lists and dicts (not OmegaConf nodes)."""
-    from omegaconf import OmegaConf
-
-    if OmegaConf.is_config(data_files):
-        data_files = OmegaConf.to_container(data_files, resolve=True)
+    """``data_files`` as ``datasets`` takes it: strings, not paths."""
     if isinstance(data_files, Path):
         return str(data_files)
     if isinstance(data_files, (list, tuple)):
@@ -376,19 +347,11 @@ def _plain_files(data_files: Any) -> Any:
     return data_files
 
 
-def _hub_name(hub: str, data_files: Any) -> str:
-    """The default ``MathExample.source``: the file's (one local file) or the data set's name."""
-    if isinstance(data_files, (str, Path)):
-        return default_name(data_files)
-    return hub.rstrip("/").rsplit("/", 1)[-1]
-
-
 def _read_hub(
     hub: str, subset: str | None, split: str, data_files: Any, revision: str | None,
     columns: set[str], where: str,
 ) -> Rows:
-    """The rows of ``datasets.load_dataset(hub, subset, split=..., data_files=...)``, only the
-    columns the field mapping can touch."""
+    """The rows of ``datasets.load_dataset``, only the columns the field mapping can touch."""
     try:
         import datasets
 
@@ -407,13 +370,9 @@ def load_math_hub(
     revision: str | None = None, name: str | None = None, problem_field: str | None = None,
     answer_field: str | None = None, limit: int | None = None, on_bad_row: str = "skip",
 ) -> list[MathExample]:
-    """Read a data set of the Hugging Face hub (``hub="HuggingFaceH4/MATH-500", split="test"``)
-    with ``datasets.load_dataset``; ``hub="parquet"`` / ``"json"`` with ``data_files`` reads local
-    files through the same call. ``subset``: the data set's configuration; ``revision``: a commit
-    or tag. Fields, ``limit`` and bad rows as :func:`load_math_file`; errors name the data set
-    (and the row). ``name`` defaults to the local file's name, else the data set's. Downloads
-    are cached by ``datasets`` (``HF_DATASETS_CACHE``); ``HF_HUB_OFFLINE=1`` reads the cache only.
-    """
+    """Read a hub data set (``hub="HuggingFaceH4/MATH-500", split="test"``) with ``datasets.load_dataset``,
+    or local files (``hub="parquet"`` / ``"json"`` with ``data_files``). Fields and bad rows as
+    :func:`load_math_file`; ``name`` defaults to the local file's name, else the data set's."""
     _check_options(on_bad_row, limit)
     data_files = _plain_files(data_files)
     where = _hub_where(hub, subset, split, data_files)
@@ -421,5 +380,6 @@ def load_math_hub(
         raise DataError(f"{where}: the {hub!r} builder needs data_files (the local files to read)")
     columns = _columns_needed(problem_field, answer_field)
     rows = _read_hub(hub, subset, split, data_files, revision, columns, where)
-    source = name if name is not None else _hub_name(hub, data_files)
-    return _examples(rows, where, source, problem_field, answer_field, limit, on_bad_row, "data set")
+    if name is None:
+        name = default_name(data_files) if isinstance(data_files, str) else hub.rstrip("/").rsplit("/", 1)[-1]
+    return _examples(rows, where, name, problem_field, answer_field, limit, on_bad_row, "data set")

@@ -1,22 +1,11 @@
-"""Grade boxed answers against gold answers: normalise, fast path, then math-verify in workers.
+"""Grade boxed answers against gold answers: normalise (``clean_answer``), decide the common cases
+in-process (``quick_verdict``: identical strings, two plain numbers), then math-verify in worker
+processes, killed past the per-answer timeout: sympy can hang on ``9^{9^{9^9}}``, a training step must
+not (math-verify's own ``signal.alarm`` timeouts work in the main thread only).
 
-* ``clean_answer`` rewrites notation that math-verify misreads or that differs only cosmetically
-  (thousands separators, ``\\%``, ``^\\circ``, ``\\dfrac``, trailing units, ``a<x<b``, ``4.5e33``).
-* ``quick_verdict`` decides the common cases (identical strings, two plain numbers) in the main
-  process, with no IPC and no sympy: most RL rollouts end in a plain number.
-* Everything else goes to math-verify in persistent worker processes. Its own timeouts use
-  ``signal.alarm`` (main thread only), so they are off and a worker that overruns the per-answer
-  timeout is killed and replaced: sympy can hang on ``9^{9^{9^9}}``, a training step must not.
-
-Conventions:
-
-* Gold is compared first (``verify(gold, answer)``); math-verify then accepts ``x=3`` for ``3``.
-* Bare comma lists are unordered sets (``1, 2`` equals ``2, 1``), as MATH asks for "all
-  solutions"; tuples in parentheses are ordered (``(1,2)`` is not ``(2,1)``).
-* Percent signs are dropped: ``62.5\\%`` equals ``62.5`` but not ``0.625``.
-* Units in trailing ``\\text{}`` / ``\\mbox{}`` / ``\\mathrm{}`` are dropped (``5\\text{ cm}`` is ``5``).
-* Two plain numbers are compared exactly (``025`` equals ``25``, ``27.0`` equals ``27``; no
-  rounding tolerance).
+Conventions: gold first (``verify(gold, answer)``: ``x=3`` equals ``3``); bare comma lists are sets,
+parenthesised tuples ordered; ``62.5\\%`` equals ``62.5``, not ``0.625``; trailing ``\\text{}`` units
+are dropped; two plain numbers compare exactly (``025`` is ``25``, ``27.0`` is ``27``, no tolerance).
 """
 
 from __future__ import annotations
@@ -64,11 +53,9 @@ _GREATER = re.compile(r"\\gt(?![A-Za-z])")
 # The middle of `a<x<b`: a variable, optionally applied to a variable (`-80\le g(x)\le 82`).
 _VARIABLE = r"[A-Za-z](?:\(\s*[A-Za-z]\s*\))?"
 _CHAINED = re.compile(
-    rf"^(?P<low>[^<>≤≥=]+?)\s*(?P<op1>[<≤])\s*{_VARIABLE}\s*(?P<op2>[<≤])\s*(?P<high>[^<>≤≥=]+)$"
-)
+    rf"^(?P<low>[^<>≤≥=]+?)\s*(?P<op1>[<≤])\s*{_VARIABLE}\s*(?P<op2>[<≤])\s*(?P<high>[^<>≤≥=]+)$")
 _CHAINED_REVERSED = re.compile(
-    rf"^(?P<high>[^<>≤≥=]+?)\s*(?P<op1>[>≥])\s*{_VARIABLE}\s*(?P<op2>[>≥])\s*(?P<low>[^<>≤≥=]+)$"
-)
+    rf"^(?P<high>[^<>≤≥=]+?)\s*(?P<op1>[>≥])\s*{_VARIABLE}\s*(?P<op2>[>≥])\s*(?P<low>[^<>≤≥=]+)$")
 _ONE_SIDED = re.compile(rf"^{_VARIABLE}\s*(?P<op>[<>≤≥])\s*(?P<bound>[^<>≤≥=]+)$")
 _ONE_SIDED_FLIPPED = re.compile(rf"^(?P<bound>[^<>≤≥=]+?)\s*(?P<op>[<>≤≥])\s*{_VARIABLE}$")
 _FRAC_SHORTHAND = re.compile(r"\\frac\s*(\d|\{[^{}]*\})\s*(\d|\{[^{}]*\})")
@@ -102,7 +89,6 @@ def clean_answer(text: str) -> str:
 
 
 def _strip_outer_delimiters(s: str) -> str:
-    """Drop display/inline math delimiters around the whole answer: ``\\(..\\)`` and ``\\[..\\]``."""
     for open_, close in (("\\(", "\\)"), ("\\[", "\\]")):
         if s.startswith(open_) and s.endswith(close):
             return s[len(open_) : -len(close)].strip()
@@ -199,8 +185,7 @@ def math_verify_equivalent(gold: str, answer: str) -> bool:
 
 
 def _boxed(cleaned: str) -> str:
-    # math-verify's LaTeX extractor finds a boxed answer most reliably, and the box makes a bare
-    # `025` or `\frac{1}{2}` an answer rather than text to search for one.
+    """Boxed, a bare ``025`` is an answer to math-verify rather than text to search for one."""
     return f"$\\boxed{{{cleaned}}}$"
 
 
@@ -246,9 +231,7 @@ def _worker_main(conn: Connection, compare_fn: CompareFn, owner: Owner) -> None:
 class _Worker:
     """One grading process and the task it is running (if any)."""
 
-    def __init__(
-        self, ctx: mp.context.BaseContext, compare_fn: CompareFn, startup_timeout_s: float
-    ):
+    def __init__(self, ctx: mp.context.BaseContext, compare_fn: CompareFn, startup_timeout_s: float):
         self.conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(
             target=_worker_main, args=(child_conn, compare_fn, this_owner()), daemon=True,
@@ -283,16 +266,10 @@ class _Worker:
 class MathGrader:
     """Score responses 1.0 / 0.0 by their last boxed answer, with a hard per-answer timeout.
 
-    ``num_workers`` persistent 'spawn' processes (safe after torch started threads) run
-    ``compare_fn(gold, answer)`` (picklable, top-level) for the pairs ``quick_verdict`` cannot
-    settle; they start at ``start()`` or first use and stop in ``close()``. An answer slower than
-    ``timeout_s`` scores 0 with ``timed_out=True`` and its worker is replaced (the replacement's
-    start-up, seconds, does not count against ``timeout_s``). ``num_workers=0`` grades in-process
-    with NO timeout: for debugging only. A worker exits by itself when the process that started it
-    dies, however it dies, and starts without re-running ``__main__`` (``utils/lifetime.py``).
-
-    ``reasoning_end`` (e.g. ``"</think>"``): only the text after its last occurrence is graded; a
-    response without it scores 0 with ``unclosed_reasoning=True`` (``reward/answer_span.py``).
+    ``num_workers`` 'spawn' processes (safe after torch started threads) run ``compare_fn`` for what
+    ``quick_verdict`` cannot settle; one slower than ``timeout_s`` scores 0 (``timed_out``) and is
+    replaced. ``num_workers=0`` grades in-process with NO timeout: for debugging only. A worker exits
+    when its starter dies (``utils/lifetime.py``). ``reasoning_end``: see ``reward/answer_span.py``.
     """
 
     def __init__(
@@ -303,17 +280,11 @@ class MathGrader:
         startup_timeout_s: float = 120.0,
         reasoning_end: str | None = None,
     ):
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if num_workers > 0:
             try:  # fail here, not at the first grade() deep inside a training step
                 pickle.dumps(compare_fn)
             except Exception as exc:
-                raise ValueError(
-                    f"compare_fn must be a picklable top-level function: {exc}"
-                ) from exc
+                raise ValueError(f"compare_fn must be a picklable top-level function: {exc}") from exc
         self.timeout_s = timeout_s
         self.num_workers = num_workers
         self.compare_fn = compare_fn
@@ -357,9 +328,7 @@ class MathGrader:
             for i, (verdict, timed_out, error) in zip(slow, self._compare_many(tasks), strict=True):
                 self.stats["timeouts"] += timed_out
                 self.stats["errors"] += error is not None
-                results[i] = GradeResult(
-                    float(verdict), extracted[i], True, timed_out=timed_out, error=error
-                )
+                results[i] = GradeResult(float(verdict), extracted[i], True, timed_out=timed_out, error=error)
         self.stats["graded"] += len(responses)
         return results  # type: ignore[return-value]
 
@@ -411,7 +380,7 @@ class MathGrader:
 
     def _fill_pool(self) -> None:
         while len(self._workers) < self.num_workers:
-            self._workers.append(self._spawn())
+            self._workers.append(_Worker(self._ctx, self.compare_fn, self.startup_timeout_s))
 
     def _run_tasks(self, tasks: list[tuple[str, str]]) -> list[tuple[bool, bool, str | None]]:
         """Hand tasks one at a time to idle workers; kill any worker that overruns its deadline.
@@ -431,9 +400,7 @@ class MathGrader:
                 break  # a replacement may still be starting; the next call picks it up
             waiting = [w for w in self._workers if w.task is not None or not w.ready]
             next_deadline = min(w.deadline for w in waiting)
-            ready_conns = wait(
-                [w.conn for w in waiting], max(0.0, next_deadline - time.monotonic())
-            )
+            ready_conns = wait([w.conn for w in waiting], max(0.0, next_deadline - time.monotonic()))
             for slot, worker in enumerate(self._workers):
                 if worker.conn in ready_conns:
                     self._receive(slot, worker, results)
@@ -470,7 +437,4 @@ class MathGrader:
 
     def _replace(self, slot: int) -> None:
         self._workers[slot].kill()
-        self._workers[slot] = self._spawn()
-
-    def _spawn(self) -> _Worker:
-        return _Worker(self._ctx, self.compare_fn, self.startup_timeout_s)
+        self._workers[slot] = _Worker(self._ctx, self.compare_fn, self.startup_timeout_s)
