@@ -78,7 +78,6 @@ def kl_cov_loss(
 ) -> PolicyLossOutput:
     """``-A * ratio`` (no clipping, as in verl) plus ``ppo_kl_coef * |logp - old_logp|`` on the
     ``max(1, int(kl_cov_ratio * tokens))`` tokens of largest covariance."""
-
     if kl_cov_ratio <= 0 or ppo_kl_coef < 0:
         raise ValueError(f"kl_cov needs kl_cov_ratio > 0 and ppo_kl_coef >= 0, got {kl_cov_ratio}, {ppo_kl_coef}")
     adv = per_token(advantages, logp)

@@ -12,7 +12,6 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
     """Per-token KL(pi || ref) from tokens sampled from pi: ``k1`` unbiased, high variance; ``k2``
     biased, low variance; ``k3`` unbiased and >= 0, its log-ratio clamped to [-20, 20] and the
     estimate to [-10, 10] as verl's ``low_var_kl``, so one rare token cannot blow up."""
-
     k = KL_ALIASES.get(kind)
     if k is None:
         raise ValueError(f"unknown KL estimator {kind!r}; valid: {sorted(KL_ALIASES)}")

@@ -255,7 +255,6 @@ def per_token(advantages: Tensor, like: Tensor) -> Tensor:
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Mean of ``x`` weighted by ``mask``: 0 (finite gradients) where it sums to 0; NaN/inf at
     masked-out positions are ignored."""
-
     m = mask.to(x.dtype) if x.is_floating_point() else mask.float()
     num = (torch.where(m != 0, x, 0) * m).sum(dim)
     den = m.sum(dim)

@@ -74,7 +74,6 @@ def lp_reg_loss(
 ) -> PolicyLossOutput:
     """The clipped surrogate, except on the lowest ``bottom_frac`` of negative-advantage tokens by
     log-prob with ``logp < proxy_logp``: ``-A * ratio + beta * k3(logp, proxy_logp)``, unclipped."""
-
     if not 0 < bottom_frac <= 1 or beta < 0:
         raise ValueError(f"lp_reg needs 0 < bottom_frac <= 1 and beta >= 0, got {bottom_frac}, {beta}")
     base = clipped_surrogate(logp, old_logp, advantages, mask, clip_low=clip_low, clip_high=clip_high,

@@ -134,7 +134,6 @@ def clipped_surrogate(
     """Per-token PPO loss ``max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))``; a larger
     ``clip_high`` (DAPO) lets rare tokens grow, against entropy collapse; ``dual_clip`` (> 1) caps
     an ``A < 0`` token's loss at ``-A * dual_clip``, so one huge ratio cannot dominate the update."""
-
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
     adv = per_token(advantages, logp)

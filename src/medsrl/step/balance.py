@@ -1,21 +1,12 @@
-"""Balanced ranks: once the step's batch is filled, whole groups are re-dealt across ranks so that
-every rank scores and updates about the same number of tokens (verl's ``_balance_batch``, by groups
-instead of sequences). Without it, DAPO's fill leaves the last round's groups on the low ranks
-(``plugins/host.py`` ``batch_share``) and the other ranks wait for them in every collective.
+"""Balanced ranks: the step's filled batch is re-dealt across ranks by whole groups, so that every
+rank scores and updates about as many tokens (verl's ``_balance_batch``, by groups); else DAPO's
+fill leaves the last round's groups on the low ranks and the others wait in every collective.
 
-Every rank computes the same deal from every rank's ``(origin, tokens)`` list (one all-gather),
-and only the groups that change rank travel (a second all-gather, skipped when none does). One
-process must still be the run of N ranks, so nothing may depend on which rank holds a group:
-
-- the step's global order of groups is their ``Group.origin`` (round, prompt position: the order
-  one process samples and keeps them in), each group keeps its place in it (``Group.index``,
-  ``StepRollouts.group_index``) and each rank holds its groups in that order;
-- the update takes group ``i`` in mini-batch update ``i mod U`` (``step/schedule.py``), as one
-  process strides its groups; the deal is made per update (:func:`deal`), so each update, a
-  synchronisation point, is balanced on its own;
-- the plug-ins' commits apply every rank's additions in that order (:func:`in_step_order`: the
-  MEDS memory and the R3 history get one process's insertion order);
-- the ranks' group counts stay within one of each other (the metrics are means over ranks).
+Every rank computes the same deal from one all-gather of ``(origin, tokens)``; only moved groups
+travel. N ranks must still be one process's run: groups keep their place in the step's order
+(``Group.origin``, ``Group.index``), update ``i mod U`` takes group ``i`` (``step/schedule.py``)
+and is dealt on its own (:func:`deal`), plug-ins commit in that order (:func:`in_step_order`),
+and the ranks' group counts stay within one (the metrics are means over ranks).
 """
 
 from __future__ import annotations
@@ -31,8 +22,7 @@ if TYPE_CHECKING:
 
 
 def group_tokens(group: Group) -> int:
-    """What a group costs to score and update: its prompt once (the shared-prompt forward runs it
-    once for the rows that repeat it) and every response token."""
+    """What a group costs: its prompt once (the shared-prompt forward) and every response token."""
     if not len(group):
         return 0
     return len(group.rollout.prompt_ids[0]) + sum(len(r) for r in group.rollout.response_ids)
@@ -44,10 +34,9 @@ def num_updates(num_groups: int, per_update: int | None) -> int:
 
 
 def equal_size_partition(weights: Sequence[int], parts: int) -> list[list[int]]:
-    """The indices of ``weights`` in ``parts`` sets whose sizes differ by at most one and whose
-    sums are close: Karmarkar-Karp's largest differencing with equal sizes (verl's
-    ``karmarkar_karp``). Zero-weight fillers make the count a multiple of ``parts`` and are dropped
-    at the end. Ties go by index, so every rank computes the same sets; each set ascending."""
+    """The indices of ``weights`` in ``parts`` sets of sizes within one and close sums:
+    Karmarkar-Karp's largest differencing with equal sizes (verl's ``karmarkar_karp``), zero-weight
+    fillers dropped at the end. Ties go by index, so every rank computes the same sets."""
     if parts < 1:
         raise ValueError(f"equal_size_partition: {parts} parts")
     n = len(weights)
@@ -75,12 +64,9 @@ def _state(sets: list[tuple[int, list[int]]], tie: int) -> tuple[int, int, list[
 
 
 def deal(tokens: Sequence[int], holder: Sequence[int], world: int, updates: int, slack: float = 0.02) -> list[int]:
-    """The rank of each of the step's groups (``tokens`` and ``holder``, the rank that has it now,
-    in the step's order), dealt per update ``k`` (groups ``k, k + U, ...``, as the update schedule
-    takes them) so that the ranks' group counts stay within one: the holding evened by moves and
-    swaps (:func:`even_out`: few groups travel), unless Karmarkar-Karp's partition
-    (:func:`equal_size_partition`) makes that update's heaviest rank lighter by more than ``slack``
-    of the mean (then its sets, each to the rank that holds most of its tokens)."""
+    """The rank of each of the step's groups (``holder``: where it is now), dealt per update ``k``
+    (groups ``k, k + U, ...``) with counts within one: :func:`even_out` (few groups travel), unless
+    Karmarkar-Karp's sets make the heaviest rank lighter by more than ``slack`` of the mean."""
     n = len(tokens)
     rank_of = list(holder)
     counts = [0] * world
@@ -95,7 +81,7 @@ def deal(tokens: Sequence[int], holder: Sequence[int], world: int, updates: int,
         sets = [[members[j] for j in s] for s in equal_size_partition([tokens[i] for i in members], world)]
         kk = _hand_out(sets, tokens, holder, target)
         margin = slack * sum(tokens[i] for i in members) / world
-        if max(_loads(members, tokens, kk, world)) < max(_loads(members, tokens, mine, world)) - margin:
+        if max(_loads(tokens, kk, world, members)) < max(_loads(tokens, mine, world, members)) - margin:
             mine = kk
         for i in members:
             rank_of[i] = mine[i]
@@ -105,10 +91,9 @@ def deal(tokens: Sequence[int], holder: Sequence[int], world: int, updates: int,
 
 
 def even_out(members: list[int], tokens: Sequence[int], holder: Sequence[int], target: list[int]) -> dict[int, int]:
-    """``members`` evened out from where they are (``holder``) to ``target`` groups per rank: a
-    rank over its count gives the group that best evens it with the lightest rank under its
-    count, then the heaviest and lightest ranks swap the pair that most narrows their gap, while
-    one does (each swap lowers the sum of squared loads, so it ends). Ties by index."""
+    """``members`` moved from ``holder`` to ``target`` groups per rank: a rank over its count gives
+    the group that best evens it with the lightest rank under its count, then the heaviest and
+    lightest ranks swap the pair that most narrows their gap while one does (so it ends)."""
     world = len(target)
     own: list[list[int]] = [[i for i in members if holder[i] == r] for r in range(world)]
     load = [sum(tokens[i] for i in own[r]) for r in range(world)]
@@ -148,26 +133,24 @@ def _hand_out(sets: list[list[int]], tokens: Sequence[int], holder: Sequence[int
     return out
 
 
-def _loads(members: list[int], tokens: Sequence[int], assign: dict[int, int], world: int) -> list[int]:
+def _loads(tokens: Sequence[int], rank_of: Any, world: int, members: Sequence[int] | None = None) -> list[int]:
     loads = [0] * world
-    for i in members:
-        loads[assign[i]] += tokens[i]
+    for i in range(len(tokens)) if members is None else members:
+        loads[rank_of[i]] += tokens[i]
     return loads
 
 
 def imbalance(tokens: Sequence[int], rank_of: Sequence[int], world: int) -> float:
     """Max over mean of the ranks' tokens (1: balanced; 1 with no tokens)."""
-    loads = [0] * world
-    for t, r in zip(tokens, rank_of, strict=True):
-        loads[r] += t
+    loads = _loads(tokens, rank_of, world)
     total = sum(loads)
     return max(loads) * world / total if total else 1.0
 
 
 def balance_groups(groups: list[Group], per_update: int | None,
                    gather: Callable[[Any], list[Any]] = all_gather_objects) -> tuple[list[Group], dict[str, float]]:
-    """This rank's groups of the step's batch after the deal, in the step's order, each with its
-    ``index``; and the deal's metrics. In one process: the same groups in the step's order."""
+    """This rank's groups after the deal, in the step's order, each with its ``index``; and the
+    deal's metrics."""
     rank = rank_and_size()[0]
     per_rank = gather([(g.origin, group_tokens(g)) for g in groups])
     where = [(q, j) for q, mine in enumerate(per_rank) for j in range(len(mine))]  # rank order
@@ -195,9 +178,8 @@ def balance_groups(groups: list[Group], per_update: int | None,
 
 
 class InStepOrder(list):
-    """A rank's plug-in additions with each item's place in the step's global order (``keys[i]``
-    for item ``i``, None where unknown), so that ``commit`` can apply every rank's additions in
-    the order one process would (:func:`in_step_order`), whichever rank holds a group."""
+    """A rank's plug-in additions with each item's place in the step's order (``keys``, None where
+    unknown), so that ``commit`` applies every rank's additions as one process would."""
 
     def __init__(self, items=(), keys=()) -> None:
         super().__init__(items)
@@ -207,8 +189,7 @@ class InStepOrder(list):
 
 
 def in_step_order(per_rank: list[list]) -> list:
-    """Every rank's additions as one list: by their step-order keys when every item has one (see
-    :class:`InStepOrder`), else in rank order as given."""
+    """Every rank's additions as one list: by their step-order keys when all have one, else in rank order."""
     keyed = all(isinstance(part, InStepOrder) and None not in part.keys for part in per_rank)
     if not keyed:
         return [item for part in per_rank for item in part]

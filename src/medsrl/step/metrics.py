@@ -16,9 +16,8 @@ from medsrl.utils.distributed import all_reduce_sum
 
 
 class PhaseTimer:
-    """Wall time per phase of a step (summed over its runs); on CUDA also the allocator's peak
-    inside it and the device's use at its end as the driver sees it (vLLM's included), both the
-    largest over its runs. Phases may nest: an outer phase's peak includes its inner ones'."""
+    """Wall time per phase of a step (summed over its runs); on CUDA also the allocator's peak and
+    the device's use at its end (vLLM's included), the largest over its runs. Phases may nest."""
 
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
@@ -57,8 +56,7 @@ class PhaseTimer:
 
 
 class PromptVisits:
-    """How many times each prompt key was sampled (per-prompt methods act on prompts that come
-    back); every rank counts the whole step's prompts, so the counts agree."""
+    """How many times each prompt key was sampled; every rank counts the whole step's prompts."""
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
@@ -85,8 +83,7 @@ class PromptVisits:
 
 
 def shaping_metrics(algo, inputs, rollouts: StepRollouts, advantages: torch.Tensor) -> dict[str, float]:
-    """``shaping/adv_change_frac``: the share of the policy-gradient signal that reward and
-    advantage shaping rewrote (``algo.advantage_change_fraction``)."""
+    """``shaping/adv_change_frac``: the share of the policy-gradient signal that shaping rewrote."""
     unshaped = dataclasses.replace(inputs, scores=rollouts.reward, terms=rollouts.unshaped_terms())
     base = compute_advantages(algo.advantage, unshaped, **algo.advantage_options)
     return {"shaping/adv_change_frac": advantage_change_fraction(advantages, base, rollouts.packed.response_mask)}

@@ -16,10 +16,9 @@ def plan_micro_batches(
     max_rows: int,
     max_tokens: int | None = None,
 ) -> list[torch.Tensor]:
-    """The micro-batches of ``rows`` (indices into the packed batch): runs of ``max_rows`` in
-    order, or with ``max_tokens``, longest first up to ``max_rows`` rows or ``max_tokens`` padded
-    tokens (a row over it alone). Rows keep their order inside one, so a prompt's responses stay
-    adjacent (the scoring forward shares the prompt)."""
+    """The micro-batches of ``rows``: runs of ``max_rows`` in order, or with ``max_tokens``, longest
+    first up to ``max_rows`` rows or ``max_tokens`` padded tokens (a row over it alone). Rows keep
+    their order inside one, so a prompt's responses stay adjacent (the shared-prompt forward)."""
     if max_rows < 1:
         raise ValueError(f"micro-batch max_rows must be >= 1, got {max_rows}")
     if max_tokens is not None and max_tokens < 1:
@@ -49,8 +48,7 @@ def plan_micro_batches(
 def padding_fraction(
     batches: list[torch.Tensor], prompt_lengths: torch.Tensor, response_lengths: torch.Tensor
 ) -> float:
-    """The share of padding in the token slots (rows x longest prompt + longest response) of
-    ``batches``."""
+    """The share of padding in the token slots (rows x longest prompt + longest response)."""
     real = slots = 0
     for rows in batches:
         if len(rows) == 0:

@@ -1,7 +1,5 @@
 """The rollouts of one RL step: the graded groups before packing (:class:`Group`, which plug-ins
-may filter or extend), the packed batch after (:class:`StepRollouts`, rewards and weights theirs
-to change).
-"""
+may filter or extend), the packed batch after (:class:`StepRollouts`, whose rewards they shape)."""
 
 from __future__ import annotations
 
@@ -30,10 +28,9 @@ class Group:
     grades: list[GradeResult]
     source: list[str]
     kept_by: str | None = None  # a plug-in that gives this zero-spread group a signal (R3)
-    # (round, position of its prompt among the round's prompts): where one process samples it, on
-    # any number of ranks, so the step's global order of groups (step/balance.py)
+    # (round, its prompt's position in the round): the step's order of groups on any number of ranks
     origin: tuple[int, int] | None = None
-    index: int | None = None  # its place in the step's batch over all ranks (step/balance.py); None: not in it
+    index: int | None = None  # its place in the step's batch over all ranks (step/balance.py)
 
     def __len__(self) -> int:
         return len(self.rollout)
@@ -50,12 +47,12 @@ class Group:
 
     @property
     def trainable(self) -> bool:
-        """Worth training on: its accuracy has spread, or a plug-in (``kept_by``) will shape its
-        scores apart (R3's ranking of an all-wrong group). What DAPO's filter keeps."""
+        """What DAPO's filter keeps: its accuracy has spread, or a plug-in (``kept_by``) will shape
+        its scores apart (R3's ranking of an all-wrong group)."""
         return self.has_spread or self.kept_by is not None
 
     def add_rows(self, rows: RolloutBatch, grades: list[GradeResult], source: str) -> None:
-        """Append ``rows`` (one group's worth) graded ``grades``, tagged ``source``."""
+        """Append ``rows`` graded ``grades``, tagged ``source``."""
         if len(rows) != len(grades):
             raise ValueError(f"add_rows: {len(rows)} rows but {len(grades)} grades")
         self.rollout = RolloutBatch.concat_groups([self.rollout, rows])
@@ -66,8 +63,8 @@ class Group:
 
 def split_groups(prompts: list[Prompt], rollout: RolloutBatch, grades: list,
                  origin: tuple[int, int] | None = None) -> list[Group]:
-    """One :class:`Group` per prompt of a generated batch, in prompt order; ``origin``: (round,
-    position of ``prompts[0]`` in the round's prompts), so the groups' origins count on from it."""
+    """One :class:`Group` per prompt of a generated batch, in prompt order; ``origin``: that of
+    ``prompts[0]``, the others' counting on from it."""
     rows_of: dict[int, list[int]] = {}
     for i, p in enumerate(rollout.prompt_index):
         rows_of.setdefault(p, []).append(i)
@@ -80,10 +77,9 @@ def split_groups(prompts: list[Prompt], rollout: RolloutBatch, grades: list,
 
 @dataclass
 class StepRollouts:
-    """Everything one step produced, one row per response (a group = one prompt's rows):
-    ``reward`` is graded (correctness plus terms such as overlong); ``scores`` adds shaping (MEDS)
-    and makes the advantages; ``terms`` are its named components (``correct`` first), for GDPO.
-    """
+    """Everything one step produced, one row per response: ``reward`` is graded (correctness plus
+    terms such as overlong); ``scores`` adds shaping (MEDS) and makes the advantages; ``terms``
+    are its named components (``correct`` first), for GDPO."""
 
     step: int
     stage: str | None
@@ -110,7 +106,7 @@ class StepRollouts:
 
     @classmethod
     def from_groups(cls, groups: list[Group], step: int, stage: str | None, pad_token_id: int, device) -> StepRollouts:
-        """Pack the step's groups (group ``g`` = ``groups[g]``) into one padded batch."""
+        """Pack the step's groups into one padded batch."""
         merged = RolloutBatch.concat_groups([g.rollout for g in groups])
         packed = pack_rollouts(merged.prompt_ids, merged.response_ids, pad_token_id)
         grades = [gr for g in groups for gr in g.grades]
@@ -131,7 +127,7 @@ class StepRollouts:
 
     @property
     def keys(self) -> list[str]:
-        """The stable prompt key of each response."""
+        """Each response's prompt key."""
         return [self.prompts[g].key for g in self.group_ids.tolist()]
 
     def add_reward(self, name: str, delta: torch.Tensor) -> None:
@@ -155,7 +151,7 @@ class StepRollouts:
 
 
 def _padded(rows: list[list[float]] | None, width: int, device) -> torch.Tensor | None:
-    """Ragged per-token values as ``[B, width]``, zero-padded (``None`` stays ``None``)."""
+    """Ragged per-token values as ``[B, width]``, zero-padded."""
     if rows is None:
         return None
     out = torch.zeros(len(rows), width, dtype=torch.float32)

@@ -1,15 +1,10 @@
-"""The distributed bookkeeping of a policy update. Each rank holds a contiguous run of the step's
-groups; the ranks agree on the number of mini-batch updates ``U`` (the step's groups over
-``algorithm.mini_batch_prompts``), and rank ``r``'s part of update ``k`` is its local groups
-``k, k + U, k + 2U, ...``, so every update has rows on every rank that holds at least ``U`` groups
-(verl gives each rank its share of each mini-batch; ranges of global groups would leave all but
-one rank idle in most updates). One process takes its groups in the same strided order, so N
-ranks whose group counts are multiples of ``U`` make one process's updates. Given the groups'
-places in the step's order (``global_index``: balanced ranks, ``step/balance.py``, which deals
-each update's groups over the ranks), group ``i`` goes to update ``i mod U``: one process's
-updates, whichever rank holds it. The ranks also agree
-on the global token and sequence counts, and under FSDP (every backward a collective) on the
-number of passes and a loss weight of the world size. The collectives are injected (tests).
+"""The distributed bookkeeping of a policy update. The ranks agree on the number of mini-batch
+updates ``U``, and a rank's part of update ``k`` is its local groups ``k, k + U, ...``, so every
+update has rows on every rank (as verl; ranges of global groups would leave most ranks idle), or,
+given the groups' places in the step (``global_index``, ``step/balance.py``), group ``i`` goes to
+update ``i mod U``: one process's updates. The ranks also agree on the global token and sequence
+counts, and under FSDP (every backward a collective) on the number of passes and a loss weight of
+the world size. The collectives are injected (tests).
 """
 
 from __future__ import annotations
@@ -80,9 +75,8 @@ class UpdateSchedule:
     def micro_batches(
         self, rows: torch.Tensor, prompt_lengths: torch.Tensor, response_lengths: torch.Tensor
     ) -> list[tuple[torch.Tensor, float]]:
-        """``(rows, loss weight)`` per forward/backward pass of a mini-batch
-        (``plan_micro_batches``). Under FSDP every rank runs as many passes as the busiest one
-        (the extra ones: row 0, weight 0) and a real pass weighs the world size, else 1."""
+        """``(rows, loss weight)`` per pass of a mini-batch. Under FSDP every rank runs as many
+        passes as the busiest (the extra ones: row 0, weight 0), a real one weighing the world size."""
         parts = plan_micro_batches(rows, prompt_lengths, response_lengths,
                                    max_rows=self.micro_batch_size, max_tokens=self.max_tokens)
         num = max(self._gather(len(parts))) if self.sharded else len(parts)

@@ -1,7 +1,5 @@
 """The forward passes over packed rollouts: response log-probs, and the one no-grad scoring pass,
-in which plug-ins take part through a per-micro-batch context (MEDS arms its hooks there) and
-per-token reducers that read each chunk of logits of the fused LM head.
-"""
+which plug-ins read through a per-micro-batch context (MEDS's hooks) and per-token reducers."""
 
 from __future__ import annotations
 
@@ -33,11 +31,9 @@ def response_logprobs(
     entropy_grad: bool = True,
     reducers: dict[str, TokenReducer] | None = None,
 ) -> HeadLogprobs:
-    """Log-prob ``[b, R]`` of each response token of ``rows`` (differentiable when grad is on),
-    and the entropy / reducer values asked for (``algo.logprobs.head_logprobs``). The LM head's
-    forward is swapped for the fused head inside the model's own forward, so under FSDP the loss
-    still hangs off the wrapped model's output and the head weight is used only while gathered.
-    """
+    """Log-prob ``[b, R]`` of each response token of ``rows``, and the entropy / reducer values
+    asked for. The fused head replaces the LM head's forward inside the model's own, so under FSDP
+    the loss hangs off the wrapped model's output and the head weight is used only while gathered."""
     reducers = reducers or {}
     names = list(reducers)
     head = output_head(model)
@@ -59,16 +55,9 @@ def response_logits(
     rows: slice | torch.Tensor,
     context: AbstractContextManager | None = None,
 ) -> torch.Tensor:
-    """Logits ``[b, R, V]`` of the response positions (``logits[:, t]`` predicts response token
-    t), for tests and tools. ``context`` wraps the one forward over the response columns. Two ways,
-    the same logits up to float rounding (docs/BENCHMARKS.md): consecutive rows with the same
-    prompt run it once, its KV cache expanded to every row; or all in full (no shared prompt,
-    FSDP's wrapper, gradient checkpointing). Padding columns all rows share are not run: on the
-    left (exact, with explicit position ids; MEDS's hooks shift their positions by those dropped)
-    and past their longest response (returned as zeros).
-    """
-    head = output_head(model)
-    plain = head.forward
+    """Logits ``[b, R, V]`` of the response positions (``logits[:, t]`` predicts token t), for
+    tests and tools, by :func:`_response_forward`."""
+    plain = output_head(model).forward
     return _response_forward(model, packed, rows, context, lambda hidden, labels: plain(hidden))
 
 
@@ -80,7 +69,11 @@ def _response_forward(
     head_output: HeadOutput,
 ) -> torch.Tensor:
     """``head_output`` ``[b, R, ...]`` of the hidden states predicting the response tokens of
-    ``rows`` (sliced by ``logits_to_keep`` before the head), by :func:`response_logits`'s ways."""
+    ``rows``; ``context`` wraps the forward over the response columns. Consecutive rows with the
+    same prompt run it once, its KV cache expanded to every row, else all run in full (FSDP's
+    wrapper, gradient checkpointing): the same up to float rounding. Padding columns all rows
+    share are not run: on the left (exact, with explicit position ids; MEDS's hooks shift their
+    positions) and past their longest response (returned as zeros)."""
     P = packed.prompt_length
     end = packed.columns_end(rows)  # the right padding all these rows share is not run
     resp_len, dropped = end - P, packed.response_length - (end - P)
@@ -116,32 +109,29 @@ def _response_forward(
 
 
 def _pad_columns(out: torch.Tensor, count: int) -> torch.Tensor:
-    """``out`` ``[b, r, ...]`` with ``count`` zero columns appended (the trimmed right padding)."""
+    """``out`` ``[b, r, ...]`` with ``count`` zero columns appended."""
     if count == 0:
         return out
     return torch.nn.functional.pad(out, (0, 0) * (out.dim() - 2) + (0, count))
 
 
 def output_head(model) -> torch.nn.Module:
-    """The LM head module of a causal LM (sharded or not: FSDP2 keeps the model itself). Models that
-    transform the logits after the head (soft-capping, scaling) are refused: the fused head
-    returns log-probs, not logits, so that transform would be applied to the wrong numbers."""
-    inner = model
-    config = getattr(inner, "config", None)
+    """The LM head of a causal LM. A transform of the logits after it (soft-capping, scaling) is
+    refused: the fused head returns log-probs, so it would apply to the wrong numbers."""
+    config = getattr(model, "config", None)
     for key in ("final_logit_softcapping", "logit_scale"):
         if getattr(config, key, None) not in (None, 1, 1.0):
-            raise ValueError(f"{type(inner).__name__}: {key}={getattr(config, key)} is applied after the "
+            raise ValueError(f"{type(model).__name__}: {key}={getattr(config, key)} is applied after the "
                              "LM head; the fused log-prob head does not support it")
-    head = inner.get_output_embeddings()
+    head = model.get_output_embeddings()
     if head is None or not isinstance(getattr(head, "weight", None), torch.Tensor):
-        raise ValueError(f"{type(inner).__name__} has no LM head with a weight (get_output_embeddings())")
+        raise ValueError(f"{type(model).__name__} has no LM head with a weight (get_output_embeddings())")
     return head
 
 
 @contextmanager
 def _head_forward_as(head: torch.nn.Module, forward: Callable) -> Iterator[None]:
-    """``head``'s forward is ``forward`` for the block: an instance attribute shadows the class's
-    method, and ``nn.Module.__call__`` still runs the module's hooks around it."""
+    """``head``'s forward is ``forward`` for the block (an instance attribute; hooks still run)."""
     missing = object()
     before = head.__dict__.get("forward", missing)
     head.forward = forward
@@ -155,8 +145,7 @@ def _head_forward_as(head: torch.nn.Module, forward: Callable) -> Iterator[None]
 
 
 def _prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Runs of consecutive rows with the same (left-padded) prompt: the first row of each run,
-    and each row's run index."""
+    """The first row of each run of rows with the same (left-padded) prompt, and each row's run."""
     new = torch.ones(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
     if prompt_ids.shape[0] > 1:
         new[1:] = (prompt_ids[1:] != prompt_ids[:-1]).any(dim=1) | (prompt_mask[1:] != prompt_mask[:-1]).any(dim=1)
@@ -181,10 +170,9 @@ def scoring_pass(
     reducers: dict[str, TokenReducer] | None = None,
     microbatch_context: Callable[[torch.Tensor], AbstractContextManager] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """No-grad log-probs ``[B, R]`` of the response tokens, plus each reducer's ``[B, R]`` (mask
-    them with the response mask); ``microbatch_context(rows)`` wraps the forward of ``rows``.
-    ``model`` is the module the update trains (under FSDP its wrapper: the same bf16 gathered
-    weights, so the first update starts at ratio 1), every rank running as many passes."""
+    """No-grad log-probs ``[B, R]`` of the response tokens, plus each reducer's ``[B, R]``;
+    ``microbatch_context(rows)`` wraps the forward of ``rows``. ``model``: the module the update
+    trains (under FSDP its wrapper: the first update starts at ratio 1)."""
     reducers = reducers or {}
     B = packed.input_ids.shape[0]
     batches = scoring_micro_batches(packed, micro_batch_size, max_tokens)
@@ -223,8 +211,7 @@ def scoring_micro_batches(packed: PackedRollouts, micro_batch_size: int, max_tok
 
 
 def padding_metrics(packed: PackedRollouts, micro_batch_size: int, max_tokens: int | None) -> dict[str, float]:
-    """The share of padding in the step's packed batch (every row as wide as the longest prompt
-    plus the longest response) and in the scoring forward's micro-batches."""
+    """The share of padding in the step's packed batch and in the scoring forward's micro-batches."""
     lengths = packed.prompt_lengths, packed.response_lengths
     planned = scoring_micro_batches(packed, micro_batch_size, max_tokens)
     packed_slots = packed.input_ids.shape[0] * (packed.prompt_length + packed.response_length)
@@ -235,9 +222,8 @@ def padding_metrics(packed: PackedRollouts, micro_batch_size: int, max_tokens: i
 
 
 def scoring_forward_needed(algo, plugins, reducers: dict, engine_logprobs: bool) -> bool:
-    """Whether a step must run :func:`scoring_pass` before its update: not when on-policy (one
-    PPO epoch, one mini-batch: old log-probs are the update's own, detached, as in TRL and verl)
-    and no plug-in, token stat or engine log-prob comparison reads it (docs/BENCHMARKS.md)."""
+    """Whether a step must run :func:`scoring_pass`: not when on-policy (old log-probs are the
+    update's own, detached, as TRL and verl) and nothing reads it (docs/BENCHMARKS.md)."""
     on_policy = algo.ppo_epochs == 1 and algo.mini_batch_prompts is None
     readers = [p for p in plugins if p.reads_scoring_forward]
     return not on_policy or bool(readers or reducers or engine_logprobs)

@@ -1,9 +1,6 @@
-"""The policy update of one step: PPO epochs x mini-batches (whole groups) x micro-batches.
-
-A micro-batch's loss is the registered policy loss times the plug-ins' loss weights, aggregated
-with the mini-batch's global counts so that micro-batches sum to the mini-batch loss, plus the
-optional entropy and KL terms. A non-finite loss or gradient skips that update on every rank; a
-runaway one stops the run (``utils/guard.py``). No Lightning here: the module passes a stepper.
+"""The policy update of one step: PPO epochs x mini-batches (whole groups) x micro-batches. Losses
+are aggregated with the mini-batch's global counts, so micro-batches sum to its loss. A non-finite
+loss or gradient skips that update on every rank; a runaway one stops the run (``utils/guard.py``).
 """
 
 from __future__ import annotations
@@ -90,8 +87,7 @@ def micro_loss(policy, cfg: UpdateConfig, rollouts: StepRollouts, advantages, ro
 
 def engine_is_weights(rollouts: StepRollouts, rows: torch.Tensor, old_logp: torch.Tensor, cap: float,
                       mode: str = "token_truncate") -> torch.Tensor:
-    """IS weights ``[b, R]`` of ``mode`` (algorithm.engine_is_mode: per token, or one per response
-    over its response mask) of the sampled rows against the engine's log-probs; 1 on rows a
+    """IS weights ``[b, R]`` of the sampled rows against the engine's log-probs; 1 on rows a
     plug-in added (R3's replayed rows carry their own importance weights)."""
     if rollouts.engine_logp is None:
         raise ValueError("algorithm.engine_is_cap needs the engine's log-probs: set rollout.logprobs=true")
@@ -101,16 +97,15 @@ def engine_is_weights(rollouts: StepRollouts, rows: torch.Tensor, old_logp: torc
     return torch.where(sampled[:, None], weights, torch.ones_like(weights))
 
 
-# a micro-batch's share of its update's loss: summed over the update's micro-batches; the other
-# metrics are token means. Either way the value does not depend on the micro-batch cut.
+# summed over the update's micro-batches (each holds its share of the loss); the others are token
+# means: either way the value does not depend on the micro-batch cut
 SUMMED_METRICS = ("pg_loss",)
 
 
 def policy_update(policy, stepper, rollouts: StepRollouts, advantages: torch.Tensor,
                   cfg: UpdateConfig, guard: RunawayGuard) -> dict[str, float]:
-    """Run the step's optimiser updates; return the averaged metrics. ``stepper`` makes the
-    optimiser calls: ``zero_grad()``, ``backward(loss)``, ``step(last)`` (``last``: the step's
-    final one) and ``end_step()`` (the lr scheduler, once per RL step; returns the lr)."""
+    """Run the step's optimiser updates; return the averaged metrics. ``stepper`` (no Lightning
+    here): ``zero_grad()``, ``backward(loss)``, ``step(last)`` and ``end_step()`` (returns the lr)."""
     algo, step = cfg.algorithm, rollouts.step
     packed = rollouts.packed
     device = packed.input_ids.device
