@@ -1,9 +1,6 @@
-"""MEDS error memory: per (prompt, correctness) the features of past responses and their labels.
-
-One store per key ``(prompt_key, correct)`` (docs/REFERENCE.md step 3) holds the features [N, D] in
-insertion order, the step each row was added at, and the labels of the last HDBSCAN re-fit over
-the first ``fitted_upto`` rows (later rows: -1). The reference store is unbounded. Restarts:
-``state_dict`` (Lightning checkpoints) and ``snapshot`` (one ``.npz`` a user can open).
+"""MEDS error memory: one store per ``(prompt_key, correct)`` (docs/REFERENCE.md step 3) of past
+responses' features [N, D] in insertion order, the step of each row, and the labels of the last
+HDBSCAN re-fit over the first ``fitted_upto`` rows (later rows: -1). Unbounded in the reference.
 """
 
 from __future__ import annotations
@@ -35,8 +32,7 @@ def _frozen(x: np.ndarray) -> np.ndarray:
 
 @dataclass
 class MemoryEntry:
-    """One store, as a value: arrays are read-only, and ``add``/``set_labels`` put a new entry
-    in the memory rather than changing this one (an entry you hold stays as it was)."""
+    """One store, as a value: arrays are read-only and the memory replaces an entry rather than change it."""
 
     features: np.ndarray  # [N, D] float32
     steps: np.ndarray  # [N] int64, the step each row was added at
@@ -48,7 +44,6 @@ class MemoryEntry:
 
     @property
     def fitted_features(self) -> np.ndarray:
-        """The rows the current labels were fitted on (what k-NN prediction should search)."""
         return self.features[: self.fitted_upto]
 
     @property
@@ -57,8 +52,7 @@ class MemoryEntry:
 
 
 class ErrorMemory:
-    """Features of past responses, per ``(prompt_key, correct)``, with their cluster labels, of one
-    feature dimension; ``cap_per_key`` (None = unbounded) keeps each store's newest rows."""
+    """The stores, of one feature dimension; ``cap_per_key`` (None = unbounded) keeps each store's newest rows."""
 
     def __init__(self, cap_per_key: int | None = None) -> None:
         self.cap_per_key = check_cap(cap_per_key, "ErrorMemory")
@@ -69,25 +63,22 @@ class ErrorMemory:
         return self._stores.get((key, bool(correct)))
 
     def keys(self) -> list[MemoryKey]:
-        """All ``(prompt_key, correct)`` stores, in the order they were first filled."""
+        """In the order they were first filled."""
         return list(self._stores)
 
     def items(self) -> Iterator[tuple[MemoryKey, MemoryEntry]]:
         return iter(self._stores.items())
 
     def num_entries(self) -> int:
-        """Rows over all stores."""
         return sum(len(e) for e in self._stores.values())
 
     def num_keys(self) -> int:
-        """Number of ``(prompt_key, correct)`` stores (a prompt seen right and wrong counts 2)."""
         return len(self._stores)
 
     def __contains__(self, key: MemoryKey) -> bool:
         return (key[0], bool(key[1])) in self._stores
 
     def add(self, key: str, correct: bool, features: np.ndarray, step: int) -> None:
-        """Append ``features`` [m, D] to the ``(key, correct)`` store, all stamped ``step``."""
         correct = bool(correct)
         x = np.asarray(features, dtype=np.float32)
         if x.ndim != 2:
@@ -114,7 +105,7 @@ class ErrorMemory:
         )
 
     def _capped(self, features: np.ndarray, steps: np.ndarray, labels: np.ndarray, upto: int) -> MemoryEntry:
-        """A read-only entry of the newest ``cap_per_key`` rows, its fitted count moved along."""
+        """A read-only entry of the newest ``cap_per_key`` rows."""
         drop = 0 if self.cap_per_key is None else max(0, len(steps) - self.cap_per_key)
         arrays = (_frozen(np.array(a[drop:])) for a in (features, steps, labels))
         return MemoryEntry(*arrays, max(0, upto - drop))
@@ -122,9 +113,8 @@ class ErrorMemory:
     def set_labels(
         self, key: str, correct: bool, labels: np.ndarray, upto: int | None = None
     ) -> None:
-        """Store the labels of a re-fit over the store's first ``len(labels)`` rows (later rows:
-        -1). They must come from the rows as they are *now*: with a cap, a fit computed before a
-        later ``add`` is misaligned, so collect it before the key's next ``add``."""
+        """The labels of a re-fit over the store's first ``len(labels)`` rows as they are now (with a
+        cap, a fit from before a later ``add`` is misaligned: collect it before the key's next ``add``)."""
         entry = self._stores.get((key, bool(correct)))
         if entry is None:
             raise KeyError(f"no memory for key {key!r} (correct={bool(correct)})")
@@ -144,8 +134,7 @@ class ErrorMemory:
         self.dim = None
 
     def state_dict(self, *, as_tensors: bool = False) -> dict[str, Any]:
-        """Exact plain python + numpy copy of the memory; ``as_tensors=True`` gives CPU tensors,
-        which ``torch.load(weights_only=True)`` accepts (``load_state_dict`` takes both)."""
+        """An exact copy; ``as_tensors=True``: CPU tensors, for ``torch.load(weights_only=True)``."""
         entries = [
             {"key": key, "correct": correct,
              **pack({c.name: getattr(e, c.name) for c in _STORE}, as_tensors=as_tensors),
@@ -155,8 +144,7 @@ class ErrorMemory:
         return {**FORMAT.header(), "dim": self.dim, "cap_per_key": self.cap_per_key, "entries": entries}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Replace the contents with ``state`` (from ``state_dict``), after validating all of it.
-        The memory keeps its own ``cap_per_key``: longer stores keep their newest rows."""
+        """Replace the contents with ``state``, validated first; the memory keeps its own ``cap_per_key``."""
         FORMAT.check(state, ("dim", "entries"))
         dim, stores = state["dim"], {}
         for e in state["entries"]:
@@ -174,28 +162,21 @@ class ErrorMemory:
         self._stores, self.dim = stores, (None if dim is None else int(dim))
 
     def digest(self) -> str:
-        """SHA-1 of every store's key, features and steps, to check that all ranks hold the same
-        replica. Labels are left out: a re-fit may have landed on one rank and not yet on
-        another, and they follow from the features."""
+        """SHA-1 of the keys, features and steps: do all ranks hold the same replica? Not the labels: a
+        re-fit may have landed on one rank and not yet on another."""
         cols = self._columns()
         names = ("store_correct", "store_rows", "step", "features")
         return digest({"keys": [k for k, _ in self._stores], **{n: cols[n] for n in names}}, FORMAT.name)
 
     def snapshot(self, path: str | os.PathLike) -> Path:
-        """Write the memory to one ``.npz`` file, atomically; returns the path. Its arrays
-        (``_columns``) hold rows grouped by store; no pickle, no medsrl needed to open it::
-
-            z = np.load(path)
-            meta = json.loads(str(z["meta"]))    # keys, dim, cap_per_key
-            df = pd.DataFrame({"key": np.array(meta["keys"], dtype=object)[z["store"]],
-                               "correct": z["correct"], "step": z["step"], "label": z["label"]})
-        """
+        """The memory as one ``.npz`` file (``_columns``, written atomically), which numpy opens alone:
+        ``np.load(path)``; ``json.loads(str(z["meta"]))`` has the keys (``z["store"]`` indexes them)."""
         keys = [key for key, _ in self._stores]
         return FORMAT.save_npz(path, self._columns(), dim=self.dim, cap_per_key=self.cap_per_key, keys=keys)
 
     def _columns(self) -> dict[str, np.ndarray]:
         """All stores end to end in ``keys()`` order: per row ``store`` (index into the keys),
-        ``correct``, ``step``, ``label``, ``features`` [R, D]; per store ``store_*``."""
+        ``correct``, ``step``, ``label``, ``features``; per store ``store_*``."""
         entries = list(self._stores.values())
         flags = np.array([c for _, c in self._stores], bool)
         rows = np.array([len(e) for e in entries], np.int64)
@@ -216,7 +197,6 @@ class ErrorMemory:
 
     @classmethod
     def load_snapshot(cls, path: str | os.PathLike) -> ErrorMemory:
-        """Rebuild a memory (including its ``cap_per_key``) from a ``snapshot`` file."""
         arrays, meta = FORMAT.load_npz(path)
         s = check(arrays, _SNAPSHOT_STORES, len(meta["keys"]), str(path))
         ranges = row_ranges(s["store_rows"], str(path))

@@ -1,31 +1,11 @@
 """The mechanism gate of study v3 (docs/STUDY.md, protocol v3): did MEDS's penalty act, and on what?
 
-With 0/1 rewards and group mean/std advantages, write a wrong response's penalty as the mean
-penalty of its group's wrong responses plus a deviation, ``d_i = dbar + e_i``. Then exactly
-(:func:`closed_form_shaped_advantages`)::
-
-    A_shaped = (A_raw - w*e / ((1 + dbar) sigma_r)) / sqrt(1 + rho^2),
-    rho = std(w*e) / ((1 + dbar) sigma_r)
-
-(``w``: wrong; ``sigma_r``: the std of the 0/1 rewards). The mean penalty cancels; a group whose
-wrong responses share one penalty is left as it was. So MEDS acts only through the *spread* of
-penalties among a group's wrong responses, and it acts on the repeated mistake only if a larger
-cluster means a more often repeated answer. Four figures, logged every step by the plug-in:
-
-- G1 :func:`distinct_penalty_share`: share of the update's groups whose wrong responses carry at
-  least two distinct penalties (the groups the penalty can change at all);
-- G2 the share of the advantage signal shaping rewrote (``algo.advantage_change_fraction``), split
-  (gate v2) into its common part, the group's mean wrong penalty :func:`common_penalty`, which only
-  rescales a group's advantages, and the targeted part, the deviations around it;
-- G3 :func:`top_answer_excess`: within each group, the penalty's share on its most frequent wrong
-  answer minus that answer's share of its wrong responses, averaged over the groups (> 0: the
-  penalty targets the repeated mistake; v3 pooled the groups, which two groups that each share
-  one penalty turn into +25 pp);
-- G4 :func:`size_recurrence_correlation`: within a group, the rank correlation between a wrong
-  response's cluster size and how often its answer was given before for that prompt;
-- G5 :func:`rewarded_error_share`: the share of the wrong responses of mixed groups whose
-  advantage is >= 0 (errors the update rewards);
-- G6 :func:`correct_advantage_loss`: the relative loss of the correct responses' advantage.
+With 0/1 rewards and group mean/std advantages, a wrong response's penalty ``d_i = dbar + e_i``
+(its group's mean wrong penalty plus a deviation) gives exactly (:func:`closed_form_shaped_advantages`)
+``A_shaped = (A_raw - w*e / ((1 + dbar) sigma_r)) / sqrt(1 + rho^2)``, ``rho = std(w*e) / ((1 + dbar)
+sigma_r)``: the mean penalty cancels, so MEDS acts only through the spread of a group's wrong
+penalties, and on the repeated mistake only if a larger cluster means a more often repeated answer.
+G1-G6 below measure that; G2 is ``algo.advantage_change_fraction``, split by :func:`common_penalty`.
 """
 
 from __future__ import annotations
@@ -44,8 +24,7 @@ from medsrl.methods.meds.diagnostics import penalty_on_top_answer
 
 
 def distinct_penalty_share(group_ids: Sequence[int], wrong: Sequence[bool], penalty: Sequence[float]) -> float | None:
-    """G1: the share of groups whose wrong responses carry >= 2 distinct penalties (exact
-    comparison: penalties come from integer cluster sizes). ``None`` without groups."""
+    """G1: the share of groups whose wrong responses carry >= 2 distinct penalties (exact: from integer sizes)."""
     by_group: dict[int, set[float]] = defaultdict(set)
     for g, w, p in zip(group_ids, wrong, penalty, strict=True):
         by_group[int(g)]  # every group counts in the denominator
@@ -59,10 +38,9 @@ def distinct_penalty_share(group_ids: Sequence[int], wrong: Sequence[bool], pena
 def top_answer_excess(
     group_ids: Sequence[int], wrong: Sequence[bool], answers: Sequence[str | None], penalty: Sequence[float]
 ) -> float | None:
-    """G3: per group with penalty on its wrong responses, the penalty's share on its most frequent
-    wrong answer minus that answer's share of its wrong responses
-    (``diagnostics.penalty_on_top_answer`` of the group alone), averaged over those groups;
-    ``None`` when no group has penalty."""
+    """G3: per group with penalty, the penalty's share on its most frequent wrong answer minus that
+    answer's share of its wrong responses, averaged (pooled, two groups that each share one
+    penalty would read +25 pp)."""
     rows: dict[int, list[int]] = defaultdict(list)
     for j, g in enumerate(group_ids):
         rows[int(g)].append(j)
@@ -78,15 +56,12 @@ def top_answer_excess(
 def earlier_answer_counts(
     keys: Sequence[str], answers: Sequence[str | None], history: Mapping[str, Mapping[str, int]]
 ) -> list[int]:
-    """How often each response's answer was given (wrong) before for its prompt, from
-    ``history`` {prompt key: {answer: count}}; no answer counts 0."""
+    """How often each response's answer was given before for its prompt (``history``: {key: {answer: count}})."""
     return [0 if a is None else int(history.get(k, {}).get(a, 0)) for k, a in zip(keys, answers, strict=True)]
 
 
 def count_answers(history: dict[str, dict[str, int]], keyed: Iterable[tuple[str, str | None]]) -> None:
-    """Add each ``(prompt key, extracted answer)`` to ``history`` {prompt key: {answer: count}},
-    what :func:`earlier_answer_counts` reads (MEDS's wrong answers, outcome_ucb's every answer);
-    no answer is not counted."""
+    """Count each ``(prompt key, extracted answer)`` into ``history``; no answer is not counted."""
     for key, answer in keyed:
         if answer is not None:
             counts = history.setdefault(key, {})
@@ -101,10 +76,8 @@ def answer_counts_digest(history: Mapping[str, Mapping[str, int]]) -> str:
 def size_recurrence_correlation(
     group_ids: Sequence[int], sizes: Sequence[float], counts: Sequence[float]
 ) -> float | None:
-    """G4: Spearman's rank correlation between cluster size and earlier count of the same answer,
-    within each group where both vary, averaged over those groups weighted by their rows (within
-    a group: a prompt visited more often has both larger stores and larger counts, which a pooled
-    correlation would mistake for agreement). ``None`` when no group qualifies."""
+    """G4: Spearman's correlation of cluster size and earlier count of the same answer within each
+    group where both vary, row-weighted (pooled, a prompt visited more often has both larger)."""
     by_group: dict[int, list[int]] = defaultdict(list)
     for j, g in enumerate(group_ids):
         by_group[int(g)].append(j)
@@ -121,9 +94,8 @@ def size_recurrence_correlation(
 
 
 def closed_form_shaped_advantages(correct: Tensor, penalty: Tensor, group_ids: Tensor) -> Tensor:
-    """GRPO advantages of ``correct - wrong * penalty`` from the closed form in the module
-    docstring (no ``eps``; a group without both right and wrong responses must not be passed):
-    what the tests check ``group_advantages`` against."""
+    """GRPO advantages of ``correct - wrong * penalty`` by the closed form above (no ``eps``; mixed
+    groups only): what the tests check ``group_advantages`` against."""
     r = correct.double()
     w = 1.0 - r
     out = torch.empty_like(r)
@@ -140,9 +112,8 @@ def closed_form_shaped_advantages(correct: Tensor, penalty: Tensor, group_ids: T
 
 
 def common_penalty(penalty: Tensor, wrong: Tensor, group_ids: Tensor) -> Tensor:
-    """Each wrong response's penalty replaced by its group's mean wrong penalty ``dbar`` (correct
-    responses keep theirs, 0): the part of MEDS's term that rescales a group's advantages and
-    targets no response (G2's common part; the rest, ``penalty - common``, is the targeted part)."""
+    """Each wrong penalty replaced by its group's mean ``dbar``: the part of MEDS's term that only
+    rescales a group's advantages (G2's common part; the rest is the targeted part)."""
     w = wrong.to(penalty.dtype)
     _, inv = torch.unique(group_ids, return_inverse=True)
     groups = int(inv.max()) + 1 if inv.numel() else 0
@@ -153,13 +124,11 @@ def common_penalty(penalty: Tensor, wrong: Tensor, group_ids: Tensor) -> Tensor:
 
 
 def per_response(advantages: Tensor, response_mask: Tensor) -> Tensor:
-    """One advantage per response ``[B]``: sequence advantages as they are, token-level ones
-    averaged over the response's tokens."""
+    """One advantage per response ``[B]`` (token-level ones averaged over the response)."""
     return advantages if advantages.dim() == 1 else masked_mean(advantages, response_mask, dim=-1)
 
 
 def _mixed(correct: Tensor, group_ids: Tensor) -> Tensor:
-    """Bool [B]: the response's group has both a correct and a wrong response."""
     _, inv = torch.unique(group_ids, return_inverse=True)
     c = correct.to(torch.float64)
     hits = torch.zeros(int(inv.max()) + 1 if inv.numel() else 0, dtype=torch.float64).index_add_(0, inv, c)
@@ -168,8 +137,7 @@ def _mixed(correct: Tensor, group_ids: Tensor) -> Tensor:
 
 
 def rewarded_error_share(advantages: Tensor, correct: Tensor, group_ids: Tensor) -> float | None:
-    """G5: among the wrong responses of mixed groups (an all-wrong group has no gradient), the
-    share whose advantage is >= 0: an error the update does not push down. ``None`` without any."""
+    """G5: the share of mixed groups' wrong responses with advantage >= 0 (not pushed down)."""
     rows = _mixed(correct, group_ids) & ~correct.bool()
     if not rows.any():
         return None
@@ -177,8 +145,7 @@ def rewarded_error_share(advantages: Tensor, correct: Tensor, group_ids: Tensor)
 
 
 def correct_advantage_loss(shaped: Tensor, base: Tensor, correct: Tensor, group_ids: Tensor) -> float | None:
-    """G6: ``1 - sum(shaped) / sum(base)`` over the correct responses of mixed groups: the share
-    of their advantage shaping took away (< 0: it gave them more). ``None`` when they have none."""
+    """G6: ``1 - sum(shaped) / sum(base)`` over mixed groups' correct responses: the share shaping took away."""
     rows = _mixed(correct, group_ids) & correct.bool()
     total = float(base[rows].double().sum())
     if total == 0.0:

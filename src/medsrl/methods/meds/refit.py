@@ -1,15 +1,9 @@
-"""HDBSCAN re-fits off the critical path of the training step.
-
-The re-fit after inserting a step's features (docs/REFERENCE.md step 5) is needed only by the *next*
-visit of its key, typically many steps later: ``submit`` hands it to a worker, and ``wait(key)``
-returns at once unless it still runs. Processes, not threads: hdbscan holds the GIL throughout a
-fit and would starve the main thread's torch dispatch (``benchmarks/cluster_refit.py``). Workers
-start by ``forkserver`` (no fork of CUDA state) and exit with their owner (``utils/lifetime.py``).
-``mode="sync"`` fits inside ``submit`` (the reference order); ``executor="thread"``: to compare.
-
-A fit's exception surfaces as ``RefitError`` naming the key. A worker that dies breaks the pool:
-the key being collected is recomputed here with a warning, the other pending keys go to a fresh
-pool (at most ``max_restarts`` times, then everything runs in the main process).
+"""HDBSCAN re-fits off the step's critical path: a store's re-fit is needed only at its key's next
+visit, so ``submit`` hands it to a worker and ``wait(key)`` blocks only if it still runs.
+Processes, not threads: hdbscan holds the GIL throughout a fit (``benchmarks/cluster_refit.py``);
+started by ``forkserver`` (no fork of CUDA state), they exit with their owner (``utils/lifetime.py``).
+A worker that dies breaks the pool: its key is recomputed here with a warning, the other pending
+keys go to a fresh pool (at most ``max_restarts`` times, then all in the main process).
 """
 
 from __future__ import annotations
@@ -39,14 +33,14 @@ class RefitError(RuntimeError):
 def _fit_job(
     features: np.ndarray, min_cluster_size: int, min_samples: int, fit_fn: FitFn
 ) -> tuple[np.ndarray, float]:
-    """What a worker runs: the labels and the seconds the fit took (for ``stats``)."""
+    """What a worker runs: the labels and the seconds the fit took."""
     t0 = time.perf_counter()
     labels = fit_fn(features, min_cluster_size=min_cluster_size, min_samples=min_samples)
     return np.asarray(labels, dtype=np.int64), time.perf_counter() - t0
 
 
 def _warm_up() -> None:
-    """Submitted at start: workers import hdbscan (a second or more) before the first ``wait``."""
+    """Workers import hdbscan (a second or more) before the first ``wait``."""
     import hdbscan  # noqa: F401
 
 
@@ -57,8 +51,8 @@ class _Job:
 
 
 class BackgroundRefitter:
-    """Runs ``fit_cluster_labels`` per key (hashable, picklable) in worker processes; each result
-    is handed out once, by ``wait``, ``collect`` or ``drain``."""
+    """Runs ``fit_cluster_labels`` per key in workers (``mode="sync"``: inside ``submit``, the reference
+    order; ``executor="thread"``: to compare); each result is handed out once."""
 
     def __init__(
         self,
@@ -117,7 +111,7 @@ class BackgroundRefitter:
         return labels
 
     def _start(self, key_id: Hashable, features: np.ndarray) -> Future | None:
-        """Queue a fit in the pool; None when the pool is unusable and it must run here."""
+        """Queue a fit in the pool; None when it must run here."""
         if self._local_only:
             return None
         try:
@@ -127,7 +121,7 @@ class BackgroundRefitter:
             return self._start(key_id, features)
 
     def _on_broken_pool(self) -> None:
-        """Drop the dead pool; restart it (and re-queue pending jobs) or go main-process only."""
+        """Drop the dead pool; re-queue pending jobs on a fresh one or go main-process only."""
         self.stats["worker_failures"] += 1
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
@@ -135,27 +129,18 @@ class BackgroundRefitter:
         self._restarts += 1
         if self._restarts > self.max_restarts:
             self._local_only = True
-            warnings.warn(
-                f"re-fit worker pool broke {self._restarts} time(s), more than max_restarts="
-                f"{self.max_restarts}; clustering now runs in the main process",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            warnings.warn(f"re-fit worker pool broke {self._restarts} time(s), more than max_restarts="
+                          f"{self.max_restarts}; clustering now runs in the main process", RuntimeWarning, stacklevel=3)
         for key_id, job in self._pending.items():
             if _lost(job.future):
                 job.future = self._start(key_id, job.features) or _done_future(None)
 
     def _finish(self, key_id: Hashable, job: _Job) -> np.ndarray:
-        """The labels of a job whose future is done (or a placeholder to compute here)."""
         try:
             res = job.future.result()
         except BrokenProcessPool:
-            warnings.warn(
-                f"re-fit worker process died while clustering key {key_id!r}; recomputing "
-                "that key in the main process",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            warnings.warn(f"re-fit worker process died while clustering key {key_id!r}; recomputing "
+                          "that key in the main process", RuntimeWarning, stacklevel=3)
             self._on_broken_pool()
             res = None
         except Exception as e:
@@ -165,8 +150,7 @@ class BackgroundRefitter:
         return self._record(res)
 
     def submit(self, key_id: Hashable, features: np.ndarray) -> None:
-        """Schedule the re-fit of ``key_id`` on ``features`` [N, D] (copied). A pending or
-        uncollected result for the same key is superseded: the newest features win."""
+        """Schedule the re-fit of ``key_id`` on (a copy of) ``features`` [N, D]; the newest features win."""
         x = np.array(features, copy=True)
         self.stats["submitted"] += 1
         self._done.pop(key_id, None)
@@ -181,8 +165,7 @@ class BackgroundRefitter:
             self._pending[key_id] = _Job(future, x)
 
     def wait(self, key_id: Hashable) -> np.ndarray | None:
-        """The labels of ``key_id``'s latest submit, blocking until its fit is done; None if
-        nothing was submitted for it since its last result was handed out."""
+        """The labels of ``key_id``'s latest submit, once done; None if it has none not handed out."""
         job = self._pending.pop(key_id, None)
         if job is None:
             return self._done.pop(key_id, None)
@@ -194,7 +177,7 @@ class BackgroundRefitter:
         return self._finish(key_id, job)
 
     def collect(self) -> dict[Hashable, np.ndarray]:
-        """All finished results not yet handed out, without blocking."""
+        """All finished results not yet handed out."""
         for key_id in list(self._pending):
             job = self._pending.get(key_id)
             if job is not None and job.future.done():  # a broken pool may have re-queued it
@@ -213,13 +196,11 @@ class BackgroundRefitter:
         return self.collect()
 
     def ready(self, key_id: Hashable) -> bool:
-        """True when ``wait(key_id)`` would return without blocking."""
         job = self._pending.get(key_id)
         return job is None or job.future.done()
 
     def close(self) -> None:
-        """Stop the workers (joined: no zombies). Unfetched results are dropped; ``drain``
-        first to keep them."""
+        """Stop (and join) the workers; results not fetched are dropped."""
         for job in self._pending.values():
             job.future.cancel()
         self._pending.clear()
@@ -235,7 +216,7 @@ class BackgroundRefitter:
 
 
 def _lost(future: Future) -> bool:
-    """A future of a dead pool: cancelled by its shutdown or failed with BrokenProcessPool."""
+    """A future of a dead pool: cancelled by its shutdown, or failed with BrokenProcessPool."""
     if future.cancelled():  # before exception(), which raises for a cancelled future
         return True
     return future.done() and isinstance(future.exception(), BrokenProcessPool)

@@ -1,8 +1,5 @@
-"""Per-prompt history of whole responses, shared by R3's replay, reflection and ranking.
-
-A key's visits (the steps in which it was added to) are not reduced by ``cap_per_key``. The
-history is replicated: every rank makes the same ``add`` calls in the same order (``digest``
-checks it). Restarts: ``state_dict`` (Lightning checkpoints) and ``snapshot`` (one Parquet file).
+"""Per-prompt history of whole responses, shared by R3's replay, reflection and ranking; replicated
+(every rank makes the same ``add`` calls in the same order, ``digest`` checks it).
 """
 
 from __future__ import annotations
@@ -38,8 +35,7 @@ _SNAPSHOT = (Column("key", str), *_FIELDS)
 
 @dataclass(frozen=True)
 class StoredResponse:
-    """One sampled response and what grading made of it, as an immutable value. Its fields are
-    normalised (e.g. float32 log-probs), so checkpoint and snapshot round trips are bit-exact."""
+    """One sampled response and its grade; fields normalised (float32 log-probs): round trips are bit-exact."""
 
     token_ids: tuple[int, ...]
     text: str
@@ -62,16 +58,15 @@ class StoredResponse:
 
     @classmethod
     def _trusted(cls, **fields: Any) -> StoredResponse:
-        """Build from values already of the right types (loaded from typed columns), skipping
-        the per-token normalisation that would dominate a large load."""
+        """From typed columns: the per-token normalisation would dominate a large load."""
         obj = object.__new__(cls)
         obj.__dict__.update(fields)
         return obj
 
 
 class ResponseHistory:
-    """Stored responses per prompt key, oldest first (beyond ``cap_per_key``, the oldest goes),
-    with per-key visits: an ``add`` whose step differs from the key's last one counts one."""
+    """Stored responses per prompt key, oldest first (beyond ``cap_per_key``, the oldest goes), and per
+    key its visits: the steps it was added in (an ``add`` whose step differs from its last), never capped."""
 
     def __init__(self, cap_per_key: int | None = None) -> None:
         self.cap_per_key = columnar.check_cap(cap_per_key, "ResponseHistory")
@@ -80,7 +75,6 @@ class ResponseHistory:
         self._last_step: dict[str, int] = {}
 
     def add(self, key: str, response: StoredResponse) -> None:
-        """Append ``response`` to ``key``'s history (beyond the cap, its oldest one goes)."""
         self._rows.setdefault(key, deque(maxlen=self.cap_per_key)).append(response)
         if self._last_step.get(key) != response.step:
             self._visits[key] = self._visits.get(key, 0) + 1
@@ -92,26 +86,21 @@ class ResponseHistory:
         self._last_step.clear()
 
     def responses(self, key: str) -> list[StoredResponse]:
-        """The stored responses of ``key``, oldest first ([] for an unknown key)."""
         return list(self._rows.get(key, ()))
 
     def recent(self, key: str, correct: bool, k: int) -> list[StoredResponse]:
-        """Up to ``k`` stored responses of ``key`` with that outcome, most recent first: higher
-        step first, and within a step the one added later first."""
+        """Up to ``k`` of ``key``'s responses with that outcome, newest first (within a step: added later first)."""
         newest_first = [r for r in reversed(self._rows.get(key, ())) if r.correct == correct]
         return sorted(newest_first, key=lambda r: -r.step)[: max(k, 0)]  # stable: ties stay
 
     def mean_reward(self, key: str) -> float | None:
-        """Mean reward over the stored responses of ``key``; None if none are stored."""
         rows = self._rows.get(key)
         return math.fsum(r.reward for r in rows) / len(rows) if rows else None
 
     def visits(self, key: str) -> int:
-        """Number of distinct steps in which ``key`` was added to (not reduced by the cap)."""
         return self._visits.get(key, 0)
 
     def keys(self) -> list[str]:
-        """All keys, in the order they first appeared."""
         return list(self._rows)
 
     def num_keys(self) -> int:
@@ -124,8 +113,7 @@ class ResponseHistory:
         return key in self._rows
 
     def _columns(self) -> dict[str, Any]:
-        """Per key (in ``keys()`` order), then per response (grouped by key, oldest first): the
-        one layout behind state, digest and snapshot."""
+        """Per key, then per response (grouped by key, oldest first): behind state, digest and snapshot."""
         keys = list(self._rows)
         rows = [r for k in keys for r in self._rows[k]]
         per_key = {"rows_per_key": {k: len(v) for k, v in self._rows.items()}, "visits": self._visits}
@@ -134,18 +122,15 @@ class ResponseHistory:
         return {"keys": keys, **ints, **to_columns(rows, _FIELDS)}
 
     def state_dict(self) -> dict[str, Any]:
-        """Exact columnar copy of the history that ``torch.load(weights_only=True)`` accepts
-        (CPU tensors, lists of str). Rows are grouped by key (``rows_per_key``), oldest first;
-        row i's token ids are ``token_ids[token_offsets[i]:token_offsets[i + 1]]``; ``logprobs``
-        concatenates those of the rows with ``has_logprobs`` only."""
+        """An exact columnar copy for ``torch.load(weights_only=True)``; row i's token ids are
+        ``token_ids[token_offsets[i]:token_offsets[i + 1]]``, ``logprobs`` those of the ``has_logprobs`` rows."""
         cols = self._columns()
         ids, lps = cols.pop("token_ids"), cols.pop("logprobs")
         cols.update(token_ids=ids.values, token_offsets=ids.offsets, logprobs=lps.values, has_logprobs=lps.present)
         return {**FORMAT.header(), "cap_per_key": self.cap_per_key, **columnar.pack(cols, as_tensors=True)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Replace the contents with ``state`` (from ``state_dict``), after validating all of it.
-        The history keeps its own ``cap_per_key`` (a smaller one drops the oldest responses)."""
+        """Replace the contents with ``state``, validated first; the history keeps its own ``cap_per_key``."""
         FORMAT.check(state, ("cap_per_key", "token_ids", "token_offsets", "logprobs", "has_logprobs"))
         per_key = _check_keys(state, state["cap_per_key"], _STATE)
         n = int(per_key["rows_per_key"].sum())
@@ -157,7 +142,6 @@ class ResponseHistory:
         self._set(per_key, check({**state, **ragged}, _FIELDS, n, _STATE))
 
     def _set(self, per_key: dict[str, Any], rows: dict[str, Any]) -> None:
-        """Replace the contents with checked columns (``_check_keys``, ``check``)."""
         responses = to_rows(rows, _FIELDS, StoredResponse._trusted)
         keys, ranges = per_key["keys"], per_key["ranges"]
         self._rows = {k: deque(responses[r], maxlen=self.cap_per_key) for k, r in zip(keys, ranges, strict=True)}
@@ -165,24 +149,16 @@ class ResponseHistory:
         self._last_step = dict(zip(keys, per_key["last_step"].tolist(), strict=True))
 
     def digest(self) -> str:
-        """SHA-1 over the whole state, to check that all ranks hold the same replica."""
         return columnar.digest(self._columns(), FORMAT.name, FORMAT.version, self.cap_per_key)
 
     def snapshot(self, path: str | os.PathLike) -> Path:
-        """Write the history to one Parquet file, atomically; returns the path. One row per stored
-        response (``key`` and its fields; ``cap_per_key`` in the schema metadata; no visits)::
-
-            df = pandas.read_parquet(path)
-            df[df.key == key].sort_values("step")   # the history of one prompt
-        """
+        """One Parquet file (atomically), a row per stored response: ``pandas.read_parquet(path)``."""
         cols = {"key": [k for k, rows in self._rows.items() for _ in rows], **self._columns()}
         return FORMAT.save_parquet(path, cols, _SNAPSHOT, cap_per_key=self.cap_per_key)
 
     @classmethod
     def load_snapshot(cls, path: str | os.PathLike) -> ResponseHistory:
-        """Rebuild a history (with its ``cap_per_key``) from a ``snapshot`` file. Each key's
-        visits become the distinct steps among its stored rows (fewer than the original's once
-        the cap dropped older steps), its last step the highest stored one."""
+        """A history from a ``snapshot`` file: a key's visits are the distinct steps of its stored rows."""
         cols, meta = FORMAT.load_parquet(path, _SNAPSHOT)
         cols = check(cols, _SNAPSHOT, None, str(path))
         key, n = cols["key"], len(cols["key"])
@@ -204,7 +180,7 @@ load_snapshot = ResponseHistory.load_snapshot
 
 
 def _check_keys(columns: dict[str, Any], cap: Any, where: str) -> dict[str, Any]:
-    """The per-key columns, checked (unique keys, counts within ``cap``), and each key's rows."""
+    """The per-key columns, checked, and each key's rows."""
     columnar.check_cap(cap, where)
     k = check(columns, _PER_KEY, None, where)
     if len(set(k["keys"])) != len(k["keys"]):
