@@ -86,7 +86,7 @@ def test_matches_output_hidden_states(name, final_norm):
     with torch.no_grad(), other.capture(targets):
         run_forward(model, packed)
     assert not torch.allclose(other.pop_features()[:, 0], feats[:, 0], atol=1e-3)
-    assert cap.num_captured == 0 and hook_count(model) == base_hooks
+    assert len(cap.features()) == 0 and hook_count(model) == base_hooks
 
 
 def test_features_depend_on_position_and_token():
@@ -159,17 +159,17 @@ def test_only_logits_are_kept_between_forwards():
     with torch.no_grad():
         with cap.capture(take(targets, slice(0, 2))):
             run_forward(model, packed)
-        assert cap.stored_numel() == 2 * 2  # two positions x two layers, no hidden vectors
+        assert cap.features().numel() == 2 * 2  # two positions x two layers, no hidden vectors
         with cap.capture(take(targets, slice(2, None))):
             run_forward(model, packed)
     m = len(targets)
-    assert cap.num_captured == m and cap.stored_numel() == m * 2
+    assert len(cap.features()) == m and cap.features().numel() == m * 2
     feats = cap.features()
     assert feats.dtype == torch.float32 and feats.shape == (m, 2)
     ref = reference_features(model, packed, targets, [2, 4])
     torch.testing.assert_close(feats, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(cap.pop_features(), ref, atol=1e-5, rtol=1e-5)
-    assert cap.stored_numel() == 0 and cap.features().shape == (0, 2)
+    assert cap.features().numel() == 0 and cap.features().shape == (0, 2)
 
 
 def test_no_capture_outside_context_and_grad_forward():
@@ -182,19 +182,19 @@ def test_no_capture_outside_context_and_grad_forward():
     assert hook_count(model) == 0
     with torch.no_grad():
         run_forward(model, packed)
-    assert cap.num_captured == 0 and cap.stored_numel() == 0
+    assert len(cap.features()) == 0 and cap.features().numel() == 0
     with cap.capture(targets):
         assert cap.armed and hook_count(model) == 4
         with torch.no_grad():
             run_forward(model, packed)
     assert not cap.armed and hook_count(model) == 0
-    assert cap.num_captured == len(targets)
+    assert len(cap.features()) == len(targets)
     # A grad-enabled training forward afterwards is untouched and differentiable.
     model.train()
     out = run_forward(model, packed)
     out.logits.float().logsumexp(-1).mean().backward()
     assert model.model.layers[0].mlp.up_proj.weight.grad is not None
-    assert cap.num_captured == len(targets)
+    assert len(cap.features()) == len(targets)
     cap.clear()
     # Capture during a grad forward too: stored vectors are detached, autograd still works.
     model.zero_grad()
@@ -233,7 +233,7 @@ def test_capture_errors():
         with torch.no_grad(), cap.capture(targets):
             run_forward(model, packed)
             raise KeyError("boom")
-    assert cap.num_captured == 0 and hook_count(model) == 0 and not cap.armed
+    assert len(cap.features()) == 0 and hook_count(model) == 0 and not cap.armed
     # Empty targets: fine, nothing stored, no forward needed.
     empty = answer_targets([None, None], [[1, 2], [3]], 5)
     with cap.capture(empty):

@@ -1,12 +1,10 @@
-"""Where the final answer starts in a response: the token holding the ``{`` of the last ``\\boxed{``.
+"""Where the final answer starts in a response: the token holding the ``{`` of the last ``\\boxed{``,
+whose hidden states predict the first answer token (MEDS's feature, docs/REFERENCE.md step 1).
 
-MEDS reads its feature there (docs/REFERENCE.md step 1): that token's hidden states predict the first
-answer token. The search runs on the decoded *text* of the tokens (cached per id), because a
-tokenizer splits ``\\boxed{`` in many ways (``['\\', 'boxed', '{']``, ``['Ġ$\\', 'boxed', '{x']``).
-Unlike the reference, which searches the ids backwards, the last box wins whatever its split.
-Without ``\\boxed{`` (e.g. ``\\boxed {7}``) the first ``{`` after the last ``boxed`` counts if at
-most ``fallback_window`` tokens later. A merged brace (``'{x'``) is read at its token, as the
-reference does; a ``{`` that is the last token is dropped by :func:`.logit_capture.answer_targets`.
+The search runs on the tokens' decoded text, because a tokenizer splits ``\\boxed{`` in many ways
+(``['Ġ$\\', 'boxed', '{x']``): unlike the reference's backward search of the ids, the last box wins
+whatever its split. Without ``\\boxed{`` the first ``{`` after the last ``boxed`` counts if at most
+``fallback_window`` tokens later; a merged brace (``'{x'``) is read at its token, as the reference.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ _FIRST_WINDOW = 64  # tokens of the first backwards scan (the final box is usual
 
 
 def _token_at(ends: list[int], char_index: int) -> int:
-    """Index of the token whose span ``[start, end)`` holds ``char_index`` (``ends`` cumulative)."""
+    """Index of the token whose span holds ``char_index`` (``ends`` cumulative)."""
     return bisect.bisect_right(ends, char_index)
 
 
@@ -70,8 +68,7 @@ def locate_answer(
     fallback_window: int = DEFAULT_FALLBACK_WINDOW,
     reasoning_end: str | None = None,
 ) -> int | None:
-    """Index within ``response_ids`` of the token holding the ``{`` of the last ``\\boxed{``
-    (``None``: no box), so the first answer token is ``response_ids[index + 1]``. With
+    """Index of the token holding the ``{`` of the last ``\\boxed{`` (``None``: no box); with
     ``reasoning_end`` only a box after the last such tag counts, as in grading."""
     return _locate_after(as_list(response_ids), token_pieces(tokenizer), fallback_window, reasoning_end)
 
@@ -83,6 +80,6 @@ def locate_answers(
     fallback_window: int = DEFAULT_FALLBACK_WINDOW,
     reasoning_end: str | None = None,
 ) -> list[int | None]:
-    """:func:`locate_answer` for every response of a batch (pieces cached across the batch)."""
+    """:func:`locate_answer` for every response of a batch."""
     pieces = token_pieces(tokenizer)
     return [_locate_after(as_list(ids), pieces, fallback_window, reasoning_end) for ids in batch_response_ids]

@@ -1,9 +1,7 @@
-"""MEDS error clustering: HDBSCAN over a prompt's stored features, k-NN label prediction, sizes.
-
-Reference (docs/REFERENCE.md, steps 4-5): a new response's cluster is *predicted* by a k=3 cosine
-nearest-neighbour vote over the labels stored for its (prompt, correctness) key; its size is the
-number of stored points with that label. HDBSCAN re-fits the store for the key's *next* visit.
-No torch here: it runs in worker processes (``methods/meds/refit.py``).
+"""MEDS error clustering (docs/REFERENCE.md, steps 4-5): a new response's cluster is predicted by a
+k=3 cosine vote over the labels stored for its (prompt, correctness) key, its size the number of
+stored points with that label; HDBSCAN re-fits the store for the key's next visit. No torch here:
+it runs in worker processes (``methods/meds/refit.py``).
 """
 
 from __future__ import annotations
@@ -24,8 +22,8 @@ def normalize_rows(x: np.ndarray) -> np.ndarray:
 
 
 def distinct_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(index of the first copy of each distinct row, in order of appearance; the distinct row
-    [N] of every row)``: a step's identical texts give bit-identical features."""
+    """``(index of each distinct row's first copy, in order; every row's distinct row [N])``: a
+    step's identical texts give bit-identical features."""
     _, first, inverse = np.unique(np.asarray(x), axis=0, return_index=True, return_inverse=True)
     order = np.argsort(first, kind="stable")
     rank = np.empty_like(order)
@@ -36,11 +34,9 @@ def distinct_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def fit_cluster_labels(
     features: np.ndarray, *, min_cluster_size: int = 2, min_samples: int = 1, dedup: bool = False
 ) -> np.ndarray:
-    """HDBSCAN labels [N] (int64, -1 = noise) of the L2-normalised rows of ``features`` [N, D];
-    all noise for too few points, as in the reference. Deterministic (Boruvka KD-tree); no
-    joblib workers of its own (``core_dist_n_jobs=1``). ``dedup`` (beyond the reference): fit
-    the distinct rows only and give each copy its row's label, so a clump of one step's
-    identical responses is one point, not a dense cluster of its own (study v3, D1)."""
+    """HDBSCAN labels [N] (-1 = noise) of the L2-normalised rows of ``features`` [N, D]; all noise
+    for too few points, as the reference. ``dedup`` (study v3, D1): fit the distinct rows only, so
+    a clump of one step's identical responses is one point, not a dense cluster of its own."""
     if dedup and len(features):
         first, owner = distinct_rows(features)
         return fit_cluster_labels(np.asarray(features)[first], min_cluster_size=min_cluster_size,
@@ -61,10 +57,9 @@ def fit_cluster_labels(
 def predict_labels(
     stored: np.ndarray, stored_labels: np.ndarray, queries: np.ndarray, *, k: int = 3
 ) -> np.ndarray:
-    """Predicted label [Q] (int64) of each query row: majority vote of its k nearest stored rows
-    (cosine). Ties as sklearn's ``KNeighborsClassifier(k, metric="cosine")``: equal distances, the
-    lower stored index first; equal votes, the smallest label (noise, -1, wins any tie it is in).
-    An empty store predicts -1; a zero query row takes the first k stored rows."""
+    """Predicted label [Q] of each query row: majority vote of its k nearest stored rows (cosine),
+    ties as sklearn's ``KNeighborsClassifier`` (the lower stored index; the smallest label, so
+    noise wins any tie it is in). An empty store predicts -1."""
     queries = np.asarray(queries)
     stored_labels = np.asarray(stored_labels, dtype=np.int64)
     num_q = queries.shape[0]
@@ -90,9 +85,8 @@ def predict_labels(
 def cluster_sizes(
     stored_labels: np.ndarray, predicted: np.ndarray, *, noise_is_cluster: bool = True
 ) -> np.ndarray:
-    """Size [Q] (int64) of each predicted cluster: the number of stored rows with that label.
-    Noise counts as one cluster unless ``noise_is_cluster=False`` (the reference counts it, so
-    a key whose errors never cluster still accumulates pressure)."""
+    """Size [Q] of each predicted cluster: its stored rows. Noise counts as one cluster unless
+    ``noise_is_cluster=False`` (the reference's way: a key whose errors never cluster still gains pressure)."""
     stored_labels = np.asarray(stored_labels, dtype=np.int64)
     predicted = np.asarray(predicted, dtype=np.int64)
     sizes = (predicted[:, None] == stored_labels[None, :]).sum(axis=1).astype(np.int64)
@@ -107,8 +101,8 @@ def single_cluster_sizes(num_stored: int, num_queries: int) -> np.ndarray:
 
 
 def top1_eigen_ratio(features: np.ndarray) -> float:
-    """Diversity metric ``lambda_1 / sum(lambda)`` of the covariance of the rows [N, D]: near 1,
-    they vary along one direction (collapsed); ``nan`` for fewer than 2 rows or all equal."""
+    """``lambda_1 / sum(lambda)`` of the rows' covariance: near 1, they vary along one direction
+    (collapsed); ``nan`` for fewer than 2 rows or all equal."""
     x = np.asarray(features, dtype=np.float64)
     if x.ndim != 2:
         raise ValueError(f"expected a 2-D array [N, D], got shape {x.shape}")

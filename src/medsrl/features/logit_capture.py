@@ -2,12 +2,10 @@
 
 docs/REFERENCE.md step 2: at the answer position, for each selected layer ``n`` (1-based, as in
 ``output_hidden_states``) apply the LM head to that layer's hidden state and keep the fp32 logit
-of the token at ``position + 1``. As in the reference, layer ``N`` is normed (unless the config
-sets ``tie_last_hidden_states=False``) and layers ``1..N-1`` are not, unless ``final_norm=True``.
-Hooks exist only inside :meth:`LayerLogitCapture.capture` and keep only the targeted logits: each
-hook applies the final norm and just the needed rows of the LM head to its layer's vectors at
-once, inside the forward, where an FSDP-wrapped policy has its root unit (embeddings, final norm,
-LM head) gathered; after the forward those weights are shards again.
+of the token at ``position + 1``; layer ``N`` is normed (unless ``tie_last_hidden_states=False``),
+layers ``1..N-1`` only with ``final_norm=True``. The hooks, armed only inside
+:meth:`LayerLogitCapture.capture`, apply the norm and the needed rows of the LM head inside the
+forward, where an FSDP-wrapped policy has its root unit gathered, and keep only those logits.
 """
 
 from __future__ import annotations
@@ -23,58 +21,36 @@ from torch import nn
 DEFAULT_LAST_N = 14
 
 
+def _is_int(x: Any) -> bool:
+    try:
+        return not isinstance(x, bool) and int(x) == x
+    except (TypeError, ValueError):
+        return False
+
+
 def select_layers(num_layers: int, spec: Any = DEFAULT_LAST_N) -> list[int]:
     """1-based layer indices (``n`` = output of decoder block ``n``), ascending, from ``spec``:
     ``"half"`` (the last ``num_layers // 2``, at least one), ``"all"``, an int-like ``last_n``
     (clipped to ``num_layers``), or a sequence of distinct 1-based indices."""
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-        raise ValueError(f"select_layers: num_layers must be a positive int, got {num_layers!r}")
+    last_n = spec
     if isinstance(spec, str):
         key = spec.strip().lower()
-        if key == "half":
-            last_n = max(1, num_layers // 2)
-        elif key == "all":
-            last_n = num_layers
-        elif key.lstrip("+").isdigit():
-            last_n = int(key)
-        else:
-            raise ValueError(
-                f"select_layers: unknown spec {spec!r}; use 'half', 'all', an int (last n) or a "
-                f"list of 1-based layer indices"
-            )
-    elif isinstance(spec, bool):
-        raise ValueError(f"select_layers: spec must not be a bool, got {spec!r}")
-    elif isinstance(spec, int):
-        last_n = spec
-    elif hasattr(spec, "__iter__"):
-        layers = list(spec)
-        for x in layers:
-            try:
-                is_int = not isinstance(x, bool) and int(x) == x
-            except (TypeError, ValueError):
-                is_int = False
-            if not is_int:
-                raise ValueError(f"select_layers: layer indices must be ints, got {x!r} in {spec!r}")
-        as_ints = [int(x) for x in layers]
-        distinct = len(set(as_ints)) == len(as_ints)
-        if not (as_ints and distinct and 1 <= min(as_ints) and max(as_ints) <= num_layers):
-            raise ValueError(
-                f"select_layers: layers {as_ints} must be distinct and 1-based, in 1..{num_layers} "
-                "(n = output of decoder block n)"
-            )
-        return sorted(as_ints)
-    else:
-        raise ValueError(f"select_layers: unsupported spec {spec!r}")
-    if last_n < 1:
-        raise ValueError(f"select_layers: last_n must be >= 1, got {last_n}")
-    last_n = min(last_n, num_layers)
-    return list(range(num_layers - last_n + 1, num_layers + 1))
+        named = {"half": max(1, num_layers // 2), "all": num_layers}
+        last_n = named.get(key, int(key) if key.lstrip("+").isdigit() else None)
+    if isinstance(last_n, int) and not isinstance(last_n, bool) and last_n >= 1:
+        return list(range(num_layers - min(last_n, num_layers) + 1, num_layers + 1))
+    layers = list(spec) if hasattr(spec, "__iter__") and not isinstance(spec, str) else []
+    if layers and all(map(_is_int, layers)):
+        as_ints = sorted(int(x) for x in layers)
+        if len(set(as_ints)) == len(as_ints) and 1 <= as_ints[0] and as_ints[-1] <= num_layers:
+            return as_ints
+    raise ValueError(f"select_layers: {spec!r} is not 'half', 'all', a last n >= 1 or a list of distinct "
+                     f"1-based layers in 1..{num_layers} (n = output of decoder block n)")
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
     """Strip DDP (``.module``), torch.compile (``._orig_mod``) and PEFT wrappers: the hooks go on
-    the base model's blocks, which the adapter forward runs through (under FSDP2 the model is
-    itself, its blocks the layer units, and the root's weights are gathered while they run)."""
+    the base model's blocks (FSDP2 keeps the model itself)."""
     from medsrl.models.lora import unwrap_peft
 
     for _ in range(8):
@@ -125,8 +101,7 @@ def find_lm_head(model: nn.Module) -> nn.Module:
 @dataclass(frozen=True)
 class CaptureTargets:
     """Read ``rows[i]`` / ``positions[i]`` of response ``sample_index[i]``, scoring
-    ``next_token_ids[i]``; ``seq_len``: the forward's full width (a narrower forward dropped left
-    padding, ``step.scoring``, and positions move left)."""
+    ``next_token_ids[i]``; ``seq_len``: the forward's full width (a narrower one dropped left padding)."""
 
     rows: torch.Tensor
     positions: torch.Tensor
@@ -138,8 +113,7 @@ class CaptureTargets:
         return int(self.rows.numel())
 
     def for_rows(self, rows: Sequence[int] | torch.Tensor, seq_len: int | None = None) -> CaptureTargets:
-        """The targets in packed ``rows`` (a micro-batch, any order), made local (``rows[j]`` is
-        its row ``j``); ``seq_len``: that forward's full width, when not the batch's."""
+        """The targets in packed ``rows`` (a micro-batch, any order), made local to it."""
         rows = torch.as_tensor(rows, dtype=torch.long).flatten().to(self.rows.device)
         match = self.rows.unsqueeze(1) == rows.unsqueeze(0)  # [targets, micro-batch rows]
         keep = match.any(dim=1)
@@ -157,9 +131,9 @@ def answer_targets(
     response_ids: Sequence[Sequence[int]],
     prompt_length: int,
 ) -> CaptureTargets:
-    """Targets for the located answers of a batch packed by ``pack_rollouts``: answer ``t`` of
-    response ``i`` reads row ``i`` at ``prompt_length + t``, scoring ``response_ids[i][t + 1]``.
-    No answer, or a ``{`` as last token: left out (``sample_index`` says which remain)."""
+    """Targets for the located answers of a packed batch: answer ``t`` of response ``i`` reads row
+    ``i`` at ``prompt_length + t``, scoring ``response_ids[i][t + 1]``; no answer, or a ``{`` as
+    last token: left out."""
     rows, positions, next_ids = [], [], []
     for i, (t, resp) in enumerate(zip(answer_index, response_ids, strict=True)):
         if t is None or not 0 <= int(t) < len(resp) - 1:
@@ -173,10 +147,8 @@ def answer_targets(
 
 
 class LayerLogitCapture:
-    """Per-layer answer logits of the forward run inside :meth:`capture`. ``layers``: a
-    :func:`select_layers` spec; ``final_norm=True`` also norms intermediate layers;
-    ``token_ids``: keep the logits of these fixed tokens at every layer (``[M, L * K]``, layer
-    by layer) instead of the next token's (``[M, L]``)."""
+    """Per-layer answer logits of the forward run inside :meth:`capture`; ``token_ids``: keep
+    these fixed tokens' logits at every layer (``[M, L * K]``) instead of the next token's."""
 
     def __init__(self, model: nn.Module, layers: Any = DEFAULT_LAST_N, *, final_norm: bool = False,
                  token_ids: Sequence[int] | None = None):
@@ -192,23 +164,13 @@ class LayerLogitCapture:
         self._entries: list[torch.Tensor] = []  # [m, L] fp32 per capture call
         self.armed = False  # a capture context is open
 
-    @property
-    def num_captured(self) -> int:
-        """Positions captured since the last pop/clear."""
-        return sum(int(e.shape[0]) for e in self._entries)
-
-    def stored_numel(self) -> int:
-        """Values held: ``M * L`` (only logits are kept between forwards)."""
-        return sum(e.numel() for e in self._entries)
-
     def clear(self) -> None:
         self._entries.clear()
 
     @contextlib.contextmanager
     def capture(self, targets: CaptureTargets) -> Iterator[LayerLogitCapture]:
-        """Arm the hooks for the one forward run inside this context (a second one raises), at
-        ``targets`` local to its batch (:meth:`CaptureTargets.for_rows`); an exception inside
-        discards this call's captures."""
+        """Arm the hooks for the one forward run inside (a second one raises), at ``targets``
+        local to its batch; an exception inside discards this call's captures."""
         if self.armed:
             raise RuntimeError("LayerLogitCapture.capture: contexts cannot be nested")
         if not isinstance(targets, CaptureTargets):
@@ -230,7 +192,6 @@ class LayerLogitCapture:
             for h in handles:
                 h.remove()
             self.armed = False
-        # Only reached when the body raised nothing.
         if not len(targets):
             self._entries.append(torch.empty(0, self.width, dtype=torch.float32))
             return
@@ -297,7 +258,7 @@ class LayerLogitCapture:
         return len(self.layers) * (1 if self.token_ids is None else len(self.token_ids))
 
     def features(self) -> torch.Tensor:
-        """``[M, L(*K)]`` fp32 logits of everything captured since the last pop (kept stored)."""
+        """``[M, L(*K)]`` fp32 logits captured since the last pop."""
         if not self._entries:
             return torch.empty(0, self.width, dtype=torch.float32)
         parts = self._entries

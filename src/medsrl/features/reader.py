@@ -1,19 +1,10 @@
-"""The MEDS feature of each response, read from a forward the caller runs (docs/REFERENCE.md steps 1-2).
-
-The one capture path of the project, used by the MEDS plug-in in the scoring forward and by
-``evaluation/response_features.py``, so a feature means the same thing in both. Per response:
-
-1. **Answer.** The token holding the ``{`` of the last ``\\boxed{`` (:mod:`.answer_locator`).
-2. **Per-layer logits** of the first answer token there, in fp32 (:mod:`.logit_capture`).
-3. **Rounding** (``dtype``). The reference's LM head runs under bf16 autocast, and HDBSCAN with
-   ``min_samples=1`` treats its exact ties differently from near ties, so ``bfloat16`` (or
-   ``auto`` on a bf16 policy) rounds the fp32 logits to bf16.
-4. **Differences** (``diff``). As in the reference, layer ``n`` gives ``logit(n) - logit(n-1)``
-   (after rounding): the last 14 of 28 layers give ``L15-L14 .. L28-L27``; layer 1 nothing.
-
-``logits="digits"`` (beyond the reference; study v3's audit) keeps, at the same position, the
-logits of the ten digit tokens at every selected layer, ``[M, L * 10]`` layer by layer: the
-answer's first digit together with its close alternatives, not the chosen one alone.
+"""The MEDS feature of each response, read from a forward the caller runs (docs/REFERENCE.md steps
+1-2): the one capture path, for the MEDS plug-in and evaluation alike. Per response: the answer's
+``{`` (:mod:`.answer_locator`); the per-layer fp32 logits of the first answer token there
+(:mod:`.logit_capture`); rounded to bf16 (``dtype``: the reference's LM head runs under bf16
+autocast, and HDBSCAN with ``min_samples=1`` treats exact ties apart from near ones); with
+``diff``, ``logit(n) - logit(n-1)`` as the reference. ``logits="digits"`` (study v3's audit) keeps
+the ten digit tokens' logits per layer instead, ``[M, L * 10]``.
 """
 
 from __future__ import annotations
@@ -63,24 +54,21 @@ class FeatureSpec(Settings):
 
 
 def capture_layers(selected: Sequence[int], diff: bool) -> list[int]:
-    """The 1-based layers whose logits must be read: ``selected``, and with ``diff`` each selected
-    layer's predecessor instead of layer 1 itself (it has no predecessor, so no feature)."""
+    """The 1-based layers whose logits must be read: with ``diff`` each selected one's predecessor too."""
     if not diff:
         return sorted(selected)
     return sorted({m for n in selected if n > 1 for m in (n - 1, n)})
 
 
 def feature_layers(selected: Sequence[int], diff: bool) -> list[int]:
-    """The layer each feature column belongs to: with ``diff``, column ``n`` is
-    ``logit(n) - logit(n-1)``, so layer 1 drops out."""
+    """The layer of each feature column: with ``diff`` layer 1 has no predecessor and drops out."""
     return sorted(n for n in selected if n > 1 or not diff)
 
 
 def layer_diffs(
     logits: torch.Tensor, captured: Sequence[int], layers: Sequence[int]
 ) -> torch.Tensor:
-    """``[M, len(captured)]`` per-layer logits -> ``[M, len(layers)]`` of ``logit(n) - logit(n-1)``
-    for each ``n`` in ``layers`` (each ``n`` and ``n - 1`` must be in ``captured``)."""
+    """``[M, len(captured)]`` per-layer logits -> ``[M, len(layers)]`` of ``logit(n) - logit(n-1)``."""
     column = {n: i for i, n in enumerate(captured)}
     missing = [n for n in layers if n not in column or n - 1 not in column]
     if missing:
@@ -99,14 +87,12 @@ def digit_token_ids(tokenizer: Any) -> list[int]:
 
 
 def round_to_bfloat16(x: torch.Tensor) -> torch.Tensor:
-    """fp32 values rounded to the nearest bf16 (ties to even), kept as fp32: what the reference's
-    bf16 LM head outputs."""
+    """fp32 values rounded to the nearest bf16, kept as fp32: what the reference's bf16 LM head outputs."""
     return x.to(torch.bfloat16).float()
 
 
 def resolve_feature_dtype(dtype: str, model: nn.Module) -> torch.dtype:
-    """``float32`` / ``bfloat16`` as given; ``auto``: bf16 when the policy computes in bf16 (bf16
-    parameters, or fp32 under bf16 autocast), to match the reference; else fp32."""
+    """``auto``: bf16 when the policy computes in bf16 (bf16 parameters or bf16 autocast), as the reference."""
     if dtype not in FEATURE_DTYPES:
         raise ValueError(f"feature dtype {dtype!r}; valid: {', '.join(FEATURE_DTYPES)}")
     if dtype != "auto":
@@ -151,17 +137,17 @@ class AnswerFeatureReader:
 
     @property
     def num_features(self) -> int:
-        """The feature width ``D`` (after the differences)."""
+        """The feature width ``D``."""
         return len(self.layers) * (1 if self.token_ids is None else len(self.token_ids))
 
     @property
     def dtype(self) -> torch.dtype:
-        """The dtype the features are rounded to, resolved against the model now."""
+        """The dtype the features are rounded to."""
         return resolve_feature_dtype(self.spec.dtype, self.model)
 
     @property
     def answer_rows(self) -> torch.Tensor:
-        """Rows of the current batch that have an answer to read (long, ascending)."""
+        """Rows of the current batch that have an answer (ascending)."""
         return self._require_targets("answer_rows").sample_index
 
     def begin(self, response_ids: Sequence[Sequence[int]], prompt_length: int) -> None:
@@ -173,8 +159,7 @@ class AnswerFeatureReader:
 
     def microbatch(self, rows: Sequence[int] | torch.Tensor, columns_end: int | None = None
                    ) -> contextlib.AbstractContextManager:
-        """Hooks around the one forward of the packed ``rows`` (a no-op when none has an answer);
-        ``columns_end``: where that forward's columns end (``PackedRollouts.columns_end``)."""
+        """Hooks around the one forward of the packed ``rows`` (columns up to ``columns_end``)."""
         part = self._require_targets("microbatch").for_rows(rows, columns_end)
         if not len(part):
             return contextlib.nullcontext()
@@ -187,8 +172,8 @@ class AnswerFeatureReader:
         self._read_rows.append(part.sample_index)
 
     def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(features float32 [M, D] on CPU, response rows long [M], ascending)`` of the batch;
-        raises unless the micro-batches read each row with an answer exactly once."""
+        """``(features float32 [M, D] on CPU, their rows [M], ascending)``; raises unless the
+        micro-batches read each row with an answer exactly once."""
         targets = self._require_targets("finish")
         self._targets = None
         logits = self._capture.pop_features()  # [M, C] fp32, in read order
