@@ -32,12 +32,10 @@ class DynamicSampling(Plugin):
         self.max_rounds = max_rounds
 
     def transform_groups(self, groups: list[Group], ctx: StepContext) -> list[Group]:
-        """One round's trainable groups; the others go to ``ctx.dropped``."""
         ctx.dropped.extend(g for g in groups if not g.trainable)
         return [g for g in groups if g.trainable]
 
     def batch_filled(self, extra_rounds: int, kept: float, ctx: StepContext) -> None:
-        """How full the batch got: ``kept`` groups (all ranks) after ``extra_rounds``."""
         filled = min(int(kept), ctx.num_prompts)
         if filled < ctx.num_prompts:
             log.info("step %d: dynamic sampling filled %d/%d groups after %d extra rounds",

@@ -17,9 +17,8 @@ from medsrl.step.rollouts import StepRollouts
 def entropy_bonus_advantage(
     advantages: torch.Tensor, entropy: torch.Tensor, coef: float = 0.4, cap_ratio: float = 0.5
 ) -> torch.Tensor:
-    """GRPO+Entropy shaped advantage ``A + min(coef * H, |A| * cap_ratio)`` per token [B, T]
-    (``advantages``: [B] or [B, T]). The cap keeps the bonus below ``|A|`` (``cap_ratio < 1``),
-    so it never flips a negative advantage; entropy is detached (not a loss term)."""
+    """``A + min(coef * H, |A| * cap_ratio)`` per token [B, T]; ``cap_ratio < 1`` never flips a negative
+    advantage; entropy is detached (not a loss term)."""
     adv = per_token(advantages, entropy)
     bonus = torch.minimum(coef * entropy.detach(), adv.abs() * cap_ratio)
     return adv + bonus

@@ -1,11 +1,8 @@
-"""EVOL-RL's novelty reward (arXiv 2509.15194): the memoryless twin of MEDS (it compares a
-response with the others of its group, not with the past).
-
-Within a group, ``novelty_i = 1 - (0.5 * mean cos(v_i, same-outcome others) + 0.5 * max cos(v_i,
-any other))``, min-max normalised within the right and within the wrong responses to ``u``; the
-reward is ``0.5 + 0.5 u`` if right, ``-1 + 0.5 u`` if wrong, -1 without a boxed answer. ``v_i``
-comes from the scoring forward: ``meds_features`` (the MEDS feature, same settings, so MEDS vs
-novelty isolates *history*) or ``hidden_mean`` (the mean normed last hidden state).
+"""EVOL-RL's novelty reward (arXiv 2509.15194), the memoryless twin of MEDS: a response is compared
+with the others of its group, not with the past. ``novelty_i = 1 - (0.5 * mean cos(v_i, same-outcome
+others) + 0.5 * max cos(v_i, any other))``, min-max normalised within each outcome to ``u``; reward
+``0.5 + 0.5 u`` if right, ``-1 + 0.5 u`` if wrong, -1 without a boxed answer. ``v_i``: the MEDS
+feature (so MEDS vs novelty isolates history) or the mean normed last hidden state.
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ from medsrl.step.rollouts import StepRollouts
 
 
 def group_novelty(vectors: Tensor, correct: Tensor) -> Tensor:
-    """``novelty`` per row of one group's ``vectors`` ``[n, D]`` (float64 [n]); a response alone
-    in its outcome has mean similarity 0 to it, a group of one novelty 1."""
+    """Per row of one group's ``vectors`` ``[n, D]``; alone in its outcome: mean similarity 0."""
     n = len(vectors)
     if n == 1:
         return torch.ones(1, dtype=torch.float64)
@@ -41,8 +37,7 @@ def group_novelty(vectors: Tensor, correct: Tensor) -> Tensor:
 
 
 def minmax_within(values: Tensor, subset: Tensor) -> Tensor:
-    """Min-max normalise ``values`` within ``subset`` (bool) to [0, 1]; 0.5 where the subset has
-    no spread (one member, or all equal); other rows untouched (0)."""
+    """``values`` min-max normalised within ``subset`` to [0, 1] (0.5 without spread), 0 elsewhere."""
     out = torch.zeros_like(values)
     if subset.any():
         x = values[subset]
@@ -52,8 +47,7 @@ def minmax_within(values: Tensor, subset: Tensor) -> Tensor:
 
 
 def novelty_rewards(vectors: Tensor, correct: Tensor, has_box: Tensor, has_vector: Tensor) -> Tensor:
-    """EVOL-RL's reward for one group (float64 [n]). Rows without a vector take no part in the
-    similarities and get the bottom of their outcome's range; rows without a box get -1."""
+    """One group's reward; rows without a vector get the bottom of their outcome's range."""
     u = torch.zeros(len(correct), dtype=torch.float64)
     rows = has_vector.nonzero().flatten()
     if len(rows):
@@ -98,7 +92,6 @@ class NoveltyBonus(Plugin):
         if self.vectors == "hidden_mean" and self._norm is None:
             self._norm = find_final_norm(pl_module.policy)
 
-    # the scoring forward ------------------------------------------------------------------
     def before_scoring(self, rollouts: StepRollouts, ctx: StepContext) -> None:
         self._parts, self._part_rows = [], []
         if self.reader is not None:
@@ -134,7 +127,6 @@ class NoveltyBonus(Plugin):
             self._vecs = torch.cat(self._parts) if self._parts else torch.zeros(0, 0)
             self._rows = torch.cat(self._part_rows) if self._part_rows else torch.zeros(0, dtype=torch.long)
 
-    # the reward ----------------------------------------------------------------------------
     def shape_rewards(self, rollouts: StepRollouts, ctx: StepContext) -> None:
         n = len(rollouts)
         vecs = torch.zeros(n, max(self._vecs.shape[-1], 1), dtype=torch.float64)

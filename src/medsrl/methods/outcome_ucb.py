@@ -1,16 +1,9 @@
-"""Outcome-based exploration, historical (arXiv 2509.06941): a UCB-style bonus on the final
-answer. Each response's score gains ``c / sqrt(1 + N)``, ``N`` the times its prompt's responses
-gave the same final answer in earlier steps, so an answer the policy rarely reached pays more.
-
-The answer is keyed as MEDS keys its answer memory (``mode=answer``): the prompt's stable key
-and the extracted final answer (``GradeResult.extracted``), counted by
-``methods/meds/gate.py``'s ``count_answers`` and read by ``earlier_answer_counts``. Unlike MEDS
-it counts every answer, right or wrong. Counts are updated after the step (from every rank,
-identical everywhere, in the checkpoint), so a step's responses see only earlier steps: two
-responses of one step with the same answer get the same bonus (the paper's batch exploration,
-which would penalise that repetition, is not this plug-in). A response without an answer gets no
-bonus and is not counted. With DAPO's filter, the groups it dropped are counted too
-(``count_dropped``): they were sampled, only never trained on.
+"""Outcome-based exploration, historical (arXiv 2509.06941): each response's score gains
+``c / sqrt(1 + N)``, ``N`` the times its prompt's responses gave the same final answer in earlier
+steps (counted as MEDS's ``mode=answer``, but right answers too), so a rarely reached answer pays
+more. Counts are updated after the step, from every rank: two responses of one step with the same
+answer get the same bonus (the paper's batch exploration is not this plug-in). With DAPO's filter
+the dropped groups count too (``count_dropped``).
 """
 
 from __future__ import annotations
@@ -28,7 +21,7 @@ from medsrl.step.rollouts import SAMPLED, StepRollouts
 
 
 def ucb_bonus(counts: list[int], answered: list[bool], c: float) -> torch.Tensor:
-    """``c / sqrt(1 + N)`` per response (float64 [B]); 0 where there is no answer."""
+    """Per response (float64 [B]); 0 where there is no answer."""
     return torch.tensor([c / math.sqrt(1 + n) if ok else 0.0 for n, ok in zip(counts, answered, strict=True)],
                         dtype=torch.float64)
 
@@ -67,8 +60,7 @@ class OutcomeUCB(Plugin):
         })
 
     def step_additions(self, rollouts: StepRollouts, ctx: StepContext) -> list[tuple[str, str | None]]:
-        """This rank's ``(prompt key, answer)`` of the responses it sampled this step (R3's
-        replayed rows were counted in the step that sampled them)."""
+        """This rank's ``(prompt key, answer)`` of the responses it sampled (not R3's replays)."""
         keyed = [(k, g.extracted) for k, g, src in zip(rollouts.keys, rollouts.grades, rollouts.source, strict=True)
                  if src == SAMPLED]
         if self.count_dropped:
@@ -77,7 +69,7 @@ class OutcomeUCB(Plugin):
         return keyed
 
     def commit(self, additions: list, ctx: StepContext) -> None:
-        """Every rank's answers into the counts (a sum: the order does not matter)."""
+        """Every rank's answers into the counts (a sum: in any order)."""
         for keyed in additions:
             count_answers(self.answer_counts, keyed)
         ctx.log(self, {"prompts_known": float(len(self.answer_counts)),

@@ -1,7 +1,5 @@
-"""DAPO overlong reward shaping: a soft, linear penalty as a response nears the length limit.
-
-A hard 0 for a response cut off at the limit is noisy (the reasoning may have been right), so
-the reward ramps down over the last ``buffer_length`` tokens before ``max_response_length``.
+"""DAPO overlong reward shaping: a hard 0 for a response cut off at the limit is noisy (the reasoning
+may have been right), so the reward ramps down over the last ``buffer_length`` tokens instead.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ def overlong_penalty(
     buffer_length: int,
     penalty_factor: float = 1.0,
 ) -> torch.Tensor:
-    """Penalty (<= 0) to *add* to each response's reward: 0 for ``len <= max - buffer``, falling
-    linearly to ``-penalty_factor`` at ``max`` and clamped there (``buffer_length=0``: a step)."""
+    """The reward term (<= 0): 0 up to ``max - buffer``, then linearly down to ``-penalty_factor`` at ``max``."""
     if not 0 <= buffer_length <= max_response_length:
         raise ValueError(
             f"need 0 <= buffer_length <= max_response_length, got {buffer_length}, {max_response_length}"

@@ -1,9 +1,6 @@
 """STEER's per-token loss weight (arXiv 2510.10150): damp the tokens whose update would move the
-policy's entropy most.
-
-``Omega = |A / pi_old * pi (1 - pi) (log pi + H)|`` per token, at the start of the update
-(``pi = pi_old``) ``|A (1 - pi) (log pi + H)|`` from the scoring forward's probabilities and
-entropies, mapped linearly over the batch's tokens to ``[low, high]`` (the largest to ``low``).
+policy's entropy most. ``Omega = |A / pi_old * pi (1 - pi) (log pi + H)|``, at the start of the update
+``|A (1 - pi) (log pi + H)|``, mapped linearly over the batch's tokens to ``[low, high]`` (largest: low).
 """
 
 from __future__ import annotations
@@ -30,8 +27,8 @@ def steer_omega(advantages: Tensor, old_logp: Tensor, entropy: Tensor) -> Tensor
 
 def steer_weights(omega: Tensor, mask: Tensor, low: float = 0.8, high: float = 1.2,
                   bounds: tuple[float, float] | None = None) -> Tensor:
-    """``high - (high - low) * (omega - min) / (max - min)`` on the masked tokens, 1 elsewhere
-    and without spread; ``bounds``: ``(min, max)`` from elsewhere (every rank's tokens)."""
+    """``high - (high - low) * (omega - min) / (max - min)`` on the masked tokens, 1 elsewhere and
+    without spread; ``bounds``: ``(min, max)`` of every rank's tokens."""
     if not low <= high:
         raise ValueError(f"steer weights need low <= high, got {low}, {high}")
     m = mask.bool()

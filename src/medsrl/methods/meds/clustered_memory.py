@@ -1,11 +1,8 @@
-"""The MEDS memory with its clusters kept current: ``ErrorMemory`` plus background re-fits.
-
-Order inside a step (docs/REFERENCE.md steps 4-5): shaping reads the labels stored so far
-(:meth:`labels_for`), then :meth:`insert` appends every rank's features (in rank order: the
-memory is replicated) and submits the touched stores' re-fits, run during the policy update.
-``refit_growth`` (beyond the reference): a store re-fits only once the rows added since its last
-fit reach that fraction of the rows fitted, as a fit costs more than linear time in the store's
-size (``docs/BENCHMARKS.md``); in between, the k-NN vote reads the rows fitted so far.
+"""The MEDS memory with its clusters kept current: ``ErrorMemory`` plus background re-fits. Shaping
+reads the labels so far (:meth:`labels_for`), then :meth:`insert` appends every rank's features and
+submits the touched stores' re-fits, run during the update (docs/REFERENCE.md steps 4-5).
+``refit_growth`` (beyond the reference; a fit costs more than linear time): re-fit only once the
+rows added since the last fit reach that fraction of the rows fitted (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -22,8 +19,6 @@ Store = tuple[str, bool]  # (prompt key, correct)
 
 
 class ClusteredMemory:
-    """Per-(prompt key, correctness) features and their HDBSCAN labels."""
-
     def __init__(
         self,
         cap_per_key: int | None = None,
@@ -66,7 +61,7 @@ class ClusteredMemory:
         self.memory.reset()
 
     def labels_for(self, key: str, correct: bool) -> MemoryEntry | None:
-        """The ``(key, correct)`` store with up-to-date labels (waits for a running re-fit)."""
+        """The store with up-to-date labels (waits for a running re-fit)."""
         self._collect(key, correct)
         return self.memory.get(key, correct)
 
@@ -81,7 +76,7 @@ class ClusteredMemory:
                 self.memory.set_labels(key, correct, labels)
 
     def insert(self, rows: list[tuple[list[Store], np.ndarray]], step: int) -> list[Store]:
-        """Append every rank's ``(stores, features)`` rows, in order; re-fit the touched stores."""
+        """Append every rank's ``(stores, features)`` rows in order; returns the stores touched."""
         self.open()
         by_store: dict[Store, list[np.ndarray]] = {}
         for stores, x in rows:
@@ -97,7 +92,6 @@ class ClusteredMemory:
         return list(by_store)
 
     def metrics(self, touched: list[Store]) -> dict[str, float]:
-        """Size, re-fit waits, and the feature spread of the wrong stores touched this step."""
         stats = self.refitter.stats if self.refitter is not None else {"blocked_waits": 0, "blocked_seconds": 0.0}
         out = {
             "memory_entries": float(self.memory.num_entries()),

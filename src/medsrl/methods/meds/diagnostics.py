@@ -1,9 +1,5 @@
-"""Whether MEDS's penalty lands on the repeated mistake: two figures per step, from the answers.
-
-MEDS clusters the features of wrong responses, not their answers, so a cluster can mix answers
-and one repeated answer can be split. :func:`cluster_answer_purity` says how often a cluster is
-one answer; :func:`penalty_on_top_answer` compares the penalty's share on each group's most
-frequent wrong answer with that answer's share of the wrong responses.
+"""Whether MEDS's penalty lands on the repeated mistake. MEDS clusters features, not answers, so a
+cluster can mix answers and one repeated answer can be split.
 """
 
 from __future__ import annotations
@@ -15,9 +11,7 @@ from collections.abc import Sequence
 def cluster_answer_purity(
     group_ids: Sequence[int], labels: Sequence[int], answers: Sequence[str | None]
 ) -> float | None:
-    """Over responses with a cluster label (>= 0; noise and unlabelled are -1), grouped by
-    (group, label): the share of them that give their cluster's most common answer (no answer
-    counts as its own). ``None`` when no response has a label."""
+    """The share of labelled responses (>= 0) giving their (group, label) cluster's most common answer."""
     clusters: dict[tuple[int, int], list[str | None]] = defaultdict(list)
     for g, label, answer in zip(group_ids, labels, answers, strict=True):
         if label >= 0:
@@ -32,8 +26,7 @@ def penalty_on_top_answer(
     group_ids: Sequence[int], wrong: Sequence[bool], answers: Sequence[str | None], penalty: Sequence[float]
 ) -> tuple[float | None, float | None]:
     """``(share of the penalty on each group's most frequent wrong answer, share of the wrong
-    responses giving it)``; ties: the first seen; no answer never counts as it. ``None`` for the
-    first without penalty, for both without wrong responses."""
+    responses giving it)``; ties: the first seen."""
     by_group: dict[int, Counter] = defaultdict(Counter)
     for g, w, a in zip(group_ids, wrong, answers, strict=True):
         if w and a is not None:

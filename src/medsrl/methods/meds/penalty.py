@@ -1,12 +1,7 @@
-"""MEDS reward shaping: the penalty for a repeated mistake and how it enters the score.
-
-Reference (docs/REFERENCE.md step 6): wrong responses get ``score - alpha * min(ln(|C| + 1), 2.0)``;
-the cap keeps a huge cluster from swamping the 0/1 correctness reward. Size 0 (no penalty) comes
-only on a prompt's first visit: after it the k-NN vote always returns a cluster or the noise
-count, so no mistake is "new". Responses without a boxed answer have no feature and get no
-penalty (so they are favoured over boxed wrong ones). Under group mean/std normalisation even
-the *mean* penalty of a group's wrong responses cancels, not only a constant shift; only their
-spread moves the advantages (``gate.py`` has the closed form).
+"""MEDS reward shaping: the penalty for a repeated mistake and how it enters the score (docs/REFERENCE.md
+step 6). Size 0 (no penalty) comes only on a prompt's first visit; a response without a boxed answer
+has no feature and no penalty. Under group mean/std normalisation the mean penalty of a group's wrong
+responses cancels: only their spread moves the advantages (``gate.py``).
 """
 
 from __future__ import annotations
@@ -22,8 +17,8 @@ TARGETS = ("wrong", "right", "both", "none")
 
 
 def meds_penalty(sizes: np.ndarray, alpha: float, beta: float | None = None) -> np.ndarray:
-    """Penalty per response (float64) from its cluster size: ``min(alpha * ln(size + 1), beta)``;
-    ``beta=None`` is the reference cap, ``alpha * min(ln(size + 1), 2.0)``."""
+    """``min(alpha * ln(size + 1), beta)`` per response (float64); ``beta=None``: the reference's
+    ``alpha * min(ln(size + 1), 2.0)``, so a huge cluster cannot swamp the 0/1 reward."""
     s = np.asarray(sizes, dtype=np.float64)
     if (s < 0).any():
         raise ValueError("cluster sizes must be >= 0")
@@ -35,11 +30,9 @@ def shuffle_penalties(
     penalties: Tensor, group_ids: Tensor, correct: Tensor, featured: Tensor, group_keys: Sequence[str],
     seed: int, step: int,
 ) -> Tensor:
-    """The penalties permuted within each group among its featured responses of one outcome (the
-    wrong ones, for ``target=wrong``): each group keeps its multiset of penalties and loses which
-    response carries which (``meds.shuffle_penalties``, the control that keeps the penalty's
-    distribution and drops its targeting). The permutation of group ``g`` is drawn from ``(seed,
-    step, group_keys[g], outcome)``: the same on every rank and in a resumed run. A new tensor."""
+    """The penalties permuted within each group among its featured responses of one outcome: the
+    control that keeps each group's penalties and drops their targeting. Drawn from ``(seed, step,
+    group_keys[g], outcome)``: the same on every rank and in a resumed run."""
     out = penalties.clone()
     is_featured = torch.zeros(len(penalties), dtype=torch.bool)
     is_featured[featured] = True
@@ -58,10 +51,8 @@ def shuffle_penalties(
 def apply_penalty(
     scores: Tensor, correct: Tensor, penalties: Tensor, target: str = "wrong"
 ) -> Tensor:
-    """Shaped scores [B] (a new tensor): ``wrong`` (reference) gives wrong responses
-    ``score - pen``; ``right`` gives right ones ``score / (1 + pen)``; ``both`` does each on its
-    own side; ``none`` copies ``scores`` (the memory still fills: logging-only runs). Responses
-    without a feature must be given penalty 0 by the caller."""
+    """Shaped scores [B]: ``wrong`` (reference) ``score - pen`` on wrong responses; ``right``
+    ``score / (1 + pen)`` on right ones; ``both``; ``none`` a copy (logging-only runs)."""
     if target not in TARGETS:
         raise ValueError(f"unknown penalty target {target!r}; expected one of {TARGETS}")
     if scores.shape != correct.shape or scores.shape != penalties.shape:
@@ -85,15 +76,9 @@ def _as_numpy(x) -> np.ndarray:
 
 
 def advantage_order_changed(raw, shaped, group_ids) -> float:
-    """Fraction of groups whose ordering of responses differs between ``raw`` and ``shaped``.
-
-    Equal when every pair of the group keeps its relation (``<``, ``=``, ``>``): a tie broken
-    by shaping counts as a change, a constant shift does not. No groups gives 0.0. Accepts
-    tensors or arrays [B].
-    """
+    """Fraction of groups in which a pair of responses changed relation (``<``, ``=``, ``>``; a tie
+    broken counts) between ``raw`` and ``shaped`` (tensors or arrays [B])."""
     r, s, g = _as_numpy(raw), _as_numpy(shaped), _as_numpy(group_ids)
-    if not (r.shape == s.shape == g.shape) or r.ndim != 1:
-        raise ValueError("raw, shaped and group_ids must all be 1-D with the same length")
     groups = np.unique(g)
     if groups.size == 0:
         return 0.0

@@ -1,8 +1,7 @@
-"""In-context self-reflection (ISR): a second chance at a prompt the policy keeps failing.
-
-The reflection prompt shows the problem, one past wrong response and an instruction to find the
-mistake, graded against the same answer. Its key gets ``REFLECT_SUFFIX``: its per-prompt state
-(MEDS memory) is apart from the original's."""
+"""In-context self-reflection (ISR): a prompt the policy keeps failing, with one past wrong response
+and an instruction to find the mistake, graded against the same answer; its own key keeps its
+per-prompt state (MEDS memory) apart.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ DEFAULT_INSTRUCTION = (
 
 def reflection_prompt(prompt: Prompt, wrong_response: str, instruction: str = DEFAULT_INSTRUCTION,
                       render: Callable[[str], str] | None = None) -> Prompt:
-    """``prompt``'s reflection prompt, rendered in the data's prompt format (``render``: the
-    datamodule's ``render``; the Qwen-Math template by default)."""
+    """Rendered by the datamodule's ``render`` (default: the Qwen-Math template)."""
     problem = f"{prompt.problem}\n\nA previous attempt:\n\n{wrong_response.strip()}\n\n{instruction}"
     return Prompt(
         key=prompt.key + REFLECT_SUFFIX,

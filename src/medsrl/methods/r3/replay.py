@@ -1,8 +1,5 @@
-"""Cross-context replay (CCR): the math of mixing stored responses into a zero-spread group.
-
-A group all right (or all wrong) has no advantage signal: R3 appends up to ``k`` stored responses
-of the opposite outcome and normalises the mixed group as ``(R - mean) / (alpha * std + lambda)``;
-an optional truncated importance weight corrects for the older policy (off in the paper).
+"""Cross-context replay (CCR): a group all right (or all wrong) has no advantage signal, so R3 appends
+up to ``k`` stored responses of the opposite outcome and normalises the mixed group.
 """
 
 from __future__ import annotations
@@ -13,15 +10,14 @@ from medsrl.algo import group_advantages
 
 
 def replay_count(k: int | None, n: int) -> int:
-    """How many responses to mix in: ``k``, or (``None``) a quarter of the group, at least 1."""
+    """``k``, or (``None``) a quarter of the group, at least 1."""
     if k is None:
         return max(1, n // 4)
     return max(0, int(k))
 
 
 def mixed_group_advantages(scores: Tensor, group_ids: Tensor, alpha: float = 1.0, lam: float = 1e-6) -> Tensor:
-    """``(R - group mean) / (alpha * group std + lam)`` per row (unbiased std): GRPO's advantage
-    for ``alpha = 1`` and ``lam`` = eps; ``lam`` bounds it when the spread is tiny."""
+    """``(R - group mean) / (alpha * group std + lam)`` per row: GRPO's for ``alpha = 1``, ``lam`` = eps."""
     if alpha < 0 or lam <= 0:
         raise ValueError(f"replay alpha must be >= 0 and lambda > 0, got {alpha}, {lam}")
     if alpha == 0:
