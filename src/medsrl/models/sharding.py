@@ -1,19 +1,10 @@
 """FSDP2 for the policy: each parameter a DTensor sharded over the ranks, one unit per decoder layer.
 
-``trainer=fsdp`` builds :class:`PolicyFSDPStrategy` (Lightning's ``ModelParallelStrategy`` on a
-one-dimensional mesh); the module's ``configure_model`` calls :func:`shard_policy`: one
-``fully_shard`` unit per decoder layer (a LoRA layer's adapters inside it) and the root for the
-rest (embeddings, final norm, LM head). Compute runs in bf16 over fp32 shards under
-``bf16-mixed`` (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``).
-
-Every forward of the policy goes through its units (the scoring pass, the MEDS features,
-validation's feature forward, the update), each a collective: ranks agree on the number of
-passes (:func:`agreed_passes`) and a rank with fewer rows joins the others' with a one-token
-:func:`idle_forward`. The weights leave the shards one parameter at a time, in the receiver's
-dtype (:func:`streamed_weights`: the vLLM sync, the export, the milestones); HF generation
-reads a plain model filled from that stream (:func:`full_weights`). Only rank 0 loads the
-weights; the others build on the ``meta`` device and receive their shards
-(:func:`materialize_from_rank0`). Layout and precision: docs/ARCHITECTURE.md and docs/GPU.md.
+Every forward of the policy is a collective: ranks agree on the number of passes
+(:func:`agreed_passes`) and a rank with fewer rows joins with a one-token :func:`idle_forward`. The
+weights leave the shards one parameter at a time, in the receiver's dtype (:func:`streamed_weights`).
+Only rank 0 loads the weights; the others build on ``meta`` and receive their shards. Layout and
+precision: docs/ARCHITECTURE.md and docs/GPU.md.
 """
 
 from __future__ import annotations
@@ -38,24 +29,21 @@ STATE_DICT_TYPES = ("sharded", "full")
 
 
 def is_sharded(module: nn.Module) -> bool:
-    """Whether ``module`` is a ``fully_shard``-ed policy (its parameters DTensors)."""
     return isinstance(module, FSDPModule)
 
 
 def whole(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The whole tensor in ``dtype``: a DTensor's shards cast first, then gathered (a collective:
-    every rank calls it for the same tensor), so the gather moves ``dtype``'s bytes."""
+    """The whole tensor in ``dtype``: a DTensor's shards cast first, so the gather (a collective)
+    moves ``dtype``'s bytes."""
     if isinstance(t, DTensor):
         return (t if dtype is None else t.to(dtype)).full_tensor()
     return t if dtype is None else t.to(dtype)
 
 
 class PolicyFSDPStrategy(ModelParallelStrategy):
-    """Lightning's ``ModelParallelStrategy`` as plain FSDP2 over every rank (data parallel only, no
-    tensor parallelism), on the CPU too (gloo). ``state_dict_type``: ``sharded`` checkpoints are a
-    folder of per-rank files through ``torch.distributed.checkpoint`` (re-sharded on load, so a run
-    resumes on another number of ranks); ``full`` gathers the policy and its AdamW states on rank 0
-    into one file in the plain layout (~12 bytes a parameter, 91 GB at 7B)."""
+    """Lightning's ``ModelParallelStrategy`` as plain FSDP2 over every rank, on the CPU too (gloo).
+    ``sharded`` checkpoints are re-sharded on load (a run resumes on another number of ranks);
+    ``full`` gathers the policy and its AdamW states on rank 0 into one file in the plain layout."""
 
     strategy_name = "medsrl_fsdp"
 
@@ -78,13 +66,11 @@ class PolicyFSDPStrategy(ModelParallelStrategy):
 
     @property
     def shard_mesh(self):
-        """The one-dimensional mesh the policy is sharded over (all ranks)."""
         return self.device_mesh["data_parallel"]
 
     @property
     def mixed_precision_policy(self) -> MixedPrecisionPolicy:
-        """bf16 (fp16) compute over the fp32 shards, gradients reduced in fp32; other precisions
-        (``32-true``) compute in the parameters' own dtype."""
+        """bf16 (fp16) compute over the fp32 shards, gradients reduced in fp32."""
         low = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(str(self.precision_plugin.precision))
         return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if low else None)
 
@@ -93,8 +79,7 @@ class PolicyFSDPStrategy(ModelParallelStrategy):
         return CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy()
 
     def optimizer_state(self, optimizer) -> dict[str, Any]:
-        """As Lightning's, but a full state is put in the plain layout (states keyed by the
-        parameter's position) without FSDP1's deprecated re-keying."""
+        """A full state in the plain layout, without FSDP1's deprecated re-keying."""
         if self._save_distributed_checkpoint:
             return super().optimizer_state(optimizer)
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
@@ -105,9 +90,8 @@ class PolicyFSDPStrategy(ModelParallelStrategy):
         return plain_optimizer_layout(state) if self.global_rank == 0 else state
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
-        """A sharded checkpoint: Lightning's (``torch.distributed.checkpoint``). A full one is read
-        here: rank 0's tensors broadcast one at a time into the shards, its optimizer states keyed
-        by name first (Lightning re-keys them with FSDP1's deprecated API)."""
+        """A full checkpoint is read here, rank 0's tensors broadcast one at a time into the shards
+        (Lightning re-keys the optimizer states with FSDP1's deprecated API)."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             set_model_state_dict,
@@ -127,8 +111,7 @@ class PolicyFSDPStrategy(ModelParallelStrategy):
 
 
 def plain_optimizer_layout(state: Mapping[str, Any]) -> dict[str, Any]:
-    """A name-keyed optimizer state (``torch.distributed.checkpoint.state_dict``'s) in the layout of
-    a plain ``optimizer.state_dict()``: states and ``param_groups`` by the parameters' positions."""
+    """A name-keyed optimizer state in the layout of a plain ``optimizer.state_dict()`` (by position)."""
     order = [name for group in state["param_groups"] for name in group["params"]]
     index = {name: i for i, name in enumerate(order)}
     groups = [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]
@@ -136,8 +119,7 @@ def plain_optimizer_layout(state: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def named_optimizer_layout(state: Mapping[str, Any], module: nn.Module) -> dict[str, Any]:
-    """:func:`plain_optimizer_layout` reversed: position keys become ``module``'s parameter names
-    (its trained parameters in optimiser order, as ``configure_optimizers`` lists them)."""
+    """:func:`plain_optimizer_layout` reversed (the trained parameters in ``configure_optimizers``' order)."""
     if not state["state"] or not isinstance(next(iter(state["state"])), int):
         return dict(state)
     names = [n for n, p in module.named_parameters() if p.requires_grad]
@@ -146,8 +128,7 @@ def named_optimizer_layout(state: Mapping[str, Any], module: nn.Module) -> dict[
 
 
 def layer_classes(policy: nn.Module) -> set[type[nn.Module]]:
-    """The classes of the model's ``_no_split_modules`` (its decoder layers) found among its
-    modules; a LoRA policy's are its base model's (the adapters shard with the layers)."""
+    """The decoder layer classes (``_no_split_modules``; a LoRA policy's base model's)."""
     from medsrl.models.lora import unwrap_peft
 
     names = set(getattr(unwrap_peft(policy), "_no_split_modules", None) or [])
@@ -162,9 +143,7 @@ def layer_classes(policy: nn.Module) -> set[type[nn.Module]]:
 
 
 def shard_policy(policy: nn.Module, strategy: PolicyFSDPStrategy) -> nn.Module:
-    """``policy`` sharded in place: a ``fully_shard`` unit per decoder layer (with its LoRA
-    adapters), then the root for the rest. A policy built on the ``meta`` device (every rank but 0,
-    :func:`build_on_meta`) gets its shards from rank 0's weights."""
+    """``policy`` sharded in place: a unit per decoder layer (with its LoRA adapters), then the root."""
     source = _rank0_source(policy)
     classes = tuple(layer_classes(policy))
     options = dict(mesh=strategy.shard_mesh, mp_policy=strategy.mixed_precision_policy,
@@ -179,9 +158,8 @@ def shard_policy(policy: nn.Module, strategy: PolicyFSDPStrategy) -> nn.Module:
 
 
 def _rank0_source(policy: nn.Module) -> dict[str, torch.Tensor] | None:
-    """Where the ranks' policies differ in how they were built (rank 0 loaded, the others on
-    ``meta``): rank 0's whole state (its own tensors, no copy), else None. A ``meta`` policy takes
-    rank 0's dtypes (a ``meta`` build knows no checkpoint's dtype); the names must agree."""
+    """Rank 0's whole state when the other ranks built on ``meta``, else None. A ``meta`` policy takes
+    rank 0's dtypes (a ``meta`` build knows no checkpoint's dtype)."""
     built = {n: p.dtype for n, p in policy.named_parameters()}
     on_meta = any(p.is_meta for p in policy.parameters())
     seen = all_gather_objects((built, on_meta))
@@ -200,16 +178,13 @@ def _rank0_source(policy: nn.Module) -> dict[str, torch.Tensor] | None:
 
 
 def materialize_from_rank0(policy: nn.Module, source: Mapping[str, torch.Tensor], device: torch.device) -> None:
-    """Fill every rank's shards from rank 0's whole state, each tensor broadcast once (rank 0 holds
-    the only host copy: one load per node, not one per rank); the buffers (RoPE's frequencies,
-    not part of the state dict) are broadcast too."""
+    """Fill every rank's shards from rank 0's whole state (one load per node, not one per rank); the
+    buffers (RoPE's frequencies, not in the state dict) are broadcast too."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    if any(t.is_meta for t in list(policy.parameters()) + list(policy.buffers())):
-        meta = [m for m in policy.modules() if any(t.is_meta for t in m.parameters(recurse=False))]
-        for module in meta:
-            module.to_empty(device=device, recurse=False)
     for module in policy.modules():
+        if any(t.is_meta for t in module.parameters(recurse=False)):
+            module.to_empty(device=device, recurse=False)
         for name, buf in list(module._buffers.items()):
             if buf is not None and buf.is_meta:
                 module._buffers[name] = torch.empty_like(buf, device=device)
@@ -220,10 +195,8 @@ def materialize_from_rank0(policy: nn.Module, source: Mapping[str, torch.Tensor]
 
 
 def loads_on_rank0_only(strategy: Any, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether this process builds its policy on the ``meta`` device: under ``trainer=fsdp``
-    (``strategy``: the trainer's strategy setting), every rank but global rank 0 (rank 0 loads,
-    the others receive their shards: :func:`shard_policy`). Read from the launcher's environment
-    (torchrun's ``RANK``; Lightning's ``NODE_RANK`` and ``LOCAL_RANK``), before any process group."""
+    """Whether this process builds its policy on ``meta``: under ``trainer=fsdp`` every rank but 0,
+    read from the launcher's environment before any process group exists."""
     target = strategy.get("_target_") if isinstance(strategy, Mapping) else None
     if not (isinstance(target, str) and target.endswith("PolicyFSDPStrategy")):
         return False
@@ -234,123 +207,92 @@ def loads_on_rank0_only(strategy: Any, environ: Mapping[str, str] | None = None)
 
 
 def agreed_passes(count: int, sharded: bool) -> int:
-    """How many forwards every rank runs when this one has ``count``: under FSDP each forward is
-    a collective (its units' all-gathers), so every rank runs as many as the busiest one."""
+    """Under FSDP each forward is a collective: every rank runs as many as the busiest one."""
     return max(all_gather_objects(count)) if sharded else count
 
 
 @torch.no_grad()
 def idle_forward(model: nn.Module) -> None:
-    """A one-token no-grad forward through the sharded policy: this rank's part of a pass it has
-    no rows for (the other ranks' all-gathers wait for it)."""
+    """This rank's part of a pass it has no rows for (the other ranks' all-gathers wait for it)."""
     device = local(next(model.parameters())).device
     ids = torch.zeros((1, 1), dtype=torch.long, device=device)
     model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
 
 
 def idle_passes(model: nn.Module) -> None:
-    """This rank has no rows for a forward the others run (under FSDP): join all their passes."""
     for _ in range(agreed_passes(0, sharded=True)):
         idle_forward(model)
 
 
 def streamed_weights(module: nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """The state a plain model of the policy holds (a LoRA policy's merged, under the base model's
-    names: ``models/lora.py`` ``merged_weights``), one tensor at a time, for an engine's reload,
-    the export and the milestones. Sharded: each parameter is gathered alone, cast to ``dtype``
-    before the gather (the vLLM sync moves bf16, not fp32), and each tensor is a fresh copy (the
-    receiver may hold it past the next gather). Every rank must run it to the end together: each
-    gather is a collective."""
+    """The state a plain model of the policy holds (LoRA merged), one tensor at a time. Sharded: each
+    parameter gathered alone in ``dtype``, a fresh copy (the receiver may hold it past the next
+    gather); every rank runs it to the end together."""
     from medsrl.models.lora import merged_weights
 
-    if not is_sharded(module):
-        yield from merged_weights(module, dtype)
-        return
-    yield from merged_weights(module, dtype, copy=True, gather=whole)
+    sharded = is_sharded(module)
+    yield from merged_weights(module, dtype, copy=sharded, gather=whole if sharded else None)
 
 
 def host_weights(module: nn.Module, dtype: torch.dtype | None = None, *,
                  adapters_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
-    """:func:`streamed_weights` moved to host memory one tensor at a time (the export, the
-    milestones); ``adapters_only``: a LoRA policy's adapter weights, unmerged, under the PEFT
-    model's names. Every rank runs it to the end together."""
-    if not adapters_only:
-        for name, tensor in streamed_weights(module, dtype):
-            yield name, tensor.cpu()
-        return
+    """:func:`streamed_weights` moved to host memory one tensor at a time; ``adapters_only``: a LoRA
+    policy's adapters, unmerged, under the PEFT model's names."""
     from medsrl.models.lora import is_adapter_key
 
-    for name, param in module.named_parameters():
-        if is_adapter_key(name):
-            yield name, whole(param.detach(), dtype).cpu()
+    if adapters_only:
+        weights = ((n, whole(p.detach(), dtype)) for n, p in module.named_parameters() if is_adapter_key(n))
+    else:
+        weights = streamed_weights(module, dtype)
+    for name, tensor in weights:
+        yield name, tensor.cpu()
 
 
 def export_policy(policy: nn.Module, tokenizer, path, dtype: torch.dtype | None = None, *,
                   merge_on_export: bool = True) -> None:
-    """Save ``policy`` and ``tokenizer`` the Hugging Face way (``models/export.py`` ``save_policy``;
-    every rank calls, rank 0 writes), in ``dtype`` when given. Sharded: each parameter gathered
-    alone, in ``dtype``, and kept on rank 0's host only (:func:`host_weights`): no rank holds the
-    whole policy on its device (the bf16 milestones at 8B did not fit beside the engine's weights)."""
+    """``save_policy`` on every rank, rank 0 writing. Sharded: no rank holds the whole policy on its
+    device (the bf16 milestones at 8B did not fit beside the engine's weights)."""
     from medsrl.models.export import save_policy
     from medsrl.models.lora import is_lora
 
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     state = None
-    if is_sharded(policy):
-        adapters_only = is_lora(policy) and not merge_on_export
-        state = {}
-        for name, tensor in host_weights(policy, dtype, adapters_only=adapters_only):
-            if rank0:
-                state[name] = tensor
+    if is_sharded(policy):  # every rank gathers, rank 0 keeps
+        weights = host_weights(policy, dtype, adapters_only=is_lora(policy) and not merge_on_export)
+        state = {name: tensor for name, tensor in weights if rank0}
     if rank0:
         save_policy(policy, tokenizer, path, dtype=dtype, merge_on_export=merge_on_export, state=state)
 
 
 @contextlib.contextmanager
 def full_weights(module: nn.Module) -> Iterator[nn.Module]:
-    """A plain model with all the policy's weights, for reading (HF generation, the export), on
-    every rank together when sharded: the policy itself when it is plain, else a model of the
-    base architecture filled from :func:`streamed_weights` (LoRA merged: generation runs plain
-    layers, not two adapter matmuls more per projection), freed after the block."""
-    from medsrl.models.lora import is_lora
+    """A plain model with all the policy's weights (LoRA merged: generation runs plain layers, not two
+    adapter matmuls more per projection), freed after the block; every rank together when sharded."""
+    from medsrl.models.export import plain_model
+    from medsrl.models.lora import is_lora, unwrap_peft
 
     if not is_sharded(module) and not is_lora(module):
         yield module
         return
-    plain = plain_twin(module)
-    try:
-        with torch.no_grad():
-            yield plain
-    finally:
-        del plain
-
-
-def plain_twin(module: nn.Module) -> nn.Module:
-    """A plain (unsharded, adapter-free) model of ``module``'s base architecture holding its
-    merged weights, gathered one tensor at a time, in the master dtype."""
-    from medsrl.models.export import plain_model
-    from medsrl.models.lora import unwrap_peft
-
     base = unwrap_peft(module)
     twin = plain_model(module, dict(streamed_weights(module)))
     for name, buf in base.named_buffers():  # RoPE's frequencies and the like: not in the state dict
         owner, _, leaf = name.rpartition(".")
         twin.get_submodule(owner)._buffers[leaf] = buf
     twin.generation_config = base.generation_config
-    return twin.eval().requires_grad_(False)
+    with torch.no_grad():
+        yield twin.eval().requires_grad_(False)
 
 
 def grad_norm(params: list[nn.Parameter], sharded: bool) -> float:
-    """The global L2 norm of the gradients; with sharded gradients the squares of each rank's
-    shards are summed over ranks (each rank holds a disjoint slice)."""
+    """The global L2 norm of the gradients (sharded: each rank's squares summed over ranks)."""
     norms = [local(p.grad).detach().float().norm(2) for p in params if p.grad is not None]
     sq = float(torch.stack(norms).square().sum()) if norms else 0.0
     return (all_reduce_sum(sq) if sharded else sq) ** 0.5
 
 
 def replicate_from_rank0(module: nn.Module, device: torch.device) -> nn.Module:
-    """``module`` whole on every rank with rank 0's values (the KL reference, copied from a policy
-    that was built on the ``meta`` device on the other ranks)."""
+    """``module`` whole on every rank with rank 0's values (the KL reference of a ``meta`` build)."""
     if any(t.is_meta for t in module.parameters()):
         module = module.to_empty(device=device)
     module.to(device)
