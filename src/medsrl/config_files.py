@@ -1,24 +1,17 @@
 """The files written from the schemas, never by hand (``tests/test_config.py`` fails when one is
-stale; regenerate with ``python -m medsrl.config_files --write``):
-
-- ``configs/<group>/_defaults.yaml``: a section's defaults, which its presets extend (``- _defaults``),
-  so a preset lists only what it changes and every setting still overrides without ``+`` (a
-  required setting is ``???`` there: each preset sets it); ``train/`` and ``eval/``: the defaults
-  ``configs/train.yaml`` and ``configs/eval.yaml`` extend (``- <name>/_defaults@_here_``). Files,
-  not ConfigStore nodes registered on import: Hydra's compose API (a notebook, a benchmark)
-  composes what the CLI does without importing medsrl first.
-- ``configs/plugins/<name>.yaml``: a plug-in's ``_target_`` and its constructor's defaults.
-- ``docs/SETTINGS.md``: every setting with its default and help.
+stale; regenerate with ``python -m medsrl.config_files --write``): ``configs/<group>/_defaults.yaml``
+(a section's defaults its presets extend, so a preset lists only what it changes; files, not
+ConfigStore nodes, so Hydra's compose API needs no medsrl import), ``configs/plugins/<name>.yaml``
+(a plug-in's ``_target_`` and defaults) and ``docs/SETTINGS.md``.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any
 
 from omegaconf import OmegaConf
-from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from medsrl.algo.advantages import ADVANTAGE_ESTIMATORS, ADVANTAGE_OPTIONS
@@ -27,7 +20,7 @@ from medsrl.data.settings import DataConfig, Source
 from medsrl.models.settings import ModelConfig
 from medsrl.rollout.settings import RolloutConfig
 from medsrl.run_config import CONFIG_DIR, AlgorithmSection, EvalRunConfig, RunConfig, target_class
-from medsrl.settings import Settings, help_of, settings_model
+from medsrl.settings import Settings, help_of, inner_model, settings_model
 from medsrl.step.settings import OptimConfig
 
 DEFAULTS_SCHEMAS = {"algorithm": AlgorithmSection, "optim": OptimConfig, "rollout": RolloutConfig, "model": ModelConfig,
@@ -46,8 +39,7 @@ def defaults_path(group: str, config_dir: Path = CONFIG_DIR) -> Path:
 
 
 def schema_defaults(group: str, config_dir: Path = CONFIG_DIR) -> dict[str, Any]:
-    """What ``configs/<group>/_defaults.yaml`` holds: each setting's default, ``???`` for a
-    required one (the presets set it); for ``train``, the settings without a config group."""
+    """Each setting's default, ``???`` for a required one; for ``train``, those without a config group."""
     schema = DEFAULTS_SCHEMAS[group]
     return {field.alias or name: "???" if field.is_required() else
             to_jsonable_python(field.get_default(call_default_factory=True), by_alias=True)
@@ -82,10 +74,10 @@ def reference_md(config_dir: Path = CONFIG_DIR) -> str:
     out = ["# Settings", "", f"<!-- {notice} -->", "",
            "Every setting of `medsrl-train` (configs/train.yaml) and `medsrl-eval` (configs/eval.yaml), with its "
            "default and what it does. Override any on the command line: `medsrl-train rollout.n=16`.", ""]
-    top = {k: f for k, f in RunConfig.model_fields.items() if not _nested(f.annotation)}
+    top = {k: f for k, f in RunConfig.model_fields.items() if not inner_model(f.annotation)[0]}
     out += _table("Run", "", RunConfig, top)
     for name in ("model", "data", "rollout", "algorithm", "optim", "grader", "trainer"):
-        schema = _nested(RunConfig.model_fields[name].annotation)
+        schema = inner_model(RunConfig.model_fields[name].annotation)[0]
         out += _table(name, name, schema)
     for kind, models, names in (("advantage", ADVANTAGE_OPTIONS, ADVANTAGE_ESTIMATORS),
                                 ("policy_loss", POLICY_LOSS_OPTIONS, POLICY_LOSSES)):
@@ -106,23 +98,6 @@ def reference_md(config_dir: Path = CONFIG_DIR) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def _nested(hint: Any) -> type | None:
-    """The settings model inside an annotation (``X | None``, ``Annotated[...]``), if any."""
-    return _inner(hint)[0]
-
-
-def _inner(hint: Any) -> tuple[type | None, str]:
-    """``(the model inside hint, how it is held: "" one, "[]" a list, ".<name>" a mapping)``."""
-    if isinstance(hint, type) and issubclass(hint, BaseModel):
-        return hint, ""
-    origin = get_origin(hint)
-    for arg in get_args(hint):
-        model, held = _inner(arg)
-        if model is not None:
-            return model, "[]" if origin is list else ".<name>" if origin is dict else held
-    return None, ""
-
-
 def _table(title: str, prefix: str, schema: type, fields: dict | None = None) -> list[str]:
     return [f"## {title}", "", "| setting | default | |", "|---|---|---|", *_rows(prefix, schema, fields), ""]
 
@@ -131,7 +106,7 @@ def _rows(prefix: str, schema: type, fields: dict | None = None) -> list[str]:
     rows = []
     for name, field in (fields if fields is not None else schema.model_fields).items():
         key = f"{prefix}.{name}" if prefix else name
-        sub, held = _inner(field.annotation)
+        sub, held = inner_model(field.annotation)
         if sub is Source:
             rows.append(f"| `{key + held}` | | a data source: its `_target_` and arguments (Data sources, below) |")
             continue

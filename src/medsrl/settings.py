@@ -1,9 +1,6 @@
-"""The vocabulary of settings: strict pydantic types with their ranges and one message each
-(``<key> must be <what>, got <value>``), the :class:`Settings` base every section's schema
-extends, and the reading of a composed config into them. Each package keeps its own section's
-schema next to its code (``rollout/settings.py``, ``models/settings.py``, ...); the entry layer
-(``medsrl/run_config.py``) composes them and parses a run's config once. Strings are never
-numbers here, nor bools ints.
+"""The vocabulary of settings: strict pydantic types with one message each (``<key> must be <what>,
+got <value>``), the :class:`Settings` base of every section's schema, and the reading of a composed
+config into them. Strings are never numbers here, nor bools ints.
 """
 
 import inspect
@@ -31,12 +28,10 @@ from pydantic_core import PydanticCustomError
 SEED_MAX = 2**32 - 1  # numpy's (and Lightning's seed_everything's) bound
 STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
 
-# --------------------------------------------------------------------------- types
-
 
 def must(what: str | Callable[[], str]) -> WrapValidator:
     """Any failure of the value's own checks becomes one error, ``must be <what>`` (a callable
-    ``what`` is read when the error is raised: registries may grow)."""
+    ``what`` is read at error time: registries may grow)."""
 
     def check(value: Any, handler: Callable[[Any], Any]) -> Any:
         try:
@@ -132,26 +127,20 @@ Layers = Annotated[
 ]
 
 
-# --------------------------------------------------------------------------- sections
-
-
 class Settings(BaseModel):
-    """A section the code owns: strict types, finite numbers, no unknown key. A field's
-    docstring is its help (docs/SETTINGS.md, generated)."""
+    """A section the code owns: strict types, no unknown key; a field's docstring is its help."""
 
     model_config = STRICT
 
 
 class Open(Settings):
-    """A section Hydra instantiates (trainer, callbacks, data sources): the keys named here are
-    checked, the others are the instantiated class's to check."""
+    """A section Hydra instantiates: the keys named here are checked, the others are the class's."""
 
     model_config = ConfigDict(extra="allow")
 
 
 def parse(cls: type[BaseModel], values: Any, section: str) -> Any:
-    """``values`` (a mapping, an instance or None) as ``cls``; bad values raise one ``ValueError``
-    naming each by its key under ``section``."""
+    """``values`` (a mapping, an instance or None) as ``cls``; one ``ValueError`` names each bad key."""
     if isinstance(values, cls):
         return values
     try:
@@ -160,8 +149,6 @@ def parse(cls: type[BaseModel], values: Any, section: str) -> Any:
         return cls.model_validate(dict(values or {}))
     except ValidationError as err:
         raise ValueError("; ".join(message(cls, e, section, "") for e in err.errors())) from None
-
-# --------------------------------------------------------------------------- messages
 
 
 def _dotted(*parts: Any) -> str:
@@ -172,18 +159,23 @@ def _fields(schema: Any) -> dict[str, Any]:
     return {name: f.annotation for name, f in schema.model_fields.items()}
 
 
-def _section(hint: Any) -> Any:
-    """The model or TypedDict inside an annotation (``Optional[...]``, ``list[...]``)."""
-    if get_origin(hint) is None and isinstance(hint, type) and issubclass(hint, BaseModel):
-        return hint
-    return next((s for arg in get_args(hint) if (s := _section(arg)) is not None), None)
+def inner_model(hint: Any) -> tuple[type | None, str]:
+    """``(the model inside an annotation, how it is held: "" one, "[]" a list, ".<name>" a mapping)``."""
+    if isinstance(hint, type) and issubclass(hint, BaseModel):
+        return hint, ""
+    origin = get_origin(hint)
+    for arg in get_args(hint):
+        model, held = inner_model(arg)
+        if model is not None:
+            return model, "[]" if origin is list else ".<name>" if origin is dict else held
+    return None, ""
 
 
 def _section_at(schema: Any, path: tuple) -> Any:
     """The section at ``path`` under ``schema``."""
     for part in path:
         if not isinstance(part, int):
-            schema = _section(_fields(schema)[part])
+            schema = inner_model(_fields(schema)[part])[0]
     return schema
 
 
@@ -222,12 +214,9 @@ def problems(schema: Any, values: Any, prefix: str = "", owner: str = "") -> lis
     return []
 
 
-# --------------------------------------------------------------------------- reading the config
-
-
 def plain(node: Any, missing: list[str], key: str = "") -> Any:
-    """``node`` as plain dicts and lists, interpolations resolved. A ``???`` value is left out and
-    its key added to ``missing``; so is one only Hydra's run resolves (``${hydra:...}``)."""
+    """``node`` as plain dicts and lists, resolved; a ``???`` value is left out and its key added to
+    ``missing``, one only Hydra's run resolves (``${hydra:...}``) left out."""
     if not isinstance(node, (DictConfig, ListConfig)):
         return node
     is_dict = isinstance(node, DictConfig)
@@ -256,12 +245,8 @@ def lookup(values: Any, key: str) -> Any:
     return values
 
 
-# --------------------------------------------------------------------------- classes as schemas
-
-
 def settings_model(target: Callable, skip: Iterable[str] = ()) -> type[BaseModel]:
-    """The settings a class's ``__init__`` (or a function's keyword arguments) takes, as a
-    :class:`Settings` model: their annotations (these types) and defaults; ``skip`` left out."""
+    """A class's ``__init__`` settings (or a function's keyword arguments) as a :class:`Settings` model."""
     fn = target.__init__ if isinstance(target, type) else target
     params = list(inspect.signature(fn).parameters.values())
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
