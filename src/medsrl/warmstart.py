@@ -1,8 +1,5 @@
-"""Supervised warm start of the tiny preset on worked arithmetic solutions, cached on disk.
-
-A randomly initialised tiny model earns no reward, so RL would have no signal. ``ensure_warm_start``
-fine-tunes it first (a plain Lightning run, teacher forcing, loss on the response only), measures
-it with RL validation's own sampler and grader, and caches model + char tokenizer the HF way.
+"""Supervised warm start of the tiny preset on worked solutions, cached on disk: a random tiny model
+earns no reward, so RL would have no signal. Measured with RL validation's own sampler and grader.
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ from medsrl.data.arithmetic import GENERATOR_VERSION, generate_arithmetic
 from medsrl.data.example import MathExample
 from medsrl.data.template import IM_END, render_prompt
 from medsrl.models.char_tokenizer import build_char_tokenizer, char_vocab
-from medsrl.models.settings import TASKS, ModelConfig, WarmStartConfig
+from medsrl.models.settings import ModelConfig, WarmStartConfig
 from medsrl.models.tiny import build_tiny_model, tiny_qwen2_config
 
 log = logging.getLogger(__name__)
@@ -51,18 +48,15 @@ def task_examples(ws: WarmStartConfig, num: int, split: str) -> list[MathExample
     """The warm start's problems (with worked solutions) of one split."""
     if ws.task == "arithmetic":
         return generate_arithmetic(num, level=ws.level, seed=ws.seed, split=split, **ws.task_options)
-    if ws.task == "precedence":
-        from medsrl.data.precedence import generate_precedence_mix
+    from medsrl.data.precedence import generate_precedence_mix  # task=precedence, the schema's other
 
-        options = dict(ws.task_options)
-        if split != "train":  # the planted shortcut is a habit of the corpus, not of the answers
-            options.pop("shortcut_rate", None)
-        return generate_precedence_mix(num, seed=ws.seed, split=split, **options)
-    raise ValueError(f"model.warm_start.task must be one of {TASKS}, got {ws.task!r}")
+    options = dict(ws.task_options)
+    if split != "train":  # the planted shortcut is a habit of the corpus, not of the answers
+        options.pop("shortcut_rate", None)
+    return generate_precedence_mix(num, seed=ws.seed, split=split, **options)
 
 
 def warm_start_key(model_config: dict, ws: WarmStartConfig) -> str:
-    """sha256 over the resolved model config, the warm-start config and the code versions."""
     resolved = tiny_qwen2_config(**model_config).to_dict()
     resolved.pop("transformers_version", None)
     payload = {
@@ -76,7 +70,6 @@ def warm_start_key(model_config: dict, ws: WarmStartConfig) -> str:
 
 
 def warm_start_dir(cache_root: str | Path, model_config: dict, ws: WarmStartConfig) -> Path:
-    """``cache_root/<first 12 hex digits of warm_start_key>``."""
     return Path(cache_root) / warm_start_key(model_config, ws)[:12]
 
 
@@ -86,10 +79,8 @@ def _is_complete(path: Path) -> bool:
 
 def ensure_warm_start(cache_root: str | Path, model_config: dict, ws: WarmStartConfig, *,
                       log_every: int = 50, num_threads: int | None = None) -> Path:
-    """A cache entry with a warm-started tiny model + char tokenizer, ``metrics.json`` and
-    ``warmstart.json``; trained first if missing (``num_threads``: default all cores, not in the key).
-    One writer at a time (a ``FileLock`` next to the entry, released by the OS when a writer dies),
-    building in a temp dir moved into place when complete."""
+    """The cache entry (model, char tokenizer, ``metrics.json``), trained if missing: one writer at a
+    time (a ``FileLock`` the OS releases when a writer dies), built in a temp dir moved into place."""
     target = warm_start_dir(cache_root, model_config, ws)
     if _is_complete(target):  # no lock needed: entries only ever appear complete
         return target
@@ -107,8 +98,7 @@ def ensure_warm_start(cache_root: str | Path, model_config: dict, ws: WarmStartC
 
 
 def warm_started(model: ModelConfig, cache_dir: str | Path) -> ModelConfig:
-    """``model`` with ``name_or_path`` at the warm-started tiny preset (built if missing) when it
-    names no model and sets ``warm_start``; otherwise unchanged."""
+    """``model`` pointed at the warm-started tiny preset when it names no model and sets ``warm_start``."""
     if model.name_or_path is not None or model.warm_start is None:
         return model
     path = ensure_warm_start(cache_dir, dict(model.tiny or {}), model.warm_start)
@@ -126,11 +116,12 @@ def _remove_leftovers(target: Path) -> None:
 
 @dataclass
 class Encoded:
-    """Tokenised training sequences: a shared prompt prefix plus one suffix per example."""
+    """Training sequences: a shared prompt prefix (the system turn; may be empty) plus one suffix
+    (prompt tail + solution + <|im_end|>) per example and the index of its first response token."""
 
-    prefix: list[int]  # tokens every sequence starts with (the system turn), may be empty
-    suffixes: list[list[int]]  # the rest of each sequence: prompt tail + solution + <|im_end|>
-    response_starts: list[int]  # index in the suffix of the first response token
+    prefix: list[int]
+    suffixes: list[list[int]]
+    response_starts: list[int]
 
 
 def encode_examples(tokenizer, examples: list[MathExample], system_prompt: str | None,
@@ -167,9 +158,8 @@ def collate(enc: Encoded, indices: list[int]) -> tuple[torch.Tensor, torch.Tenso
 
 
 def sequence_loss(model, prefix: torch.Tensor | None, ids: torch.Tensor, labels: torch.Tensor):
-    """Mean next-token cross entropy on the labelled tokens. The shared ``prefix`` (1, P) runs
-    once, its key/value cache repeated over the batch: exactly the full sequences' loss (right
-    padding, causal attention) at about half the cost when the prefix is the system prompt."""
+    """Mean next-token cross entropy on the labelled tokens; the shared ``prefix`` (1, P) runs once,
+    its KV cache repeated over the batch: the full sequences' loss at about half the cost."""
     batch, width = ids.shape
     if prefix is not None and prefix.shape[1] > 0:
         p = prefix.shape[1]
@@ -222,8 +212,8 @@ class SupervisedWarmStart(L.LightningModule):
                      step, self.ws.steps, loss, self._lr, elapsed)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-        """Clip in the model's parameter order: Lightning's (the optimiser groups') sums the norm in
-        another order, which rounds differently and, over 1000 steps, changes the measured run."""
+        """Clip in the model's parameter order: Lightning's order rounds differently and, over 1000
+        steps, changes the measured run."""
         if self.ws.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.ws.grad_clip)
 
@@ -241,8 +231,7 @@ class SupervisedWarmStart(L.LightningModule):
 
 
 def train_model(model, enc: Encoded, ws: WarmStartConfig, *, log_every: int = 50) -> list[dict]:
-    """Train ``model`` for ``ws.steps`` steps over shuffled epochs of ``enc``; return the loss
-    curve: per ``log_every`` steps (and the last) their mean loss, the lr and the seconds so far."""
+    """Train ``model`` for ``ws.steps`` steps; the loss curve (mean loss, lr, seconds per ``log_every``)."""
     loader = DataLoader(range(len(enc.suffixes)), batch_sampler=batch_indices(len(enc.suffixes), ws),
                         collate_fn=functools.partial(collate, enc))
     module = SupervisedWarmStart(model, enc, ws, log_every)
@@ -257,8 +246,8 @@ def train_model(model, enc: Encoded, ws: WarmStartConfig, *, log_every: int = 50
 
 
 def batch_indices(n: int, ws: WarmStartConfig) -> list[list[int]]:
-    """``ws.steps`` batches cut from back-to-back shuffled epochs (a batch may span two), drawn
-    from a generator of their own seeded with ``ws.seed``: the order the recipe was measured with."""
+    """``ws.steps`` batches from back-to-back shuffled epochs seeded with ``ws.seed``: the order the
+    recipe was measured with."""
     gen = torch.Generator().manual_seed(ws.seed)
     epochs = -(-ws.steps * ws.batch_size // n)
     order = torch.cat([torch.randperm(n, generator=gen) for _ in range(epochs)]).tolist()
@@ -280,8 +269,7 @@ def _quiet_lightning():
 
 
 def evaluate(model, tokenizer, ws: WarmStartConfig) -> dict[str, Any]:
-    """Sampled (T=1, top_p=1) and greedy accuracy on ``ws.eval_examples`` val problems, sampled
-    and graded as RL validation does, so the warm start's figure is the RL run's starting point."""
+    """Sampled (T=1) and greedy accuracy on ``ws.eval_examples`` val problems, as RL validation measures."""
     from medsrl.evaluation.responses import SamplingSpec, problems_from, sample_problems
     from medsrl.reward.grader import MathGrader
     from medsrl.rollout.hf import HFRolloutEngine
