@@ -1,6 +1,5 @@
-"""A run's settings with its final figures, logged after ``fit`` so that TensorBoard's HParams
-dashboard compares the runs of a multirun; W&B gets the whole resolved config instead.
-"""
+"""A run's settings with its final figures, logged after ``fit`` for TensorBoard's HParams dashboard;
+W&B gets the whole resolved config instead."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ _ABSENT = object()
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Scalar]) -> None:
-    """``{a: {b: 1}}`` -> ``{"a.b": 1}``, lists and None as JSON text (all HParams can show);
-    ``_target_`` / ``_partial_`` are left out (the plug-in's name is the key above them)."""
+    """``{a: {b: 1}}`` -> ``{"a.b": 1}``, lists and None as JSON text; ``_target_`` etc. left out."""
     if isinstance(value, dict) and value:
         for key, sub in value.items():
             if not str(key).startswith("_"):
@@ -34,8 +32,7 @@ def _flatten(prefix: str, value: Any, out: dict[str, Scalar]) -> None:
 
 
 def flatten_hparams(cfg: DictConfig, keys: Iterable[str] = HPARAM_KEYS) -> dict[str, Scalar]:
-    """The resolved config's ``keys`` flattened, plus ``algorithm.plugin_names`` (in order, also
-    those without settings) and the Hydra experiment."""
+    """The resolved config's ``keys`` flattened, plus ``algorithm.plugin_names`` and the experiment."""
     out: dict[str, Scalar] = {}
     for key in keys:
         node = OmegaConf.select(cfg, key, default=_ABSENT)
@@ -68,8 +65,7 @@ def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
 
 
 def log_final_hparams(loggers: Iterable[Any], cfg: DictConfig, summary: dict[str, Any], step: int) -> None:
-    """One HParams session per TensorBoard logger. ``fit`` closed its writer: logging opens a new
-    event file in the same dir (read as one run) and ``finalize`` closes it again."""
+    """One HParams session per TensorBoard logger (a new event file in the run's dir, closed again)."""
     from lightning.pytorch.loggers import TensorBoardLogger
 
     tensorboards = [lg for lg in loggers if isinstance(lg, TensorBoardLogger)]
@@ -91,8 +87,7 @@ def run_config(cfg: DictConfig) -> dict[str, Any]:
 
 
 class WandbRunConfig(Callback):
-    """The resolved config as every ``WandbLogger``'s run config. At train start, so it replaces
-    the module's own hyper-parameters (which lack the plug-ins' settings)."""
+    """The resolved config as the W&B run config, at train start: it replaces the module's hparams."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config

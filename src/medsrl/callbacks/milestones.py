@@ -1,7 +1,5 @@
-"""Weights-only milestones of the policy, all kept (full checkpoints, ~12 bytes a parameter, are
-kept for the last few steps only): bf16, saved the Hugging Face way with the tokenizer, so
-``medsrl-eval model_path=<run>/milestones/step_000100`` or any HF tool loads one.
-"""
+"""Weights-only milestones of the policy, all kept (full checkpoints, ~12 bytes a parameter, are not),
+saved the Hugging Face way: ``medsrl-eval model_path=<run>/milestones/step_000100`` loads one."""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ log = logging.getLogger(__name__)
 
 
 class WeightMilestones(Callback):
-    """Every ``every_n_steps`` RL steps (0: never), the policy in ``dtype`` under
-    ``<dirpath>/step_<step>``, via a temporary folder so a crash mid-save leaves no half one."""
+    """The policy under ``<dirpath>/step_<step>``, via a temporary folder: a crash leaves no half one."""
 
     def __init__(self, every_n_steps: Annotated[Count, Doc("save the weights every N steps, all kept; 0: off")] = 0,
                  dtype: Annotated[ModelDtype, Doc("their dtype (bfloat16: 2 bytes a parameter)")] = "bfloat16",

@@ -1,19 +1,9 @@
-"""Held-out validation during training (the module has no ``validation_step``): accuracy, pass@k
-and diversity as medsrl-eval measures them, with the same sampling seed at every evaluation, so
-that successive points differ by the policy, not the dice.
+"""Held-out validation during training: accuracy, pass@k and diversity as medsrl-eval measures them,
+with the same sampling seed each time, so successive points differ by the policy, not the dice.
 
-Every rank samples a contiguous share of the problems (AIME24's 30 on 8 ranks: 4, 4, 4, 4, 4, 4,
-3, 3; ``evaluation/responses.py`` ``share_chunks``), each problem seeded by its index among all of
-them, not by the rank; the per-problem records are gathered and summarised in problem order, so
-the figures are one process's wherever the engine seeds per prompt (vLLM with
-``rollout.vllm.per_request_seeds``; otherwise a problem's draws can depend on what it was batched
-with, as in training). A rank with fewer problems, or none, still joins every collective: the
-engine sync, the release and, under FSDP, each pass of the feature forward.
-
-Memory, in the order it runs: every part is sampled first (vLLM from its own weights; HF with the
-policy gathered under FSDP), then the engine is released, then the diversity features are read in
-one feature pass through the policy module itself (under FSDP its wrapper: a unit gathered at a
-time), cut by the run's token budget, all of it under the run's autocast.
+Each rank samples a contiguous share of the problems, each seeded by its global index; the records
+are gathered in problem order. A rank with no problems still joins every collective. Memory: all
+is sampled, then the engine released, then the features read in one pass under the run's autocast.
 """
 
 from __future__ import annotations
@@ -48,8 +38,7 @@ _NOT_LOGGED = ("run", "benchmark", "problems", "n", "mean@n")  # mean@n == pass@
 
 class PassAtKValidation(Callback):
     """Logs ``val/accuracy`` (= pass@1), ``val/pass@k``, ``val/maj@n`` and diversity, per data set
-    too, on the first ``num_problems`` held-out prompts (None: all): before the first step
-    (``at_start``), every ``every_n_steps`` (0: off) and after the last."""
+    too, before the first step (``at_start``), every ``every_n_steps`` (0: off) and after the last."""
 
     def __init__(
         self,
@@ -77,9 +66,7 @@ class PassAtKValidation(Callback):
         self.history: list[tuple[int, float]] = []  # (step, val/accuracy) for the run summary
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        """The sampling: ``max_new_tokens`` null = ``rollout.max_new_tokens``; the features
-        ``"run"`` = a plug-in's feature (MEDS, novelty) when the run has one (else the defaults),
-        a dict = an explicit ``FeatureSpec``, null = none."""
+        """The sampling, with ``max_new_tokens`` and ``features="run"`` resolved from the run."""
         values = dict(self._sampling)
         if values["features"] == "run":
             specs = [p.features for p in getattr(pl_module, "plugins", [])
@@ -134,9 +121,7 @@ class PassAtKValidation(Callback):
 
 
 def _sample_share(pl_module, problems, settings: SamplingSpec) -> list[dict]:
-    """This rank's records: its share of ``problems`` sampled, the engine released, then the
-    features read. Every rank runs each step, with no problems too: the sync and the release
-    are decided together, and under FSDP the feature pass is a collective."""
+    """This rank's records (every rank runs each step, with no problems too: collectives)."""
     engine = pl_module.engine
     pl_module.sync_engine(stale_only=True)
     with pl_module.policy_for_generation():  # HF under FSDP: the policy gathered for sampling
@@ -147,8 +132,7 @@ def _sample_share(pl_module, problems, settings: SamplingSpec) -> list[dict]:
 
 
 def _with_features(pl_module, sampled: list[SampledChunk], settings: SamplingSpec) -> list[dict]:
-    """The sampled parts' records with their responses' features (None without a feature spec),
-    read in one pass over all of them (an empty one on a rank that sampled nothing)."""
+    """The sampled parts' records with their features, read in one pass over all of them."""
     feats = [None] * sum(len(c.rollout) for c in sampled)
     if settings.features is not None:
         algo = pl_module.algorithm  # the update's budget: the memory it is planned for
@@ -164,6 +148,5 @@ def _with_features(pl_module, sampled: list[SampledChunk], settings: SamplingSpe
 
 
 def _gathered_records(mine: list[dict]) -> list[dict]:
-    """Every rank's records in problem order (their global ``index``): the summary one process
-    would make from them."""
+    """Every rank's records in problem order: the summary one process would make."""
     return sorted((rec for part in all_gather_objects(mine) for rec in part), key=lambda rec: rec["index"])

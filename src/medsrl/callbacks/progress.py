@@ -1,8 +1,5 @@
-"""A progress bar that counts RL steps: ``step 37/60 |████▉   | [01:54<01:11, 3.1s/step, reward=0.412, acc=0.375]``.
-
-Lightning's bar counts epochs and batches per second ("Epoch 0/-2 ... 0.03it/s" for an RL run).
-This one's clock starts with the first step, it says ``validating`` while ``PassAtKValidation``
-samples, and it closes at the last step, above Lightning's "`Trainer.fit` stopped". Rank 0 only.
+"""A progress bar that counts RL steps: ``step 37/60 |████▉   | [01:54<01:11, 3.1s/step, reward=0.412, acc=0.375]``
+(Lightning's counts epochs: "Epoch 0/-2 ... 0.03it/s"). It says ``validating`` while validation samples.
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ STEP_TIME_METRIC = "train/time/step"  # the module's own step time (its training
 
 
 class StepProgressBar(TQDMProgressBar):
-    """``step <n>/<max_steps>`` with seconds per step (the mean of the last ``window``) and the
-    ``prog_bar`` metrics."""
+    """``step <n>/<max_steps>``, seconds per step (mean of the last ``window``), ``prog_bar`` metrics."""
 
     def __init__(self, refresh_rate: Annotated[Count, Doc("redraw every N steps; 0: no bar")] = 1,
                  process_position: Annotated[Count, Doc("tqdm's line, for several bars")] = 0,
@@ -41,11 +37,9 @@ class StepProgressBar(TQDMProgressBar):
         self._status = ""
 
     def seconds_per_step(self) -> float | None:
-        """The mean duration of the last ``window`` steps; None before the first."""
         return sum(self._step_times) / len(self._step_times) if self._step_times else None
 
     def postfix(self, trainer) -> str:
-        """``3.1s/step, reward=0.412, acc=0.375`` (and ``validating`` while it runs)."""
         sps = self.seconds_per_step()
         parts = [] if sps is None else [f"{sps:.{2 if sps < 1 else 1 if sps < 100 else 0}f}s/step"]
         for name, value in self.get_metrics(trainer, trainer.lightning_module).items():
@@ -53,12 +47,10 @@ class StepProgressBar(TQDMProgressBar):
         return ", ".join([*parts, self._status] if self._status else parts)
 
     def get_metrics(self, trainer, pl_module) -> dict[str, Any]:
-        """The ``prog_bar=True`` metrics, ``PREFIX`` dropped; no ``v_num``."""
         return {k.removeprefix(PREFIX): v for k, v in trainer.progress_bar_metrics.items()}
 
     def set_status(self, text: str) -> None:
-        """A word after the metrics (``validating``), ``""`` to clear it; redraws at once. Before
-        the first step (the validation at start) this opens the bar."""
+        """A word after the metrics (``""`` clears it); before the first step this opens the bar."""
         self._status = text
         if self._trainer is None or self._closed:
             return
@@ -112,7 +104,7 @@ class StepProgressBar(TQDMProgressBar):
         pass  # no epochs here: the bar is the run's
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        """Nothing: the parent closes and resets its bar per epoch; this one lasts the run."""
+        pass  # the parent closes its bar per epoch; this one lasts the run
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         self._step_start = time.monotonic()
@@ -138,7 +130,6 @@ class StepProgressBar(TQDMProgressBar):
             self._draw(trainer)
 
     def _step_seconds(self, trainer) -> float:
-        """The step's own duration: the module's logged step time, else this bar's hooks' span."""
         value = trainer.callback_metrics.get(STEP_TIME_METRIC)
         if value is not None:
             return float(value)
@@ -149,7 +140,7 @@ class StepProgressBar(TQDMProgressBar):
 
 
 def set_progress_status(trainer, text: str) -> None:
-    """Tell the run's step bar what is happening between steps (``validating``); no-op without one."""
+    """Tell the run's step bar what happens between steps (``validating``); no-op without one."""
     bar = getattr(trainer, "progress_bar_callback", None)
     if isinstance(bar, StepProgressBar):
         bar.set_status(text)

@@ -19,9 +19,7 @@ TABLE_COLUMNS = ("step", "key", "problem", "gold", "response", "extracted", "rew
 
 
 class SampleLogger(Callback):
-    """Shows what the policy writes, from the rollouts the step trained on (raw reward and shaped
-    score): TensorBoard text ``samples``, ``samples.jsonl`` and, with a ``WandbLogger``, one W&B
-    table ``samples`` for the run."""
+    """What the policy writes, from the rollouts the step trained on (raw reward and shaped score)."""
 
     def __init__(self, every_n_steps: Annotated[Count, Doc("log samples every N steps (TensorBoard text, "
                                                           "samples.jsonl); 0: off")] = 10,
@@ -59,8 +57,7 @@ class SampleLogger(Callback):
             self._log_table(wandb_loggers(trainer.loggers), records, rollouts.step)
 
     def _log_table(self, loggers: list, records: list[dict], step: int) -> None:
-        """An ``INCREMENTAL`` table per W&B logger: each log sends only the rows added since the
-        last, and the run's ``samples`` holds them all."""
+        """An ``INCREMENTAL`` table per W&B logger: each log sends only the new rows."""
         if not loggers or not records:
             return
         import wandb
