@@ -13,7 +13,6 @@ from medsrl.evaluation.passk import (
     majority_vote_correct,
     mean_pass_at_k,
     pass_at_k,
-    pass_at_k_array,
 )
 
 
@@ -61,13 +60,13 @@ def test_non_integer_count_is_rejected_not_truncated():
     with pytest.raises(TypeError):
         pass_at_k(4, 2.5, 1)
     with pytest.raises(TypeError):
-        pass_at_k_array(4, np.array([1.0, 2.7]), 1)
+        mean_pass_at_k(4, np.array([1.0, 2.7]), [1])
 
 
 def test_array_and_mean():
     counts = np.array([0, 1, 4])
     # pass@2 with n=4: c=0 -> 0; c=1 -> 1 - C(3,2)/C(4,2) = 1 - 3/6 = .5; c=4 -> 1
-    np.testing.assert_allclose(pass_at_k_array(4, counts, 2), [0.0, 0.5, 1.0])
+    np.testing.assert_allclose([pass_at_k(4, c, 2) for c in counts], [0.0, 0.5, 1.0])
     means = mean_pass_at_k(4, [0, 1, 4], [1, 2, 4])
     assert means == pytest.approx({1: (0 + 0.25 + 1) / 3, 2: 0.5, 4: 2 / 3})
     assert list(means) == [1, 2, 4]

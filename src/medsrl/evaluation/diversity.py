@@ -1,9 +1,5 @@
-"""Diversity of one problem's n responses: distinct answers, feature spread, error clusters.
-
-MEDS claims that penalising repeated errors makes a policy explore: its wrong answers should be
-more varied (more distinct strings, more clusters in feature space) and its features less
-concentrated along one direction (lower top-1 eigen ratio). Feature rows and geometry are those
-of MEDS training (the per-response vectors its memory stores).
+"""Diversity of one problem's n responses: distinct answers, feature spread, error clusters. MEDS
+claims penalising repeated errors makes wrong answers more varied and features less concentrated.
 """
 
 from __future__ import annotations
@@ -19,17 +15,13 @@ DIVERSITY_KEYS = ("distinct_answers", "distinct_wrong", "eigen_ratio", "wrong_cl
 
 
 def distinct_answers(answers: Sequence[str | None]) -> int:
-    """Number of different answers, grouped as in majority voting (``answer_key``: exact string
-    after stripping). Samples with no answer are not counted."""
+    """Number of different answers (``answer_key``), no answer not counted."""
     return len({answer_key(a) for a in answers} - {None})
 
 
 def distinct_wrong_answers(answers: Sequence[str | None], scores: Sequence[float]) -> int:
-    """Number of different *wrong* answers (score < 1, an answer given): a problem has one right
-    answer, so the spread of the errors is what repeated-error penalties are meant to change."""
-    if len(answers) != len(scores):
-        raise ValueError(f"{len(answers)} answers but {len(scores)} scores")
-    return len({answer_key(a) for a, s in zip(answers, scores, strict=True) if s < 1.0} - {None})
+    """Number of different *wrong* answers (score < 1): what repeated-error penalties mean to change."""
+    return len(_wrong_answer_counts(answers, scores))
 
 
 def _wrong_answer_counts(answers: Sequence[str | None], scores: Sequence[float]) -> np.ndarray:
@@ -42,10 +34,8 @@ def _wrong_answer_counts(answers: Sequence[str | None], scores: Sequence[float])
 
 
 def rarefied_distinct_wrong(answers: Sequence[str | None], scores: Sequence[float], m: int) -> float:
-    """The expected number of distinct wrong answers among ``m`` of the problem's wrong samples
-    drawn without replacement (Hurlbert's rarefaction: sum over answers of 1 - C(N - N_a, m) /
-    C(N, m)): a policy that errs less has fewer wrong samples and so fewer distinct ones; at a
-    fixed m that confound is gone. ``nan`` with fewer than ``m`` wrong samples (with an answer)."""
+    """Expected distinct wrong answers among ``m`` wrong samples (Hurlbert's rarefaction), free of the
+    fewer-errors confound; ``nan`` with fewer than ``m`` wrong samples."""
     counts = _wrong_answer_counts(answers, scores)
     total = int(counts.sum())
     if m < 1 or total < m:
@@ -56,8 +46,7 @@ def rarefied_distinct_wrong(answers: Sequence[str | None], scores: Sequence[floa
 
 
 def hill2_wrong(answers: Sequence[str | None], scores: Sequence[float]) -> float:
-    """Hill number of order 2 (inverse Simpson, 1 / sum p_a^2) of the wrong answers' shares: the
-    number of equally common answers that would give the same repeat rate; ``nan`` without any."""
+    """Hill number of order 2 (1 / sum p_a^2) of the wrong answers' shares; ``nan`` without any."""
     counts = _wrong_answer_counts(answers, scores)
     if counts.sum() == 0:
         return float("nan")
@@ -65,11 +54,8 @@ def hill2_wrong(answers: Sequence[str | None], scores: Sequence[float]) -> float
     return float(1.0 / np.sum(p**2))
 
 
-def wrong_cluster_count(
-    features: np.ndarray, *, min_cluster_size: int = 2, min_samples: int = 1
-) -> int:
-    """Number of error modes among the wrong responses' feature rows [N, D], clustered as in MEDS
-    training, the noise points together one cluster: errors all alike give 1."""
+def wrong_cluster_count(features: np.ndarray, *, min_cluster_size: int = 2, min_samples: int = 1) -> int:
+    """Error modes among wrong responses' feature rows [N, D], clustered as MEDS does (noise: one)."""
     x = np.asarray(features, dtype=np.float64)
     if x.ndim != 2:
         raise ValueError(f"expected a 2-D array [N, D], got shape {x.shape}")
@@ -79,12 +65,9 @@ def wrong_cluster_count(
     return len(set(labels.tolist()))
 
 
-def problem_diversity(
-    answers: Sequence[str | None], scores: Sequence[float], features: np.ndarray | None = None
-) -> dict[str, float]:
-    """All diversity figures of one problem, keyed by ``DIVERSITY_KEYS``. ``features`` [n, D]: row i
-    is response i's, NaN where it has none (left out); the eigen ratio uses every present row, the
-    cluster count those of wrong responses; both ``nan`` without ``features``."""
+def problem_diversity(answers: Sequence[str | None], scores: Sequence[float],
+                      features: np.ndarray | None = None) -> dict[str, float]:
+    """``DIVERSITY_KEYS`` of one problem; ``features`` [n, D] with NaN rows for responses without."""
     out = {
         "distinct_answers": float(distinct_answers(answers)),
         "distinct_wrong": float(distinct_wrong_answers(answers, scores)),

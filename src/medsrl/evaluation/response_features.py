@@ -1,10 +1,6 @@
-"""MEDS features of evaluation responses, for the diversity metrics: the same feature as in
-training (``AnswerFeatureReader``), read around no-grad forwards over the packed responses.
-
-The forwards are cut like the scoring pass's (``step/micro_batches.py``: by rows, or longest first
-by a token budget) and run only the rows that have an answer, on the columns they attend to. The
-policy may be FSDP-wrapped: every rank then runs as many forwards (``models/sharding.py``), a rank
-with fewer rows, or none, joining the others' with idle ones, so nothing is gathered whole.
+"""MEDS features of evaluation responses (the diversity metrics), read as in training, in no-grad
+forwards cut like the scoring pass's over the rows with an answer. Under FSDP every rank runs as many
+forwards (idle ones where it has fewer rows), so nothing is gathered whole.
 """
 
 from __future__ import annotations
@@ -22,8 +18,7 @@ def response_features(
     policy: torch.nn.Module, tokenizer, rollout: RolloutBatch, *, spec: FeatureSpec,
     micro_batch_size: int = 32, max_tokens: int | None = None, reasoning_end: str | None = None,
 ) -> list[list[float] | None]:
-    """One feature vector (a list of floats) per response of ``rollout``, ``None`` for one without
-    a box (``reasoning_end``: the answer is read after it, as the grader reads it)."""
+    """One feature vector per response, ``None`` for one without a box (read after ``reasoning_end``)."""
     batches, out = [], [None] * len(rollout)
     if len(rollout):
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

@@ -1,11 +1,6 @@
-"""Sample, grade and featurise ``n`` responses per problem, chunk by chunk, resumably.
-
-Problems are taken in fixed chunks of ``max(1, batch_size // n)``, the one starting at problem
-``s`` sampled with seed ``seed + s``: a resumed run re-samples only the chunks it had not finished
-and ends with the same records, hence the same table, as a run in one go. Over several ranks
-(:func:`share_chunks`) each rank takes a contiguous share of the problems, cut where the chunks
-are cut and each part seeded by its own first problem, so a problem's seed does not depend on
-the number of ranks.
+"""Sample, grade and featurise ``n`` responses per problem, resumably: fixed chunks of
+``max(1, batch_size // n)`` problems, the one at problem ``s`` seeded ``seed + s``, so a resumed run,
+or one over several ranks (:func:`share_chunks`), ends with the same records as one run in one go.
 """
 
 from __future__ import annotations
@@ -35,8 +30,7 @@ BatchSize = Annotated[PositiveInt, Doc("sequences per generation call (chunks of
 
 
 class SamplingSpec(Settings):
-    """How a policy is sampled to be measured: medsrl-eval's settings, RL validation's
-    (``callbacks.pass_at_k``) and the warm start's. An evaluation fingerprints all of it."""
+    """How a policy is sampled to be measured (eval, RL validation, the warm start); all fingerprinted."""
 
     n: Samples = 16
     temperature: Temperature = 1.0
@@ -52,16 +46,14 @@ class SamplingSpec(Settings):
         return max(1, self.batch_size // self.n)
 
     def fingerprint(self, model: str, benchmark: str, **extra: Any) -> str:
-        """The resume fingerprint of this sampling of ``model`` on ``benchmark`` (``extra``: the
-        rest that decides the generations: template, limit, engine)."""
+        """The resume fingerprint (``extra``: the rest that decides the generations: template, ...)."""
         values = {k: getattr(self, k) for k in SamplingSpec.model_fields}
         values["features"] = None if self.features is None else self.features.model_dump()
         return settings_fingerprint({**values, "extra": extra, "model": model, "benchmark": benchmark})
 
 
 def problems_from(examples, template: PromptTemplate | dict[str, Any], tokenizer=None) -> list[Prompt]:
-    """The ``MathExample`` s as prompts rendered in the prompt format ``template``
-    (``data.template`` settings; ``kind=chat`` renders with ``tokenizer``)."""
+    """The ``MathExample`` s rendered as prompts (``kind=chat`` renders with ``tokenizer``)."""
     fmt = PromptTemplate.from_config(template)
     return [Prompt(e.key, fmt.render(e.problem, tokenizer), e.problem, e.answer, e.source) for e in examples]
 
@@ -79,10 +71,8 @@ class SampledChunk:
 def sample_chunk(engine, grader, problems: Sequence[Prompt], indices: range, settings: SamplingSpec) -> SampledChunk:
     """Sample and grade the chunk of ``problems`` at ``indices``, seeded by its first problem."""
     batch = [problems[i] for i in indices]
-    params = SamplingParams(
-        n=settings.n, temperature=settings.temperature, top_p=settings.top_p,
-        max_new_tokens=settings.max_new_tokens, seed=settings.seed + indices.start,
-    )
+    params = SamplingParams(n=settings.n, temperature=settings.temperature, top_p=settings.top_p,
+                            max_new_tokens=settings.max_new_tokens, seed=settings.seed + indices.start)
     rollout = engine.generate([p.text for p in batch], params)
     grades = grader.grade_batch(rollout.response_text, [batch[j].answer for j in rollout.prompt_index])
     return SampledChunk(indices, batch, rollout, grades)
@@ -95,9 +85,8 @@ def chunks_of(num_problems: int, settings: SamplingSpec) -> list[range]:
 
 
 def share_chunks(num_problems: int, settings: SamplingSpec, rank: int, size: int) -> list[range]:
-    """Rank ``rank`` of ``size``'s contiguous share of the problems (``shard_bounds``: 15 and 15
-    of 30 on 2 ranks, even when they make one chunk), as its parts in the fixed chunks: no call
-    holds more than a chunk, and a chunk no share boundary cuts is sampled as one process does."""
+    """Rank ``rank``'s contiguous share of the problems (``shard_bounds``) cut into the fixed chunks: a
+    chunk no share boundary cuts is sampled as one process does."""
     start, stop = shard_bounds(num_problems, rank, size)
     parts = (range(max(c.start, start), min(c.stop, stop)) for c in chunks_of(num_problems, settings))
     return [part for part in parts if len(part)]
@@ -110,12 +99,8 @@ def chunk_records(chunk: SampledChunk, features: Sequence[list[float] | None], *
     per_problem: list[list[dict[str, Any]]] = [[] for _ in chunk.problems]
     for r, g in enumerate(chunk.grades):
         per_problem[rollout.prompt_index[r]].append({
-            "text": rollout.response_text[r],
-            "extracted": g.extracted,
-            "score": g.score,
-            "finish_reason": rollout.finish_reason[r],
-            "timed_out": g.timed_out,
-            "feature": features[r],
+            "text": rollout.response_text[r], "extracted": g.extracted, "score": g.score,
+            "finish_reason": rollout.finish_reason[r], "timed_out": g.timed_out, "feature": features[r],
         })
     return [
         {"run": run, "benchmark": benchmark, "index": i, "key": p.key, "problem": p.problem,
@@ -125,8 +110,7 @@ def chunk_records(chunk: SampledChunk, features: Sequence[list[float] | None], *
 
 
 def joined_rollout(chunks: Sequence[SampledChunk]) -> RolloutBatch:
-    """The chunks' responses as one batch (``prompt_index`` counted on across chunks), so one
-    feature pass covers them all."""
+    """The chunks' responses as one batch, for one feature pass over them all."""
     out, offset = RolloutBatch.empty(), 0
     for c in chunks:
         out.prompt_index += [offset + i for i in c.rollout.prompt_index]
@@ -141,8 +125,7 @@ def sample_problems(
     run: str = "", benchmark: str = "", store: GenerationStore | None = None,
     fingerprint: str | None = None,
 ) -> list[dict[str, Any]]:
-    """One record per problem (its n responses, grades and features), in problem order; with a
-    ``store``, records already there are reused and new ones written as each chunk finishes."""
+    """One record per problem, in order; with a ``store``, stored records are reused, new ones written."""
     records: list[dict[str, Any]] = []
     for idx in chunks_of(len(problems), settings):
         if store is not None and all(store.lookup(run, benchmark, i, fingerprint) for i in idx):
@@ -160,9 +143,7 @@ def sample_problems(
     return records
 
 
-def summarize_records(
-    run: str, benchmark: str, records: Sequence[dict[str, Any]]
-) -> dict[str, Any]:
+def summarize_records(run: str, benchmark: str, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The table row (pass@k, mean@n, maj@n, diversity) of one run on one benchmark."""
     answers = [[r["extracted"] for r in rec["responses"]] for rec in records]
     scores = [[float(r["score"]) for r in rec["responses"]] for rec in records]

@@ -1,7 +1,5 @@
-"""The generations file of an evaluation: one JSON line per problem of a (run, benchmark), with
-its responses, grades, features and the fingerprint of the settings and model, appended as it is
-graded. Reopening reads it back so an interrupted evaluation continues: a line torn by a kill is
-dropped (and logged), a record of other settings refused."""
+"""An evaluation's generations file: a JSON line per problem of a (run, benchmark), with the settings'
+fingerprint, appended as graded. Reopened, it resumes: a torn last line is dropped, other settings refused."""
 
 from __future__ import annotations
 
@@ -47,9 +45,7 @@ class GenerationStore:
                     if end >= len(raw):
                         self.dropped_lines += 1
                         break
-                    raise ValueError(
-                        f"{self.path}:{lineno}: not valid JSON; the generations file is damaged"
-                    ) from None
+                    raise ValueError(f"{self.path}:{lineno}: not valid JSON; the generations file is damaged") from None
                 self.records[(rec["run"], rec["benchmark"], int(rec["index"]))] = rec
             good_end = min(end, len(raw))
         if good_end < len(raw):
@@ -58,11 +54,8 @@ class GenerationStore:
             log.warning("%s: dropped %d incomplete line(s) from an interrupted run",
                         self.path, self.dropped_lines)
 
-    def lookup(
-        self, run: str, benchmark: str, index: int, fingerprint: str | None
-    ) -> dict[str, Any] | None:
-        """The stored record of a problem, ``None`` if there is none; ``ValueError`` when it was
-        made with other settings or another model."""
+    def lookup(self, run: str, benchmark: str, index: int, fingerprint: str | None) -> dict[str, Any] | None:
+        """The stored record of a problem or ``None``; ``ValueError`` when made with other settings."""
         rec = self.records.get((run, benchmark, index))
         if rec is not None and rec.get("settings") != fingerprint:
             raise ValueError(
@@ -73,7 +66,6 @@ class GenerationStore:
         return rec
 
     def add(self, record: dict[str, Any], fingerprint: str | None) -> None:
-        """Write one problem's record and flush it to disk."""
         record = {**record, "settings": fingerprint}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()

@@ -1,8 +1,5 @@
-"""Benchmark summary rows, written as Markdown / CSV / JSON tables and a pass@k plot.
-
-A row is a dict per (run, benchmark): ``run``, ``benchmark``, ``problems``, ``n``, ``pass@k`` for
-each k of ``default_ks(n)``, ``mean@n``, ``maj@n`` (fractions in [0, 1]) and the per-problem means
-of ``DIVERSITY_KEYS``. Files are written atomically, so a reader never sees half a report.
+"""Benchmark summary rows (per run and benchmark: pass@k, mean@n, maj@n, diversity means), written
+atomically as Markdown / CSV / JSON tables and a pass@k plot.
 """
 
 from __future__ import annotations
@@ -29,13 +26,9 @@ PERCENT_PREFIXES = ("pass@", "mean@", "maj@")  # columns shown in percent
 Row = dict[str, Any]
 
 
-def summarize_benchmark(
-    run: str, benchmark: str, answers: Sequence[Sequence[str | None]],
-    scores: Sequence[Sequence[float]], features: Sequence[np.ndarray | None] | None = None,
-) -> Row:
-    """One row from the n graded samples of each problem of one benchmark (same n each):
-    ``answers[p][i]`` / ``scores[p][i]`` of sample i of problem p, ``features[p]`` its [n, D] rows
-    or ``None``."""
+def summarize_benchmark(run: str, benchmark: str, answers: Sequence[Sequence[str | None]],
+                        scores: Sequence[Sequence[float]], features: Sequence[np.ndarray | None] | None = None) -> Row:
+    """One row from ``answers[p][i]`` / ``scores[p][i]`` of sample i of problem p (same n each)."""
     sizes = {len(s) for s in scores}
     if len(answers) != len(scores) or len(sizes) != 1:
         raise ValueError("need answers and scores for >= 1 problem, with the same n per problem")
@@ -53,8 +46,7 @@ def summarize_benchmark(
 
 
 def add_average_rows(rows: Sequence[Row]) -> list[Row]:
-    """Rows grouped by run, each run with >1 benchmark followed by an ``average`` row: the macro
-    mean over its benchmarks, as in papers (a column some lack is left out). Idempotent."""
+    """Rows grouped by run, each run with >1 benchmark followed by its macro-``average`` row. Idempotent."""
     rows = [r for r in rows if r["benchmark"] != AVERAGE]
     out: list[Row] = []
     for run in dict.fromkeys(r["run"] for r in rows):
@@ -73,8 +65,7 @@ def add_average_rows(rows: Sequence[Row]) -> list[Row]:
 
 
 def write_markdown(rows: Sequence[Row], path: str | os.PathLike) -> Path:
-    """A paper-style table: one line per (run, benchmark) plus each run's ``average`` line;
-    accuracies in percent, ``-`` for ``nan``, no ``run`` column when all rows share one run."""
+    """A paper-style table: accuracies in percent, ``-`` for ``nan``, no ``run`` column for one run."""
     rows = add_average_rows(rows)
     cols = _columns(rows)
     if len({r["run"] for r in rows}) == 1:
@@ -99,8 +90,7 @@ def write_json(rows: Sequence[Row], path: str | os.PathLike) -> Path:
 
 
 def plot_pass_at_k(rows: Sequence[Row], path: str | os.PathLike) -> Path:
-    """PNG of pass@k, one line per (run, benchmark); ``average`` rows are skipped (their k may be
-    a subset of the benchmarks')."""
+    """PNG of pass@k, one line per (run, benchmark), ``average`` rows skipped."""
     plt = pyplot()
     rows = [r for r in rows if r["benchmark"] != AVERAGE]
     if not rows:
@@ -132,7 +122,7 @@ def pyplot():
 
 
 def pass_at_k_axes(ax, ks, title: str) -> None:
-    """pass@k (%) against k on a log-2 axis, a tick at each k (curves are read on it)."""
+    """pass@k (%) against k on a log-2 axis, a tick at each k."""
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(ks), [str(k) for k in sorted(ks)])
     ax.minorticks_off()
@@ -145,7 +135,6 @@ def save_png(fig, path: str | os.PathLike, dpi: int) -> Path:
 
 
 def md_row(cells: Iterable[Any]) -> str:
-    """One row of a Markdown table."""
     return "| " + " | ".join(map(str, cells)) + " |"
 
 
@@ -169,7 +158,7 @@ def _cell(col: str, value: Any) -> str:
 
 
 def _nanmean(values: Sequence[float]) -> float:
-    """Mean of the finite values; ``nan`` (without numpy's warning) when there are none."""
+    """Mean of the finite values; ``nan`` (without numpy's warning) for none."""
     finite = [v for v in values if math.isfinite(v)]
     return float(np.mean(finite)) if finite else float("nan")
 
