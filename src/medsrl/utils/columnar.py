@@ -1,7 +1,6 @@
-"""Columnar state of the replicated per-key stores (MEDS's memory, R3's history): declared, typed
-columns that :func:`check` tests before a store changes anything (a corrupt checkpoint raises a
-``ValueError`` naming the field, never half-loads), :func:`digest` hashes (compared across ranks)
-and :class:`Format` stamps and atomically writes."""
+"""Columnar state of the replicated per-key stores (MEDS's memory, R3's history): typed columns
+that :func:`check` tests before a store changes anything (a corrupt checkpoint raises naming the
+field, never half-loads), :func:`digest` hashes across ranks and :class:`Format` writes."""
 
 from __future__ import annotations
 
@@ -22,8 +21,8 @@ from medsrl.utils.atomic_file import atomic_write
 
 @dataclass(frozen=True)
 class Column:
-    """A column: numpy scalar type ``dtype`` (``str``: a list of text) and ``ndim``; ``ragged``:
-    a sequence of ``dtype`` per row; ``nullable``: text or sequences may be None."""
+    """numpy scalar type ``dtype`` (``str``: a list of text); ``ragged``: a sequence per row;
+    ``nullable``: text or sequences may be None."""
 
     name: str
     dtype: Any
@@ -46,13 +45,12 @@ class Ragged(NamedTuple):
 
 
 def check_cap(cap: Any, where: str) -> int | None:
-    """``cap_per_key`` if it is None or an int >= 1, else a ``ValueError``."""
+    """``cap_per_key``, checked to be None or an int >= 1."""
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, numbers.Integral) or cap < 1):
         raise ValueError(f"{where}: cap_per_key must be None or >= 1, got {cap!r}")
     return cap
 
 
-# ------------------------------------------------------------- rows <-> columns
 def normalise(value: Any, col: Column) -> Any:
     """``value`` as the python value ``to_rows`` gives for ``col`` (ragged: a tuple)."""
     if value is None and col.nullable:
@@ -96,8 +94,8 @@ def _as_list(value: Any, col: Column) -> list:
 
 
 def pack(columns: Mapping[str, Any], *, as_tensors: bool) -> dict[str, Any]:
-    """Copies of array and text ``columns`` (not :class:`Ragged`) for a state dict: numpy arrays,
-    or CPU tensors (which the default ``torch.load(weights_only=True)`` accepts)."""
+    """Copies of array and text ``columns`` for a state dict: numpy arrays, or CPU tensors (which
+    ``torch.load(weights_only=True)`` accepts)."""
     out = {k: list(v) if isinstance(v, list) else np.array(v) for k, v in columns.items()}
     if as_tensors:
         import torch
@@ -114,11 +112,9 @@ def row_ranges(counts: np.ndarray, where: str) -> list[slice]:
     return [slice(end - c, end) for end, c in zip(ends, counts.tolist(), strict=True)]
 
 
-# ------------------------------------------------------------------ validation
 def check(columns: Mapping[str, Any], declared: Iterable[Column], n: int | None, where: str) -> dict:
-    """The ``declared`` columns of ``columns`` (tensors, arrays, lists or :class:`Ragged`), each
-    checked to be of its type with ``n`` rows (None: as many as the first column); else a
-    ``ValueError`` starting with ``where`` that names the column."""
+    """The ``declared`` columns of ``columns``, each checked to be of its type with ``n`` rows
+    (None: as the first column's); else a ``ValueError`` starting with ``where``, naming it."""
     out = {}
     for col in declared:
         if col.name not in columns:
@@ -157,10 +153,9 @@ def _array(value: Any, dtype: Any, ndim: int, name: str, where: str) -> np.ndarr
     return arr
 
 
-# ---------------------------------------------------------------------- digest
 def digest(columns: Mapping[str, Any], *header: Any) -> str:
-    """SHA-1 over ``header`` (JSON) and each column's name, dtype, shape and bytes: equal columns
-    give equal digests (e.g. the replicas of all ranks), and no two layouts share one."""
+    """SHA-1 over ``header`` and each column's name, dtype, shape and bytes: equal columns (the
+    replicas of all ranks) give equal digests, and no two layouts share one."""
     h = hashlib.sha1(json.dumps(header).encode())
     for name, value in columns.items():
         _hash(h, name, value)
@@ -180,7 +175,6 @@ def _hash(h: Any, name: str, value: Any) -> None:
         h.update(f"{name}:{arr.dtype.str}:{arr.shape}:".encode() + arr.tobytes())
 
 
-# ----------------------------------------------------------- format, snapshots
 @dataclass(frozen=True)
 class Format:
     """The name and version stamped on a store's state and snapshots (``owner``: its class)."""
@@ -205,7 +199,7 @@ class Format:
             raise ValueError(f"{self.owner} {what} lacks {missing}")
 
     def save_npz(self, path: str | os.PathLike, arrays: Mapping[str, np.ndarray], **meta: Any) -> Path:
-        """``arrays`` as one ``.npz`` (no pickle), the header and ``meta`` as JSON in ``meta``."""
+        """``arrays`` as one ``.npz`` (no pickle), the header and ``meta`` as JSON."""
         arrays = {"meta": np.array(json.dumps({**self.header(), **meta})), **arrays}
         return atomic_write(path, lambda f: _write_npz(f, arrays))
 
@@ -218,8 +212,7 @@ class Format:
         return arrays, meta
 
     def save_parquet(self, path: str | os.PathLike, columns: Mapping, declared: Iterable[Column], **meta: Any) -> Path:
-        """The ``declared`` columns as one Parquet table, the header and ``meta`` (JSON) in its
-        schema metadata under ``medsrl.<name>``."""
+        """The ``declared`` columns as one Parquet table, the header and ``meta`` in its metadata."""
         import pyarrow as pa
 
         metadata = {"medsrl.format": self.name, "medsrl.version": str(self.version)}

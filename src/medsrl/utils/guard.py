@@ -1,9 +1,7 @@
-"""Runaway updates: weights that an optimiser step made non-finite or exploded.
-
-A finite gradient times an absurd learning rate passes the update's non-finite check, so after
-every optimiser step :class:`RunawayGuard` checks that the parameter norm is finite and at most
-``optim.max_param_norm_growth`` times its value at the fit's start (relative: a sensible bound
-depends on the model's size). On a runaway the run stops before Lightning checkpoints the step.
+"""Runaway updates: a finite gradient times an absurd learning rate passes the update's non-finite
+check, so after every optimiser step :class:`RunawayGuard` checks that the parameter norm is finite
+and at most ``optim.max_param_norm_growth`` times its start value (a bound relative to the model's
+size), stopping the run before Lightning checkpoints the step.
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ class RunawayError(RuntimeError):
 
 
 def param_norm(params: Iterable[torch.Tensor], sharded: bool) -> float:
-    """The global L2 norm of ``params`` (float32 per tensor, one fused pass); when each rank holds
-    a shard, the squares are summed over ranks first."""
+    """The global L2 norm of ``params`` (float32 per tensor, one fused pass), over ranks' shards."""
     tensors = [local(t.detach()) for t in params if t.numel()]
     sq = 0.0
     if tensors:
@@ -52,8 +49,8 @@ def runaway_reason(norm: float, start_norm: float | None, max_growth: float) -> 
 
 @dataclass(frozen=True)
 class RunawayGuard:
-    """The run's one guard: the weights' norm at the start of this fit, the growth allowed from
-    it, and the settings its error names. Used after each optimiser step and on sampling errors."""
+    """The run's one guard: the weights' norm at the fit's start, the growth allowed from it, and
+    the settings its error names."""
 
     max_growth: float
     start_norm: float | None = None
@@ -61,14 +58,13 @@ class RunawayGuard:
     precision: str | None = None
 
     def check(self, params: list[torch.Tensor], sharded: bool, step: int, where: str) -> None:
-        """Raise when the last optimiser step broke the weights: before Lightning checkpoints
-        ``step``. Every rank sees the same norm (replicated weights, or one all-reduce)."""
+        """Raise when the last optimiser step broke the weights (every rank sees the same norm)."""
         reason = runaway_reason(param_norm(params, sharded), self.start_norm, self.max_growth)
         if reason is not None:
             raise self.error(step, f"{reason} ({where})")
 
     def error(self, step: int, what: str) -> RunawayError:
-        """The error of a runaway at ``step``: what broke, that the run stops, the likely causes."""
+        """What broke at ``step``, that the run stops, the likely causes."""
         settings = {"optim.optimizer.lr": self.lr, "trainer.precision": self.precision}
         named = ", ".join(f"{k}={v}" for k, v in settings.items() if v is not None)
         return RunawayError(f"step {step}: runaway update: {what}; stopping the run here (no checkpoint of this "
@@ -76,8 +72,7 @@ class RunawayGuard:
 
 
 def nonfinite_tensors(named: Mapping[str, object]) -> list[str]:
-    """The names of the floating-point tensors in ``named`` holding NaN or inf (one fused
-    max-abs pass, which cannot overflow)."""
+    """The names of the float tensors in ``named`` holding NaN or inf (one fused max-abs pass)."""
     items = [(k, v.detach()) for k, v in named.items()
              if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()]
     if not items:

@@ -1,10 +1,8 @@
 """Worker processes that end with the process that owns them, however it ends (even ``kill -9``).
-
-A worker never sees EOF on its own (``ProcessPoolExecutor`` under forkserver / spawn pickles
-*both* ends of its call queue into it), so it calls :func:`exit_with_owner` first: a daemon
-thread checks every ``poll_s`` that the owner (pid *and* start time) still runs, and
-``os._exit``s when not; a direct child of the owner's main thread also gets ``PR_SET_PDEATHSIG``.
-The thread needs the GIL: a worker in a long C call (an HDBSCAN fit) exits when that is done.
+A worker never sees EOF (``ProcessPoolExecutor`` under forkserver / spawn pickles *both* ends of its
+call queue into it), so :func:`exit_with_owner` starts a thread that ``os._exit``s once the owner
+(pid *and* start time) is gone; a direct child of the owner's main thread also gets
+``PR_SET_PDEATHSIG``. A worker in a long C call (an HDBSCAN fit) exits when that is done.
 """
 
 from __future__ import annotations
@@ -53,7 +51,7 @@ def _has_proc() -> bool:
 
 
 def process_ref(pid: int | None = None) -> ProcessRef:
-    """A reference to ``pid`` (default: this process)."""
+    """A reference to ``pid`` (default: this process), with its start time."""
     pid = os.getpid() if pid is None else pid
     stat = _proc_stat(pid)
     return ProcessRef(pid, stat[2] if stat else None)
@@ -81,7 +79,7 @@ def this_owner() -> Owner:
 @contextlib.contextmanager
 def without_main_import():
     """Start spawn / forkserver workers that skip re-running the parent's ``__main__`` (for
-    ``medsrl-train``: Lightning and transformers, ~14 s of CPU each); they run library code only."""
+    ``medsrl-train``: ~14 s of CPU each); they run library code only."""
     main = sys.modules["__main__"]
     spec, path = main.__spec__, main.__dict__.pop("__file__", None)
     main.__spec__ = None  # multiprocessing.spawn.get_preparation_data: nothing to import
@@ -100,8 +98,7 @@ def set_parent_death_signal() -> None:
 
 
 def exit_with_owner(owner: Owner, poll_s: float = 0.2) -> None:
-    """Make this worker exit when ``owner`` ends. Call it first in the worker (a picklable
-    top-level function: it is also a ``ProcessPoolExecutor`` initializer)."""
+    """Make this worker exit when ``owner`` ends; call it first (also a ``ProcessPoolExecutor`` initializer)."""
     if owner.main_thread and os.getppid() == owner.process.pid:
         set_parent_death_signal()
     # a direct child is re-parented when its parent dies: the test that needs no /proc

@@ -1,12 +1,6 @@
-"""Live tensor bytes and the largest vocabulary-wide tensor during a block of code.
-
-Proves what the fused log-prob path (``algo/logprobs.py``) promises: no ``[..., V]`` tensor
-larger than one chunk of tokens. The CPU has no ``torch.cuda.max_memory_allocated``, so the peak
-is the largest running sum of the profiler's allocator events::
-
-    with track_memory(vocab_size=V) as mem:
-        f(hidden).sum().backward()
-    mem.peak_bytes, mem.largest_vocab_numel, mem.largest_vocab_shape
+"""Live tensor bytes and the largest vocabulary-wide tensor during a block of code: proves that the
+fused log-prob path makes no ``[..., V]`` tensor larger than one chunk. The CPU has no
+``torch.cuda.max_memory_allocated``, so the peak is the largest running sum of allocator events.
 """
 
 from __future__ import annotations
@@ -23,7 +17,7 @@ from torch.utils._pytree import tree_leaves
 
 @dataclass
 class BlockMemory:
-    """What :func:`track_memory` saw; filled when its block exits (``peak_bytes``) or as it runs."""
+    """What :func:`track_memory` saw."""
 
     vocab_size: int
     peak_bytes: int = 0  # most bytes allocated in the block and alive at once (allocator events)
@@ -34,8 +28,8 @@ class BlockMemory:
 
 
 def peak_live_bytes(deltas: Iterable[tuple[int, int]]) -> int:
-    """The largest running sum of ``(time, +bytes allocated / -bytes freed)`` events taken in time
-    order; 0 when nothing was allocated above the start (frees of older tensors go below it)."""
+    """The largest running sum of ``(time, +allocated / -freed bytes)`` events in time order; 0 when
+    nothing was allocated above the start."""
     in_order = [nbytes for _, nbytes in sorted(deltas, key=lambda e: e[0])]
     return max(itertools.accumulate(in_order, initial=0))
 
@@ -64,8 +58,7 @@ class _VocabOutputs(TorchDispatchMode):
 
 @contextlib.contextmanager
 def track_memory(vocab_size: int) -> Iterator[BlockMemory]:
-    """Measure the block: peak CPU bytes (allocator events) and the largest vocabulary-wide op
-    output. Slow (a Python call per op): for tests and benchmarks only."""
+    """Measure the block's peak CPU bytes and largest vocabulary-wide op output (slow: tests only)."""
     from torch.profiler import ProfilerActivity, profile
 
     report = BlockMemory(vocab_size)

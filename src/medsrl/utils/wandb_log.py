@@ -1,9 +1,5 @@
-"""Weights & Biases beside TensorBoard: what the run sends to W&B besides Lightning's metrics.
-
-The helpers find Lightning's ``WandbLogger`` among the trainer's loggers (``logger=wandb`` /
-``logger=many``), log the plug-ins' histograms and text, say where the run writes, and finish it
-with the run's summary. ``wandb`` is optional: nothing here imports it unless a ``WandbLogger``
-is in use (``medsrl.run_config`` refuses ``logger=wandb`` without it).
+"""What the run sends to Weights & Biases besides Lightning's metrics: the plug-ins' histograms
+and text, where it writes, its summary. ``wandb`` is optional: imported only with a ``WandbLogger``.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ INSTALL_HINT = 'pip install -e ".[wandb]"'
 
 
 def wandb_installed() -> bool:
-    """Whether ``import wandb`` would find the package (without importing it)."""
+    """Whether ``import wandb`` would work (without importing it)."""
     try:
         return importlib.util.find_spec("wandb") is not None
     except (ImportError, ValueError):
@@ -31,14 +27,14 @@ def is_wandb_target(target: Any) -> bool:
 
 
 def wandb_loggers(loggers: Iterable[Any]) -> list[Any]:
-    """The ``WandbLogger``s among ``loggers`` (importing Lightning's class does not import wandb)."""
+    """The ``WandbLogger``s among ``loggers`` (Lightning's class does not import wandb)."""
     from lightning.pytorch.loggers import WandbLogger
 
     return [lg for lg in loggers if isinstance(lg, WandbLogger)]
 
 
 def log_histogram(loggers: Iterable[Any], tag: str, values: Any, step: int) -> None:
-    """A ``wandb.Histogram`` of ``values`` (a tensor or sequence) at ``step``, on every W&B logger."""
+    """A ``wandb.Histogram`` of ``values`` at ``step``, on every W&B logger."""
     targets = wandb_loggers(loggers)
     if not targets:
         return
@@ -75,8 +71,8 @@ def describe(logger: Any) -> str:
 
 
 def finish(loggers: Iterable[Any], summary: dict[str, Any] | None = None, exit_code: int = 0) -> None:
-    """Put the run's summary into each open W&B run's summary and finish it (rank 0): W&B would
-    reuse an unfinished run for the next ``WandbLogger`` of this process (tests, sweeps)."""
+    """Put the summary into each open W&B run and finish it (rank 0): W&B would reuse an unfinished
+    run for the next ``WandbLogger`` of this process."""
     for lg in wandb_loggers(loggers):
         run = getattr(lg, "_experiment", None)  # never start a run only to finish it
         if run is None or not hasattr(run, "finish"):
