@@ -5,10 +5,9 @@ A problem chains a few operations on a running number::
     problem:  Start at 5, multiply by 2, take away 4, multiply by 2.
     solution: 5 * 2 = 10. 10 - 4 = 6. 6 * 2 = 12. \\boxed{12}
 
-Every intermediate result is written out, so a ~1M-parameter char-level model only has to learn
-one small operation per step, in minutes of supervised warm start on a CPU (docs/WARMSTART.md).
-Difficulty: ``LEVELS``; operation, operand and phrasing are drawn uniformly. Splits are disjoint
-by construction: sha1(problem) % 10 is 0 for ``test``, 1 for ``val``.
+Every intermediate result is written out, so a ~1M-parameter char-level model learns one small
+operation per step in minutes of warm start on a CPU (docs/WARMSTART.md). Splits are disjoint by
+construction: sha1(problem) % 10 is 0 for ``test``, 1 for ``val``.
 """
 
 from __future__ import annotations
@@ -58,7 +57,6 @@ _ENUMERATE_LIMIT = 400_000
 
 
 def split_of(problem: str) -> str:
-    """The split a problem text belongs to (sha1 of the text, mod 10)."""
     bucket = int(hashlib.sha1(problem.encode("utf-8")).hexdigest(), 16) % 10
     return "test" if bucket == 0 else "val" if bucket == 1 else "train"
 
@@ -78,9 +76,7 @@ def _choices(spec: Level, value: int) -> list[tuple[str, list[int]]]:
     return [(op, operands) for op, operands in ops if operands]
 
 
-def _render(
-    start: int, start_phrase: int, steps: list[tuple[str, int, int]]
-) -> tuple[str, str, int]:
+def _render(start: int, start_phrase: int, steps: list[tuple[str, int, int]]) -> tuple[str, str, int]:
     """(problem, solution, answer) for a start value and steps (op, operand, phrase index)."""
     parts = [START_PHRASES[start_phrase].format(n=start)]
     lines = []
@@ -118,17 +114,11 @@ def space_size(level: int) -> int:
     def paths(value: int, remaining: int) -> int:
         if remaining == 0:
             return 1
-        return sum(
-            len(OP_PHRASES[op]) * paths(apply_op(op, value, d), remaining - 1)
-            for op, operands in _choices(spec, value)
-            for d in operands
-        )
+        return sum(len(OP_PHRASES[op]) * paths(apply_op(op, value, d), remaining - 1)
+                   for op, operands in _choices(spec, value) for d in operands)
 
-    return sum(
-        len(START_PHRASES) * paths(start, n)
-        for start in range(spec.start_min, spec.start_max + 1)
-        for n in range(spec.min_ops, spec.max_ops + 1)
-    )
+    return sum(len(START_PHRASES) * paths(start, n) for start in range(spec.start_min, spec.start_max + 1)
+               for n in range(spec.min_ops, spec.max_ops + 1))
 
 
 @lru_cache(maxsize=8)
@@ -170,9 +160,7 @@ def _level(level: int) -> Level:
     return LEVELS[level]
 
 
-def generate_arithmetic(
-    num: int, level: int = 1, seed: int = 0, split: str = "train"
-) -> list[MathExample]:
+def generate_arithmetic(num: int, level: int = 1, seed: int = 0, split: str = "train") -> list[MathExample]:
     """``num`` distinct problems of ``level`` from ``split``, deterministic in ``seed``, with
     worked solutions; ``ValueError`` when the split holds fewer than ``num`` problems."""
     spec = _level(level)
@@ -180,15 +168,13 @@ def generate_arithmetic(
     total = space_size(level)
     enumerable = total <= _ENUMERATE_LIMIT
     if num > total:
-        raise ValueError(
-            f"arithmetic level {level} has only {total} distinct problems in all; asked for {num} ({split})"
-        )
+        raise ValueError(f"arithmetic level {level} has only {total} distinct problems in all; "
+                         f"asked for {num} ({split})")
     if enumerable:
         capacity = len(_enumerate_split(level, split))
         if num > capacity:
-            raise ValueError(
-                f"arithmetic level {level} split {split!r} holds only {capacity} distinct problems; asked for {num}"
-            )
+            raise ValueError(f"arithmetic level {level} split {split!r} holds only {capacity} distinct problems; "
+                             f"asked for {num}")
 
     rng = random.Random(f"arithmetic|{seed}|{level}|{split}")
     seen: set[str] = set()
@@ -207,16 +193,12 @@ def generate_arithmetic(
 
     if len(items) < num:
         if not enumerable:
-            raise ValueError(
-                f"could not draw {num} distinct problems of arithmetic level {level} in split "
-                f"{split!r} (got {len(items)}); the space is too small for this request"
-            )
+            raise ValueError(f"could not draw {num} distinct problems of arithmetic level {level} in split "
+                             f"{split!r} (got {len(items)}); the space is too small for this request")
         # Near the split's capacity rejection sampling stalls: fill up from the enumeration.
         rest = [item for item in _enumerate_split(level, split) if item[0] not in seen]
         rng.shuffle(rest)
         items.extend(rest[: num - len(items)])
 
-    return [
-        MathExample.make(problem, str(answer), f"arithmetic-l{level}", i, solution)
-        for i, (problem, solution, answer) in enumerate(items)
-    ]
+    return [MathExample.make(problem, str(answer), f"arithmetic-l{level}", i, solution)
+            for i, (problem, solution, answer) in enumerate(items)]

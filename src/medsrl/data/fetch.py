@@ -1,13 +1,8 @@
 """``medsrl-data`` (``make data``): fetch the benchmark and training files a clone lacks.
 
 Each file of :data:`medsrl.data.sources.MANIFEST` comes from its public source at its recorded
-commit (``https://raw.githubusercontent.com/<repo>/<commit>/<path>``, or ``--base``: a URL
-template, or a mirror of the data root such as ``file:///path/to/shared/data``) and must have its
-recorded sha256: it is written to a temp file beside its place and renamed only then, so a failed
-or interrupted fetch leaves nothing. A file already there with the right sum is kept.
-
-The default root is the folder the configs read (``paths.data_dir``: ``$MEDSRL_DATA_DIR``, else
-``../shared/data`` where it exists, else ``<repo>/data``). Only the standard library fetches.
+commit (or ``--base``) and must have its recorded sha256: it goes to a temp file beside its place,
+renamed only then, so a failed or interrupted fetch leaves nothing. Only the standard library fetches.
 """
 
 from __future__ import annotations
@@ -57,9 +52,7 @@ class Outcome:
 
 
 def default_root() -> Path:
-    """The folder a run reads (``paths.data_dir``): ``<repo>/data`` on a clone without the shared
-    folder (what the entry points set), else configs/paths/default.yaml's value, resolved with
-    ``$MEDSRL_ROOT`` (default: this repository) as ``paths.root_dir``."""
+    """The folder a run reads (``paths.data_dir``), resolved with ``$MEDSRL_ROOT`` as ``paths.root_dir``."""
     root = Path(os.environ.get("MEDSRL_ROOT", ROOT))
     clone = data_dir_default(root)
     if clone is not None:
@@ -93,24 +86,20 @@ def url_for(entry: DataFile, base: str = DEFAULT_BASE) -> str:
                        path=entry.path, local=entry.local)
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _copy(url: str, out: BinaryIO) -> tuple[str, int]:
-    """Stream ``url`` into ``out``: its sha256 and size."""
+def _stream(src: BinaryIO, out: BinaryIO | None = None) -> tuple[str, int]:
+    """Read ``src`` to its end, copied into ``out`` if given: its sha256 and size."""
     digest, size = hashlib.sha256(), 0
-    request = urllib.request.Request(url, headers={"User-Agent": "medsrl-data"})
-    with urllib.request.urlopen(request, timeout=TIMEOUT_S) as src:
-        while chunk := src.read(CHUNK):
-            digest.update(chunk)
+    while chunk := src.read(CHUNK):
+        digest.update(chunk)
+        if out is not None:
             out.write(chunk)
-            size += len(chunk)
+        size += len(chunk)
     return digest.hexdigest(), size
+
+
+def sha256_of(path: Path) -> str:
+    with path.open("rb") as f:
+        return _stream(f)[0]
 
 
 def download(entry: DataFile, url: str, dest: Path) -> int:
@@ -122,8 +111,9 @@ def download(entry: DataFile, url: str, dest: Path) -> int:
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
         tmp = Path(name)
-        with os.fdopen(fd, "wb") as out:
-            got, size = _copy(url, out)
+        request = urllib.request.Request(url, headers={"User-Agent": "medsrl-data"})
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(request, timeout=TIMEOUT_S) as src:
+            got, size = _stream(src, out)
         if got != entry.sha256:
             raise FetchError(f"{entry.local}: sha256 mismatch for {url}: expected {entry.sha256}, "
                              f"got {got} ({size} bytes, expected {entry.size}); nothing written")

@@ -7,19 +7,10 @@ strictly left to right::
     solution: 4 * 2 = 8. 3 + 8 = 11. \\boxed{11}
     shortcut: 3 + 4 = 7. 7 * 2 = 14. \\boxed{14}
 
-A problem where the routes disagree (a ``*`` after a ``+`` or ``-``) is a **trap**. The
-warm-start corpus solves a fraction ``shortcut_rate`` of its traps by the shortcut, which plants
-a recurring wrong answer (``error_mode_report`` measures it). Splits as in ``arithmetic.split_of``.
-
-Other wrong routes can be planted beside it (``wrong_routes``, names from ``WRONG_ROUTES``), so
-that a trap's errors split over several distinct answers::
-
-    add:      4 + 2 = 6. 3 + 6 = 9. \\boxed{9}     (each ``*`` worked as ``+``, right order)
-    drop:     4 * 2 = 8. \\boxed{8}               (the first step, boxed: the rest forgotten)
-
-With other routes a trap is a problem where the shortcut is wrong and every named route reaches
-a valid value, all of them distinct and none the correct answer; the corpus then plants one of
-them, chosen uniformly.
+A problem where the routes disagree is a **trap**; the warm-start corpus solves a fraction
+``shortcut_rate`` of its traps by a wrong route, planting a recurring wrong answer. Other routes
+(``wrong_routes``: ``add`` works each ``*`` as ``+``, ``drop`` boxes the first step) split a trap's
+errors over several answers: a trap is then one where every named route gives a distinct wrong value.
 """
 
 from __future__ import annotations
@@ -63,8 +54,7 @@ def shortcut_route(nums: Sequence[int], ops: Sequence[str]) -> Route:
 
 
 def _products_first(nums: Sequence[int], ops: Sequence[str], times: str) -> Route:
-    """Each ``*`` first (left to right) worked with the operator ``times``, then the rest left
-    to right."""
+    """Each ``*`` first (left to right) worked with the operator ``times``, then the rest."""
     nums, ops, lines = list(nums), list(ops), []
     while "*" in ops:
         i = ops.index("*")
@@ -95,28 +85,23 @@ def drop_route(nums: Sequence[int], ops: Sequence[str]) -> Route:
     return Route((f"{nums[i]} {ops[i]} {nums[i + 1]} = {new}.",), new if 0 <= new <= VALUE_MAX else None)
 
 
-# The wrong routes a corpus can plant, by name (``wrong_routes``); each writes the same
-# "x op y = z." sentences as the correct route.
+# The wrong routes a corpus can plant (``wrong_routes``), in the correct route's "x op y = z." sentences
 WRONG_ROUTES = {"shortcut": shortcut_route, "add": add_route, "drop": drop_route}
 DEFAULT_WRONG_ROUTES = ("shortcut",)
 
 
 def check_routes(wrong_routes: Sequence[str] | str) -> tuple[str, ...]:
-    """``wrong_routes`` as a tuple of known, distinct names (a lone string is one name);
-    ``ValueError`` otherwise, naming the known routes."""
+    """``wrong_routes`` as a tuple of known, distinct names (a lone string is one name)."""
     names = (wrong_routes,) if isinstance(wrong_routes, str) else tuple(wrong_routes)
     unknown = [n for n in names if n not in WRONG_ROUTES]
     if unknown or not names or len(set(names)) < len(names):
-        raise ValueError(
-            f"wrong_routes must be distinct names of {sorted(WRONG_ROUTES)}, got {list(names)}"
-        )
+        raise ValueError(f"wrong_routes must be distinct names of {sorted(WRONG_ROUTES)}, got {list(names)}")
     return names
 
 
 def _trap_kind(right: Route, short: Route, wrong: Sequence[Route]) -> bool | None:
-    """False for a plain problem (the shortcut reaches the right value: the order does not
-    matter), True for a trap (the shortcut valid but wrong, and every ``wrong`` route valid, all
-    distinct from each other and from the right value), None for neither (never drawn)."""
+    """False for a plain problem (the shortcut is right), True for a trap (the shortcut and every
+    ``wrong`` route valid, distinct and wrong), None for neither (never drawn)."""
     if right.value is None or short.value is None:
         return None
     if short.value == right.value:
@@ -151,15 +136,13 @@ def shortcut_answer(problem: str) -> str:
 
 
 def planted_answers(problem: str, wrong_routes: Sequence[str] = DEFAULT_WRONG_ROUTES) -> dict[str, str]:
-    """The answer each of ``wrong_routes`` gives (``"None"`` where a step leaves 0..VALUE_MAX):
-    the recurring wrong answers a corpus planted with them makes a policy repeat."""
+    """The answer each of ``wrong_routes`` gives (``"None"`` where a step leaves 0..VALUE_MAX)."""
     nums, ops = parse_expression(problem)
     return {n: str(WRONG_ROUTES[n](nums, ops).value) for n in check_routes(wrong_routes)}
 
 
-def _draw(
-    n_ops: int, want_trap: bool, rng: random.Random, routes: Sequence[str]
-) -> tuple[str, Route, list[Route]] | None:
+def _draw(n_ops: int, want_trap: bool, rng: random.Random,
+          routes: Sequence[str]) -> tuple[str, Route, list[Route]] | None:
     ops = [rng.choice("+-*") for _ in range(n_ops)]
     nums = [rng.randint(2, 9) if i > 0 and ops[i - 1] == "*" else rng.randint(1, 9) for i in range(n_ops + 1)]
     if ops[0] == "*":
@@ -175,10 +158,8 @@ def generate_precedence(
     num: int, level: int = 1, seed: int = 0, split: str = "train", trap_fraction: float = 0.5,
     shortcut_rate: float = 0.0, wrong_routes: Sequence[str] = DEFAULT_WRONG_ROUTES,
 ) -> list[MathExample]:
-    """``num`` distinct problems of ``level`` from ``split``, deterministic in ``seed``, solved by
-    the correct route, except a trap by a wrong route with probability ``shortcut_rate`` (the
-    warm-start corpus's planted habit), that route drawn uniformly from ``wrong_routes``.
-    ``ValueError`` when the split is exhausted."""
+    """``num`` distinct problems of ``level`` from ``split``, deterministic in ``seed``, solved by the
+    correct route, except a trap by one of ``wrong_routes`` (uniform) with probability ``shortcut_rate``."""
     if level not in LEVEL_OPERATORS:
         raise ValueError(f"unknown precedence level {level!r}; known: {sorted(LEVEL_OPERATORS)}")
     check_request(num, split)
@@ -199,16 +180,13 @@ def generate_precedence(
             if drawn is not None and drawn[0] not in seen and split_of(drawn[0]) == split:
                 break
         else:
-            raise ValueError(
-                f"could not draw {num} distinct precedence level-{level} problems in split "
-                f"{split!r} (got {len(out)}); ask for fewer"
-            )
+            raise ValueError(f"could not draw {num} distinct precedence level-{level} problems in split "
+                             f"{split!r} (got {len(out)}); ask for fewer")
         problem, right, wrong = drawn
         seen.add(problem)
         u = habit.random() if trap else 1.0  # one draw per trap: planted or not, and which route
         planted = wrong[min(int(u / shortcut_rate * len(wrong)), len(wrong) - 1)] if u < shortcut_rate else right
-        solution = planted.solution()
-        out.append(MathExample.make(problem, str(right.value), f"precedence-l{level}", len(out), solution))
+        out.append(MathExample.make(problem, str(right.value), f"precedence-l{level}", len(out), planted.solution()))
     return out
 
 

@@ -1,14 +1,9 @@
 """Where the benchmark and training files come from, and where a run reads them.
 
-:data:`MANIFEST`: every file the configs read (``${paths.data_dir}/<local>``), with the public
-GitHub repository, commit and path it was copied from verbatim, its sha256, size and licence, as
-recorded in ``../shared/data/*/SOURCE.md``. ``medsrl-data`` (:mod:`medsrl.data.fetch`) fetches
-them from there and checks each sum.
-
-``paths.data_dir`` (configs/paths/default.yaml, plain interpolation: the config composes without
-medsrl imported) is ``$MEDSRL_DATA_DIR``, else ``<shared_dir>/data``. A clone without the shared
-folder reads ``<repo>/data`` instead, where ``medsrl-data`` puts the files: the entry points call
-:func:`set_data_dir_default` next to their ``MEDSRL_ROOT`` default, before Hydra composes.
+:data:`MANIFEST`: every file the configs read (``${paths.data_dir}/<local>``), with the GitHub
+repository, commit and path it was copied from verbatim, its sha256, size and licence (as in
+``../shared/data/*/SOURCE.md``). ``paths.data_dir`` is ``$MEDSRL_DATA_DIR``, else
+``<shared_dir>/data``, else (a clone alone, :func:`set_data_dir_default`) ``<repo>/data``.
 """
 
 from __future__ import annotations
@@ -115,22 +110,19 @@ MANIFEST: tuple[DataFile, ...] = (
 
 
 def shared_data_dir(root: Path) -> Path:
-    """``<shared_dir>/data`` as the configs default it: ``$MEDSRL_SHARED_DIR``, else
-    ``<root>/../shared``."""
+    """``<shared_dir>/data`` as the configs default it: ``$MEDSRL_SHARED_DIR``, else ``<root>/../shared``."""
     return Path(os.environ.get("MEDSRL_SHARED_DIR", Path(root) / ".." / "shared")) / "data"
 
 
 def data_dir_default(root: Path) -> Path | None:
-    """``<root>/data`` where neither ``$MEDSRL_DATA_DIR`` nor the shared data folder is there
-    (a clone on its own), else None: the configs' own default stands."""
+    """``<root>/data`` on a clone without ``$MEDSRL_DATA_DIR`` or the shared data folder, else None."""
     if "MEDSRL_DATA_DIR" in os.environ or shared_data_dir(root).is_dir():
         return None
     return Path(root) / "data"
 
 
 def set_data_dir_default(root: Path) -> None:
-    """For the entry points (like ``MEDSRL_ROOT``): on a clone without ``../shared``, point
-    ``$MEDSRL_DATA_DIR`` at ``<root>/data``; elsewhere change nothing."""
+    """For the entry points, before Hydra composes: on a clone alone, ``$MEDSRL_DATA_DIR=<root>/data``."""
     default = data_dir_default(root)
     if default is not None:
         os.environ["MEDSRL_DATA_DIR"] = str(default)

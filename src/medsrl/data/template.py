@@ -1,14 +1,8 @@
 """Prompt formats: how a problem becomes the text the policy continues (``data.template.kind``).
 
-- ``qwen_math`` (the default): the Qwen-Math chat template rendered by hand, so the tiny
-  char-level preset and the real Qwen tokenizers produce byte-identical prompts (a test checks).
-- ``chat``: the tokenizer's own chat template, for models whose format is not Qwen-Math ChatML
-  (DeepSeek-R1-Distill, whose template opens ``<think>``; Qwen3 with ``enable_thinking``).
-- ``plain``: a completion prompt without chat markup, for base models.
-
-``instruction`` follows the problem in the user turn (DeepScaleR's way of asking for a boxed
-answer); ``system_prompt`` is the system turn (Qwen-Math's way), or a plain prompt's first
-paragraph.
+``qwen_math`` (the default) renders the Qwen-Math chat template by hand, so the tiny char-level
+preset and the real Qwen tokenizers give byte-identical prompts; ``chat`` uses the tokenizer's own
+(DeepSeek-R1-Distill, Qwen3); ``plain`` is a completion prompt for base models.
 """
 
 from __future__ import annotations
@@ -27,11 +21,8 @@ IM_END = "<|im_end|>"
 ENDOFTEXT = "<|endoftext|>"
 
 
-def render_prompt(
-    problem: str,
-    system_prompt: str | None = QWEN_MATH_SYSTEM_PROMPT,
-    extra_empty_assistant_turn: bool = False,
-) -> str:
+def render_prompt(problem: str, system_prompt: str | None = QWEN_MATH_SYSTEM_PROMPT,
+                  extra_empty_assistant_turn: bool = False) -> str:
     """The Qwen-Math prompt for ``problem``, ending where the assistant starts writing
     (``extra_empty_assistant_turn``: as the reference run's data files, an empty one before)."""
     parts = []
@@ -73,7 +64,6 @@ class PromptTemplate(Settings):
 
     @classmethod
     def from_config(cls, values: Mapping[str, Any] | PromptTemplate | None) -> PromptTemplate:
-        """From ``data.template`` (a mapping; a bad or unknown key is an error naming it)."""
         return parse(cls, values, "data.template")
 
     def render(self, problem: str, tokenizer: Any = None) -> str:
@@ -98,6 +88,4 @@ class PromptTemplate(Settings):
         messages.append({"role": "user", "content": user})
         # set only when given: Qwen3's template reads it
         extra = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
-        return tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **extra
-        )
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)

@@ -1,10 +1,8 @@
 """The part of a response that holds its answer: all of it, or what follows its reasoning.
 
-Reasoning models answer after ``</think>``; a ``\\boxed{}`` inside the reasoning is a guess on
-the way. With ``grader.reasoning_end`` set, the grader reads only the text after the tag's last
-occurrence (none: score 0), and MEDS's answer locator and R3's ranking read the same span in
-tokens, searched on per-id text pieces: a tag that is not a special token is split into several
-tokens, and byte-level BPE may merge its ``>`` with the newline that follows.
+Reasoning models answer after ``</think>``; a ``\\boxed{}`` inside the reasoning is a guess on the
+way. MEDS's answer locator and R3's ranking find the same span in tokens, on per-id text pieces: a
+tag that is not a special token spans several tokens, and BPE may merge its ``>`` with a newline.
 """
 
 from __future__ import annotations
