@@ -72,7 +72,7 @@ class ClusteredMemory:
 
     def _apply(self, results: dict) -> None:
         for (key, correct), labels in results.items():
-            if (key, correct) in self.memory and len(labels) == len(self.memory.get(key, correct)):
+            if (entry := self.memory.get(key, correct)) is not None and len(labels) == len(entry):
                 self.memory.set_labels(key, correct, labels)
 
     def insert(self, rows: list[tuple[list[Store], np.ndarray]], step: int) -> list[Store]:
@@ -100,11 +100,8 @@ class ClusteredMemory:
             "refit_blocked_seconds_total": float(stats["blocked_seconds"]),
         }
         self._waits_seen = stats["blocked_waits"]
-        ratios = []  # clusters and noise are read with the labels shaping used (plugin.py)
-        for key in [key for key, ok in touched if not ok]:
-            entry = self.memory.get(key, False)
-            if len(entry) >= 2:
-                ratios.append(top1_eigen_ratio(entry.features))
+        wrong = [self.memory.get(key, False) for key, ok in touched if not ok]
+        ratios = [top1_eigen_ratio(entry.features) for entry in wrong if len(entry) >= 2]
         if not all(np.isnan(ratios)):  # all rows alike in every store: no spread to report
             out["top1_eigen_ratio"] = float(np.nanmean(ratios))
         return out

@@ -75,9 +75,6 @@ class ErrorMemory:
     def num_keys(self) -> int:
         return len(self._stores)
 
-    def __contains__(self, key: MemoryKey) -> bool:
-        return (key[0], bool(key[1])) in self._stores
-
     def add(self, key: str, correct: bool, features: np.ndarray, step: int) -> None:
         correct = bool(correct)
         x = np.asarray(features, dtype=np.float32)
