@@ -18,19 +18,8 @@ import numpy as np
 import torch
 from typing_extensions import Doc
 
-from medsrl.algo import (
-    AdvantageInputs,
-    advantage_change_fraction,
-    compute_advantages,
-    keep_mask_by_group_spread,
-)
-from medsrl.features.clustering import (
-    NOISE,
-    cluster_sizes,
-    distinct_rows,
-    predict_labels,
-    single_cluster_sizes,
-)
+from medsrl.algo import AdvantageInputs, advantage_change_fraction, compute_advantages, keep_mask_by_group_spread
+from medsrl.features.clustering import NOISE, cluster_sizes, distinct_rows, predict_labels, single_cluster_sizes
 from medsrl.features.reader import AnswerFeatureReader, FeatureSpec
 from medsrl.methods.dynamic_sampling import DynamicSampling
 from medsrl.methods.meds.clustered_memory import ClusteredMemory
@@ -47,26 +36,10 @@ from medsrl.methods.meds.gate import (
     size_recurrence_correlation,
     top_answer_excess,
 )
-from medsrl.methods.meds.penalty import (
-    TARGETS,
-    advantage_order_changed,
-    apply_penalty,
-    meds_penalty,
-    shuffle_penalties,
-)
+from medsrl.methods.meds.penalty import TARGETS, advantage_order_changed, apply_penalty, meds_penalty, shuffle_penalties
 from medsrl.models.sharding import idle_passes, is_sharded
 from medsrl.plugins.base import Plugin, StepContext
-from medsrl.settings import (
-    Count,
-    Flag,
-    NonNegative,
-    PositiveInt,
-    Settings,
-    Text,
-    at_least,
-    nullable,
-    one_of,
-)
+from medsrl.settings import Count, Flag, NonNegative, PositiveInt, Settings, Text, at_least, nullable, one_of
 from medsrl.step.balance import InStepOrder, in_step_order
 from medsrl.step.rollouts import SAMPLED, StepRollouts
 from medsrl.step.scoring import scoring_pass

@@ -27,18 +27,7 @@ from medsrl.plugins.base import Plugin, StepContext
 from medsrl.reward.answer_span import answer_starts
 from medsrl.reward.grader import GradeResult
 from medsrl.rollout.base import RolloutBatch
-from medsrl.settings import (
-    Count,
-    Flag,
-    Fraction,
-    NonNegative,
-    Number,
-    Positive,
-    PositiveInt,
-    Settings,
-    Text,
-    nullable,
-)
+from medsrl.settings import Count, Flag, Fraction, NonNegative, Number, Positive, PositiveInt, Settings, Text, nullable
 from medsrl.step.balance import InStepOrder, in_step_order
 from medsrl.step.rollouts import SAMPLED, Group, StepRollouts
 
