@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from medsrl.features.answer_locator import locate_answer, locate_answers, token_pieces
+from medsrl.features.answer_locator import locate_answers, token_pieces
 from medsrl.models.char_tokenizer import build_char_tokenizer
 from medsrl.models.loading import load_tokenizer
 from shared_paths import require_shared
@@ -26,6 +26,10 @@ def qwen_tok():
 
 def enc(tok, text: str) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
+
+
+def locate_answer(ids, tok, **kwargs) -> int | None:
+    return locate_answers([ids], tok, **kwargs)[0]
 
 
 # ---------------------------------------------------------------- char tokenizer (1 char = 1 token)

@@ -17,17 +17,11 @@ def aggregate_loss(
     num_seqs: float | None = None,
     norm_length: float | None = None,
 ) -> Tensor:
-    """Aggregate ``loss_mat`` [B,T] over the positions where ``mask`` [B,T] is set:
-
-    - ``token-mean`` (DAPO): ``sum(loss*mask) / num_tokens``, long responses not down-weighted;
-    - ``seq-mean-token-sum``: per-sequence token sums, summed / ``num_seqs``;
-    - ``seq-mean-token-mean`` (GRPO): per-sequence masked means (0 if empty), summed / ``num_seqs``;
-    - ``seq-mean-token-sum-norm`` (Dr.GRPO): ``sum(loss*mask) / (num_seqs * norm_length)``, a
-      constant ``norm_length`` (default ``T``) removing the length bias.
-
-    Defaults ``num_tokens = mask.sum()``, ``num_seqs = B``: pass the mini-batch totals (and a fixed
-    ``norm_length``) so micro-batches sum to its value. Masked-out positions may hold NaN/inf.
-    """
+    """Aggregate ``loss_mat`` [B,T] over ``mask``: ``token-mean`` (DAPO) over all tokens, long
+    responses not down-weighted; ``seq-mean-token-sum`` / ``-token-mean`` (GRPO) per-sequence sums /
+    means over ``num_seqs``; ``seq-mean-token-sum-norm`` (Dr.GRPO) the sum over ``num_seqs *
+    norm_length`` (default ``T``), free of the length bias. Pass the mini-batch totals so that
+    micro-batches sum to its value. Masked-out positions may hold NaN/inf."""
     m = mask.to(loss_mat.dtype)
     masked = torch.where(m != 0, loss_mat, 0) * m
     n_seqs = loss_mat.shape[0] if num_seqs is None else num_seqs

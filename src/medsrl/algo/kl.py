@@ -24,9 +24,8 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
 
 
 def sampling_mismatch(engine_logp: Tensor, trainer_logp: Tensor, mask: Tensor) -> dict[str, float]:
-    """How far the engine's sampling log-probs are from the trainer's (old-policy forward), token
-    means over ``mask`` (and the max of ``|diff|``); as verl's ``rollout_probs_diff``, a jump flags
-    a broken weight sync or a precision problem."""
+    """How far the engine's sampling log-probs are from the trainer's, over ``mask``: as verl's
+    ``rollout_probs_diff``, a jump flags a broken weight sync or a precision problem."""
     m = mask.bool()
     if not m.any():
         return {}

@@ -61,18 +61,6 @@ def _locate_after(ids: list[int], pieces: TokenPieces, fallback_window: int,
     return None if index is None else start + index
 
 
-def locate_answer(
-    response_ids: Sequence[int],
-    tokenizer: Any,
-    *,
-    fallback_window: int = DEFAULT_FALLBACK_WINDOW,
-    reasoning_end: str | None = None,
-) -> int | None:
-    """Index of the token holding the ``{`` of the last ``\\boxed{`` (``None``: no box); with
-    ``reasoning_end`` only a box after the last such tag counts, as in grading."""
-    return _locate_after(as_list(response_ids), token_pieces(tokenizer), fallback_window, reasoning_end)
-
-
 def locate_answers(
     batch_response_ids: Sequence[Sequence[int]],
     tokenizer: Any,
@@ -80,6 +68,7 @@ def locate_answers(
     fallback_window: int = DEFAULT_FALLBACK_WINDOW,
     reasoning_end: str | None = None,
 ) -> list[int | None]:
-    """:func:`locate_answer` for every response of a batch."""
+    """Per response, the index of the token holding the ``{`` of the last ``\\boxed{`` (None: no
+    box); with ``reasoning_end`` only a box after the last such tag counts, as in grading."""
     pieces = token_pieces(tokenizer)
     return [_locate_after(as_list(ids), pieces, fallback_window, reasoning_end) for ids in batch_response_ids]

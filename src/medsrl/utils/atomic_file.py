@@ -27,7 +27,12 @@ def atomic_write(
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        with contextlib.suppress(OSError):  # make the rename durable, where the filesystem can
+            fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -38,12 +43,3 @@ def atomic_write_text(path: str | os.PathLike, text: str, mode: int = 0o644) -> 
     """``atomic_write`` of UTF-8 text, readable like any file (not mkstemp's 0600)."""
     return atomic_write(path, lambda f: f.write(text.encode("utf-8")), mode)
 
-
-def fsync_dir(directory: str | os.PathLike) -> None:
-    """Make a rename in ``directory`` durable (POSIX); a no-op where it cannot be opened."""
-    with contextlib.suppress(OSError):  # some filesystems cannot fsync a directory
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
