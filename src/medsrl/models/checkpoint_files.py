@@ -1,19 +1,10 @@
 """A training run's checkpoints as files, for evaluation and export: which path is a checkpoint,
 the run it belongs to, and the policy it holds, rebuilt on the CPU in one process.
 
-Lightning writes two kinds. A single file (``torch.save`` of the checkpoint dict: the DDP and
-one-process runs, FSDP with ``state_dict_type: full``) keeps the module's weights under
-``"state_dict"``. A sharded checkpoint (FSDP with ``state_dict_type: sharded``) is a directory in
-``torch.distributed.checkpoint`` (DCP) format, one ``*.distcp`` file per rank and a ``.metadata``
-index, beside Lightning's ``meta.pt`` (the rest of the dict). Its top-level DCP keys are the
-module's weights (``"state_dict"`` for ``ModelParallelStrategy``, FSDP2; ``"model"`` for
-``FSDPStrategy``, FSDP1) and ``optimizer_<i>``. Either way the policy's weights are named
-``policy.<Hugging Face name>``; with LoRA only the adapters are kept (``models/lora.py``).
-
-The model is rebuilt from the run's ``<run>/.hydra/config.yaml`` (its ``model`` section; a
-LoRA run's warm-started base is found by ``medsrl.export.checkpoint_policy``, a layer up) and the
-stored weights are read into its own tensors: only the policy's keys are read, never the AdamW
-moments (twice the model's size), and no process group is needed.
+A single file (``torch.save``) keeps the module's weights under ``"state_dict"``; a sharded one is
+a ``torch.distributed.checkpoint`` (DCP) directory. Either way the policy's weights are named
+``policy.<Hugging Face name>`` (with LoRA the adapters only). The model is rebuilt from the run's
+``<run>/.hydra/config.yaml`` and only the policy's keys are read, never the AdamW moments.
 """
 
 from __future__ import annotations
@@ -44,20 +35,17 @@ class CheckpointError(ValueError):
 
 
 def is_sharded_checkpoint(path: str | Path) -> bool:
-    """A directory in DCP format (its ``.metadata`` index is there)."""
     path = Path(path)
     return path.is_dir() and (path / DCP_METADATA).is_file()
 
 
 def is_checkpoint_path(path: str | Path) -> bool:
-    """Whether ``path`` names a training checkpoint rather than a Hugging Face model: a ``.ckpt``
-    (file or directory, existing or not, so a wrong one fails as a checkpoint) or a DCP directory."""
+    """A ``.ckpt`` (existing or not, so a wrong one fails as a checkpoint) or a DCP directory."""
     return Path(path).suffix == ".ckpt" or is_sharded_checkpoint(path)
 
 
 def check_checkpoint(path: str | Path) -> Path:
-    """``path`` when it is a single-file or sharded checkpoint, else an error that says which it
-    is not (a directory without DCP's index is what a half-written or copied-wrong checkpoint is)."""
+    """``path`` when it is a single-file or sharded checkpoint, else an error that says which it is not."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such checkpoint")
@@ -76,7 +64,6 @@ def run_dir(ckpt: str | Path) -> Path:
 
 
 def run_config_path(ckpt: str | Path) -> Path:
-    """The run's Hydra config, which says how to rebuild the model; an error naming it if missing."""
     path = run_dir(ckpt) / ".hydra" / "config.yaml"
     if not path.is_file():
         raise FileNotFoundError(
@@ -88,7 +75,6 @@ def run_config_path(ckpt: str | Path) -> Path:
 
 
 def run_model_config(ckpt: str | Path) -> ModelConfig:
-    """The ``model`` section of the checkpoint's run, parsed as the run parsed it."""
     from medsrl.settings import parse
 
     path = run_config_path(ckpt)
@@ -97,8 +83,7 @@ def run_model_config(ckpt: str | Path) -> ModelConfig:
 
 
 def run_precision(ckpt: str | Path) -> str | int:
-    """The run's ``trainer.precision``: with LoRA it sets the frozen base's dtype (bf16 under
-    bf16-mixed by default), which the adapters were trained on."""
+    """With LoRA ``trainer.precision`` sets the frozen base's dtype, which the adapters were trained on."""
     cfg = OmegaConf.load(run_config_path(ckpt))
     return OmegaConf.select(cfg, "trainer.precision", default="32-true", throw_on_resolution_failure=False) or "32-true"
 
@@ -111,8 +96,7 @@ def run_cache_dir(ckpt: str | Path) -> Path:
 
 
 def _module_name(stored: str) -> str | None:
-    """A stored module key as the policy names it (``policy.`` and wrapper parts dropped), or None
-    for a key that is not the policy's (the KL reference, a plug-in's module)."""
+    """A stored module key as the policy names it, or None for another module's (the KL reference)."""
     if not stored.startswith(POLICY_PREFIX):
         return None
     name = stored.removeprefix(POLICY_PREFIX)
@@ -146,24 +130,18 @@ def _sharded_policy_entries(ckpt: Path) -> tuple[str, dict[str, tuple[str, tuple
 
 
 def _single_file_policy(ckpt: Path) -> dict[str, torch.Tensor]:
-    """``{policy name: tensor}`` of a single-file checkpoint, memory-mapped (the optimizer states
-    beside them are never read into memory)."""
+    """Memory-mapped: the optimizer states beside the weights are never read into memory."""
     try:
         checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
     except RuntimeError:  # a file of the legacy (non-zip) format cannot be mapped
         checkpoint = torch.load(ckpt, map_location="cpu", weights_only=False)
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointError(f"{ckpt}: not a Lightning checkpoint (no 'state_dict')")
-    found = {}
-    for key, value in checkpoint["state_dict"].items():
-        name = _module_name(key)
-        if name is not None:
-            found[name] = value
-    return found
+    names = {key: _module_name(key) for key in checkpoint["state_dict"]}
+    return {name: checkpoint["state_dict"][key] for key, name in names.items() if name is not None}
 
 
 def stored_policy_shapes(ckpt: str | Path) -> dict[str, tuple[int, ...]]:
-    """``{policy name: shape}`` of what a checkpoint stores (sharded: read from its index)."""
     ckpt = check_checkpoint(ckpt)
     if is_sharded_checkpoint(ckpt):
         return {name: shape for name, (_, shape) in _sharded_policy_entries(ckpt)[1].items()}
@@ -172,8 +150,6 @@ def stored_policy_shapes(ckpt: str | Path) -> dict[str, tuple[int, ...]]:
 
 def _check_fits(ckpt: Path, targets: dict[str, torch.Tensor], stored: dict[str, tuple[int, ...]],
                 is_lora: bool) -> None:
-    """Refuse a checkpoint whose policy keys or shapes are not the rebuilt model's, naming the
-    checkpoint and the run config the model came from."""
     missing = sorted(set(targets) - set(stored))
     unexpected = sorted(set(stored) - set(targets))
     where = f"{ckpt} (the model rebuilt from {run_dir(ckpt) / '.hydra' / 'config.yaml'})"
@@ -186,8 +162,7 @@ def _check_fits(ckpt: Path, targets: dict[str, torch.Tensor], stored: dict[str, 
 
 
 def load_policy_weights(policy: nn.Module, ckpt: str | Path) -> None:
-    """Copy a checkpoint's policy weights into ``policy`` (its own tensors, in their dtype): all of
-    them, or with LoRA the adapters onto the base the run started from."""
+    """Copy a checkpoint's policy weights into ``policy``'s own tensors (LoRA: the adapters)."""
     ckpt = check_checkpoint(ckpt)
     is_lora = lora.is_lora(policy)
     targets = lora.checkpoint_state(policy.state_dict(), is_lora)  # detached views of its weights
@@ -204,8 +179,7 @@ def load_policy_weights(policy: nn.Module, ckpt: str | Path) -> None:
 
 
 def _load_sharded(ckpt: Path, state: dict) -> None:
-    """Read the tensors ``state`` names from a DCP directory into them, in this process alone
-    (every rank's shards are read and put together; the keys ``state`` leaves out are not read)."""
+    """Read the tensors ``state`` names from a DCP directory into them, in this process alone."""
     import warnings
 
     from torch.distributed.checkpoint import FileSystemReader, load
@@ -217,9 +191,8 @@ def _load_sharded(ckpt: Path, state: dict) -> None:
 
 def load_checkpoint_policy(ckpt: str | Path, dtype: str | torch.dtype | None = None,
                            model: ModelConfig | None = None):
-    """``(policy, tokenizer)`` of a checkpoint, on the CPU: ``model`` (default: the run's model
-    section; with LoRA it must name the base the run started from) built as the run built it (its
-    ``trainer.precision``), the checkpoint's weights loaded into it, cast to ``dtype`` when given."""
+    """``(policy, tokenizer)`` of a checkpoint, on the CPU: ``model`` (default: the run's; with LoRA
+    the base the run started from) built as the run built it, cast to ``dtype`` when given."""
     from medsrl.models.loading import resolve_dtype
     from medsrl.models.policy import build_policy
 

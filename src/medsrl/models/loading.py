@@ -20,13 +20,7 @@ from transformers import (
 )
 
 from medsrl.data.template import ENDOFTEXT, IM_END
-from medsrl.models.char_tokenizer import (
-    ALPHABET,
-    SPECIAL_TOKENS,
-    UNK,
-    build_char_tokenizer,
-    char_vocab,
-)
+from medsrl.models.char_tokenizer import ALPHABET, SPECIAL_TOKENS, UNK, build_char_tokenizer, char_vocab
 from medsrl.models.settings import DTYPE_NAMES
 from medsrl.models.tiny import build_tiny_model
 
@@ -38,7 +32,7 @@ class ModelLoadError(OSError):
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
-    """Map ``"bfloat16"``/``"bf16"``/``"float32"``/... to a torch dtype (``"auto"`` passes through)."""
+    """A dtype setting's torch dtype (``"auto"`` passes through)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     key = str(dtype).strip().lower().removeprefix("torch.")
@@ -50,8 +44,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype | str:
 
 
 def _check_local(name_or_path: str, what: str) -> str:
-    """A hub name as it is; what can only be a path (absolute, ./, ../, ~, existing) expanded, and
-    refused unless it is a directory."""
+    """A hub name as it is; what can only be a path expanded, and refused unless it is a directory."""
     local = name_or_path.startswith((".", "~")) or os.path.isabs(name_or_path)
     if not (local or os.path.exists(name_or_path)):
         return name_or_path
@@ -75,7 +68,6 @@ def _load_error(name_or_path: str, what: str, err: Exception) -> ModelLoadError:
 
 
 def is_char_tokenizer_dir(path: str | Path) -> bool:
-    """True when ``path`` holds the tiny preset's char tokenizer (its exact vocabulary)."""
     try:
         model = json.loads((Path(path) / "tokenizer.json").read_text()).get("model", {})
     except (OSError, ValueError):
@@ -86,9 +78,7 @@ def is_char_tokenizer_dir(path: str | Path) -> bool:
     return model.get("type") == "WordLevel" and model.get("vocab") in (char_vocab(), plain)
 
 
-def load_tokenizer(
-    name_or_path: str | None, *, trust_remote_code: bool = False
-) -> PreTrainedTokenizerBase:
+def load_tokenizer(name_or_path: str | None, *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """The char tokenizer for ``None``/``"char"``, else ``AutoTokenizer`` with left padding and
     a pad token (``<|endoftext|>`` if in the vocabulary, else the eos token, when it has none)."""
     if name_or_path is None or str(name_or_path).strip().lower() == "char":
@@ -109,9 +99,7 @@ def load_tokenizer(
         elif tok.eos_token is not None:
             tok.pad_token = tok.eos_token
         else:
-            raise ModelLoadError(
-                f"Tokenizer {name_or_path!r} has no pad token, no {ENDOFTEXT} and no eos token"
-            )
+            raise ModelLoadError(f"Tokenizer {name_or_path!r} has no pad token, no {ENDOFTEXT} and no eos token")
     return tok
 
 
@@ -123,8 +111,7 @@ def load_policy(
     attn_implementation: str | None = None,
     trust_remote_code: bool = False,
 ) -> PreTrainedModel:
-    """The policy: ``AutoModelForCausalLM`` for a hub name or local directory, else (``None`` or
-    ``"tiny"``) the tiny preset, ``build_tiny_model(**tiny)``."""
+    """``AutoModelForCausalLM`` for a hub name or local directory, else the tiny preset."""
     torch_dtype = resolve_dtype(dtype)
     if name_or_path is None or str(name_or_path).strip().lower() == "tiny":
         model = build_tiny_model(**dict(tiny or {}))
@@ -160,13 +147,10 @@ def random_model_like(
     seed: int = 0,
     **config_overrides: Any,
 ) -> PreTrainedModel:
-    """A small randomly initialised model of a real architecture (``qwen2``, ``qwen3``, ``llama``).
-    Extra keyword arguments go to the config (e.g. ``tie_word_embeddings=False``)."""
+    """A small randomly initialised model of a real architecture; extra keyword arguments go to the config."""
     arch = architecture.strip().lower()
     if arch not in _ARCHITECTURES:
-        raise ValueError(
-            f"random_model_like: unknown architecture {architecture!r}; use one of {_ARCHITECTURES}"
-        )
+        raise ValueError(f"random_model_like: unknown architecture {architecture!r}; use one of {_ARCHITECTURES}")
     common: dict[str, Any] = dict(
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
@@ -182,7 +166,7 @@ def random_model_like(
 
 
 def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """Ids of ``<|im_end|>``, ``<|endoftext|>`` and the eos token that exist (deduplicated, in order)."""
+    """Ids of ``<|im_end|>``, ``<|endoftext|>`` and the eos token that exist."""
     vocab = tokenizer.get_vocab()
     ids = [int(vocab[token]) for token in (IM_END, ENDOFTEXT) if token in vocab]
     if tokenizer.eos_token_id is not None:

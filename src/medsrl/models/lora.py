@@ -1,12 +1,6 @@
-"""LoRA through PEFT: the policy wrapped in low-rank adapters, and the helpers around it.
-
-``model.lora.r > 0`` wraps the loaded policy in a ``peft.PeftModel`` whose base weights are
-frozen; only the adapters (``lora_A`` / ``lora_B`` of each ``target_modules`` projection) train.
-So the checkpoint holds the adapters only (:func:`checkpoint_state`), the KL reference is the
-same module with its adapters off (:func:`reference_policy`), vLLM and the export get merged
-weights (:func:`merged_state_dict`, :func:`export_view`), and code that looks for the decoder
-layers looks inside the wrapper (:func:`unwrap_peft`).
-"""
+"""LoRA through PEFT: the policy wrapped in low-rank adapters over a frozen base, and the helpers
+around it (checkpoints hold the adapters only, the KL reference is the policy with its adapters
+off, vLLM and the export get merged weights)."""
 
 from __future__ import annotations
 
@@ -25,15 +19,14 @@ INIT_SEED = 0
 
 
 def is_lora(model: nn.Module) -> bool:
-    """Whether ``model`` is a PEFT-wrapped policy (sharded or not: FSDP2 keeps the module's class)."""
+    """Sharded or not: FSDP2 keeps the module's class."""
     from peft import PeftModel
 
     return isinstance(model, PeftModel)
 
 
 def unwrap_peft(model: nn.Module) -> nn.Module:
-    """The Hugging Face model inside a ``PeftModel`` (the same modules, adapters injected), else
-    ``model``: its ``model.layers``, ``model.norm`` and LM head are where a plain model has them."""
+    """The Hugging Face model inside a ``PeftModel`` (the same modules, adapters injected), else ``model``."""
     from peft import PeftModel
 
     return model.get_base_model() if isinstance(model, PeftModel) else model
@@ -55,10 +48,8 @@ def target_problems(model: nn.Module, targets: Sequence[str] | str) -> list[str]
 
 
 def apply_lora(policy: nn.Module, settings: LoraSettings, adapter_dtype: torch.dtype | str | None = None) -> nn.Module:
-    """``policy`` wrapped in LoRA adapters (``settings.enabled``), else ``policy`` itself. Call it
-    after activation checkpointing is set up: ``get_peft_model`` then makes the embeddings' output
-    require grad, which checkpointed layers over frozen weights need. The adapters are made in
-    ``adapter_dtype`` (a torch dtype; None or "auto": PEFT's choice, fp32 over a 16-bit base)
+    """``policy`` wrapped in LoRA adapters when enabled. Call it after activation checkpointing is set
+    up (PEFT then makes the embeddings' output require grad). The adapters are made in ``adapter_dtype``
     whatever the base's: they are the master weights, whose small updates must not round away."""
     if not settings.enabled:
         return policy
@@ -87,27 +78,23 @@ def apply_lora(policy: nn.Module, settings: LoraSettings, adapter_dtype: torch.d
 
 
 def adapters_to(model: nn.Module, dtype: torch.dtype) -> None:
-    """Cast the trained parameters of ``model`` (the adapters) to ``dtype`` in place and leave the
-    frozen base as it is: a bf16 base with fp32 adapters."""
+    """Cast the trained parameters (the adapters) in place, the frozen base left as it is."""
     for param in model.parameters():
         if param.requires_grad and param.dtype != dtype:
             param.data = param.data.to(dtype)
 
 
 def is_adapter_key(key: str) -> bool:
-    """Whether a state-dict key names an adapter weight (``...q_proj.lora_A.default.weight``)."""
     return "lora_" in key
 
 
 def checkpoint_state(state: Mapping[str, torch.Tensor], lora: bool) -> dict[str, torch.Tensor]:
-    """What a checkpoint keeps of a module's ``state``: everything, or with LoRA the adapter
-    weights only (the frozen base is rebuilt from the model config at load)."""
+    """Everything, or with LoRA the adapters only (the frozen base is rebuilt from the model config)."""
     return dict(state) if not lora else {k: v for k, v in state.items() if is_adapter_key(k)}
 
 
 def mismatch_message(missing: Sequence[str], unexpected: Sequence[str], lora: bool) -> str:
-    """Why a checkpoint does not fit the policy, saying so plainly when one side has LoRA
-    adapters and the other not (a full fine-tune's checkpoint into a LoRA run, or back)."""
+    """Why a checkpoint does not fit the policy, saying so plainly when one side has LoRA adapters."""
     base = f"checkpoint does not match the policy: missing {list(missing)[:5]}, unexpected {list(unexpected)[:5]}"
     if (lora and unexpected and not any(is_adapter_key(k) for k in unexpected)
             and all(is_adapter_key(k) for k in missing)):
@@ -122,8 +109,7 @@ def mismatch_message(missing: Sequence[str], unexpected: Sequence[str], lora: bo
 
 @contextlib.contextmanager
 def reference_policy(policy: nn.Module, copy: nn.Module | None) -> Iterator[nn.Module]:
-    """The frozen KL reference for the block: its own ``copy`` when there is one (full fine-tune),
-    else ``policy`` with its adapters disabled (the base model, with no second copy of it)."""
+    """The frozen KL reference: ``copy`` (full fine-tune), else ``policy`` with its adapters disabled."""
     if copy is not None:
         yield copy
         return
@@ -136,13 +122,9 @@ def merged_weights(
     model: nn.Module, dtype: torch.dtype | None = None, *, copy: bool = False,
     gather: Callable[[torch.Tensor, torch.dtype | None], torch.Tensor] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The state a plain model would hold with the adapters merged, under the base model's own
-    names (what vLLM loads and the merged export saves), one module at a time: a LoRA layer's
-    weight is its base weight plus each active adapter's delta, made, cast to ``dtype`` and
-    yielded before the next module's, so no more than one merged weight need exist at once.
-    ``model`` is left as it is. Other tensors are yielded as they are (``copy``: always a fresh
-    tensor). ``gather(tensor, dtype)``: how a sharded parameter becomes whole, in ``dtype`` (a
-    collective; ``models/sharding.py``). A plain model: its state."""
+    """The state a plain model would hold with the adapters merged, under the base model's names, one
+    module at a time: no more than one merged weight exists at once. ``copy``: always a fresh tensor;
+    ``gather(tensor, dtype)``: how a sharded parameter becomes whole (``models/sharding.py``)."""
     from peft.tuners.lora import LoraLayer
 
     def cast(t: torch.Tensor) -> torch.Tensor:
@@ -169,10 +151,8 @@ def merged_weights(
 
 
 def _merged_layer(layer, prefix: str, dtype: torch.dtype | None, gather=None) -> Iterator[tuple[str, torch.Tensor]]:
-    """A LoRA layer's base tensors under its own name, the weight with the active adapters' deltas
-    added (in the base weight's dtype, then cast). Sharded (``gather``): the base weight and the
-    adapters are gathered whole in their own dtypes, and the delta made from them as PEFT's
-    ``get_delta_weight`` makes it for a linear layer."""
+    """A LoRA layer's base tensors, the weight with the active adapters' deltas added in its own dtype.
+    Sharded (``gather``): the delta made from the gathered adapters as PEFT's ``get_delta_weight``."""
     base = layer.get_base_layer()
     adapters = [a for a in layer.active_adapters if a in layer.lora_A]
     for name, t in base.named_parameters(recurse=False):
@@ -195,29 +175,25 @@ def _gathered_delta(layer, adapter: str, gather) -> torch.Tensor:
 
 
 def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """:func:`merged_weights` as one dict (the merged export)."""
     return dict(merged_weights(model))
 
 
 def export_view(policy: nn.Module, merge: bool) -> tuple[nn.Module, dict[str, torch.Tensor] | None]:
-    """What to call ``save_pretrained`` on, and with which state dict (None: the module's own): a
-    LoRA policy ``merge``d is the base model with the merged weights, else the policy itself (a
-    ``PeftModel`` saves its adapter alone)."""
+    """What to call ``save_pretrained`` on, and its state dict (None: the module's own); a
+    ``PeftModel`` not merged saves its adapter alone."""
     if merge and is_lora(policy):
         return unwrap_peft(policy), merged_state_dict(policy)
     return policy, None
 
 
-def trainable_params(model: nn.Module, settings: LoraSettings) -> int:
-    """The adapter parameters LoRA would add to ``model`` (works on the ``meta`` device):
-    ``r * (in + out)`` per targeted linear layer. For the memory plan (gradients, AdamW states)."""
+def targeted_linears(model: nn.Module, targets: Sequence[str] | str) -> list[nn.Linear]:
+    """The linear layers LoRA adapts (on the ``meta`` device too): ``targets`` by name, or for
+    "all-linear" every one but the LM head. For the memory plan."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    targets = settings.target_modules
+    return [m for name, m in model.named_modules() if isinstance(m, nn.Linear)
+            and (m is not head if isinstance(targets, str) else name.rsplit(".", 1)[-1] in targets)]
 
-    def targeted(name: str, module: nn.Module) -> bool:
-        if isinstance(targets, str):  # "all-linear": every linear layer but the LM head
-            return module is not head
-        return name.rsplit(".", 1)[-1] in targets
 
-    return sum(settings.r * (m.in_features + m.out_features)
-               for name, m in model.named_modules() if isinstance(m, nn.Linear) and targeted(name, m))
+def trainable_params(model: nn.Module, settings: LoraSettings) -> int:
+    """``r * (in + out)`` per targeted linear layer."""
+    return sum(settings.r * (m.in_features + m.out_features) for m in targeted_linears(model, settings.target_modules))

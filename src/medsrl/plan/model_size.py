@@ -1,16 +1,13 @@
 """The sizes the memory plan needs, read from the model itself built on the ``meta`` device.
 
-No formula per architecture: the model class of the config (Qwen2, Qwen3, Llama ...) is built
-without storage, and its parameters are counted where FSDP would put them: each decoder layer
-(the model's ``_no_split_modules``) is one unit, the rest (embeddings, final norm, LM head) the
-root unit. Real models come from ``model.shape`` (the checkpoint's config.json numbers, in the
-model config) or from a local ``name_or_path``'s config.json, which wins.
+No formula per architecture: the parameters are counted where FSDP would put them, each decoder
+layer (``_no_split_modules``) one unit, the rest the root unit. Real models come from
+``model.shape`` or a local ``name_or_path``'s config.json, which wins.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 
@@ -37,12 +34,11 @@ class ModelSize:
 
     @property
     def trained(self) -> int:
-        """The parameters that have gradients and AdamW states."""
+        """Those with gradients and AdamW states."""
         return self.params if self.trainable_params is None else self.trainable_params
 
     @property
     def lora(self) -> bool:
-        """Whether only LoRA adapters train (the base weights, the LM head included, are frozen)."""
         return self.trainable_params is not None
 
     @property
@@ -52,36 +48,20 @@ class ModelSize:
 
 
 def model_size(model_cfg: ModelConfig) -> ModelSize:
-    """The :class:`ModelSize` of the ``model`` config group's model (built on ``meta``); with
-    ``model.lora.r > 0`` the trainable parameters are the adapters'."""
-    from medsrl.models.lora import trainable_params
+    """With ``model.lora.r > 0`` the trainable parameters are the adapters'."""
+    from medsrl.models.lora import targeted_linears, trainable_params
 
     model = meta_model(model_cfg)
     lora = model_cfg.lora
     size = size_of(model)
     if not lora.enabled:
         return size
-    return replace(size, trainable_params=trainable_params(model, lora),
-                   lora_largest_matrix=largest_targeted_matrix(model, lora.target_modules))
-
-
-def largest_targeted_matrix(model: torch.nn.Module, targets: Any) -> int:
-    """Elements of the largest linear weight LoRA adapts in ``model`` (``models/lora.py``
-    ``trainable_params``' rule: the ``targets`` names, or every linear layer but the LM head for
-    "all-linear"): the weight sync merges one such weight at a time, its delta beside the sum."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-
-    def targeted(name: str, module: torch.nn.Module) -> bool:
-        if isinstance(targets, str):
-            return module is not head
-        return name.rsplit(".", 1)[-1] in targets
-
-    return max((m.weight.numel() for name, m in model.named_modules()
-                if isinstance(m, torch.nn.Linear) and targeted(name, m)), default=0)
+    # the weight sync merges one adapted weight at a time, its delta beside the sum
+    largest = max((m.weight.numel() for m in targeted_linears(model, lora.target_modules)), default=0)
+    return replace(size, trainable_params=trainable_params(model, lora), lora_largest_matrix=largest)
 
 
 def size_of(model: torch.nn.Module) -> ModelSize:
-    """Count ``model``'s parameters per FSDP unit (each decoder layer; the rest) and read its widths."""
     config = model.config
     layer_names = set(getattr(model, "_no_split_modules", None) or [])
     layers = [m for m in model.modules() if type(m).__name__ in layer_names]
