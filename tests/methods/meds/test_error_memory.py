@@ -136,7 +136,9 @@ def test_state_dict_is_a_copy_and_validated():
 
 def test_snapshot_round_trip_and_plain_numpy_access(tmp_path):
     mem = ErrorMemory(cap_per_key=10)
-    for k, v in filled().items():
+    full = filled()
+    for k in full.keys():
+        v = full.get(*k)
         mem.add(k[0], k[1], v.features, step=int(v.steps[0]))
         mem.set_labels(k[0], k[1], v.labels[: v.fitted_upto])
     path = mem.snapshot(tmp_path / "mem.npz")

@@ -6,7 +6,6 @@ HDBSCAN re-fit over the first ``fitted_upto`` rows (later rows: -1). Unbounded i
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -65,9 +64,6 @@ class ErrorMemory:
     def keys(self) -> list[MemoryKey]:
         """In the order they were first filled."""
         return list(self._stores)
-
-    def items(self) -> Iterator[tuple[MemoryKey, MemoryEntry]]:
-        return iter(self._stores.items())
 
     def num_entries(self) -> int:
         return sum(len(e) for e in self._stores.values())

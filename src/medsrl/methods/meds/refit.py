@@ -30,9 +30,7 @@ class RefitError(RuntimeError):
     """A re-fit raised; the message names the key."""
 
 
-def _fit_job(
-    features: np.ndarray, min_cluster_size: int, min_samples: int, fit_fn: FitFn
-) -> tuple[np.ndarray, float]:
+def _fit_job(features: np.ndarray, min_cluster_size: int, min_samples: int, fit_fn: FitFn) -> tuple[np.ndarray, float]:
     """What a worker runs: the labels and the seconds the fit took."""
     t0 = time.perf_counter()
     labels = fit_fn(features, min_cluster_size=min_cluster_size, min_samples=min_samples)
@@ -91,18 +89,15 @@ class BackgroundRefitter:
                 self._pool = ThreadPoolExecutor(self.num_workers, thread_name_prefix="refit")
             else:
                 method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-                self._pool = ProcessPoolExecutor(
-                    self.num_workers, mp_context=mp.get_context(method),
-                    initializer=exit_with_owner, initargs=(this_owner(),),
-                )
+                self._pool = ProcessPoolExecutor(self.num_workers, mp_context=mp.get_context(method),
+                                                 initializer=exit_with_owner, initargs=(this_owner(),))
         return self._pool
 
     def _fit_here(self, key_id: Hashable, features: np.ndarray) -> np.ndarray:
         try:
-            res = _fit_job(features, *self._fit_args)
+            return self._record(_fit_job(features, *self._fit_args))
         except Exception as e:
             raise RefitError(f"HDBSCAN re-fit failed for key {key_id!r}: {e}") from e
-        return self._record(res)
 
     def _record(self, res: tuple[np.ndarray, float]) -> np.ndarray:
         labels, secs = res

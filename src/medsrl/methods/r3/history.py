@@ -45,8 +45,7 @@ class StoredResponse:
     finish_reason: str  # "stop" | "length"
     extracted: str | None  # the grader's extracted answer (None: no box)
     has_box: bool
-    # behaviour log-probs of token_ids (the old-policy log-probs of the step that sampled it);
-    # None when the response never went through the scoring forward
+    # behaviour log-probs of token_ids (old-policy, of the step that sampled it); None: never scored
     logprobs: tuple[float, ...] | None
 
     def __post_init__(self) -> None:  # frozen: the normalised fields are written directly
@@ -79,11 +78,6 @@ class ResponseHistory:
         if self._last_step.get(key) != response.step:
             self._visits[key] = self._visits.get(key, 0) + 1
             self._last_step[key] = response.step
-
-    def reset(self) -> None:
-        self._rows.clear()
-        self._visits.clear()
-        self._last_step.clear()
 
     def responses(self, key: str) -> list[StoredResponse]:
         return list(self._rows.get(key, ()))
