@@ -1,10 +1,5 @@
-"""``medsrl-export CKPT OUT_DIR``: a training checkpoint as a Hugging Face folder, on the CPU.
-
-Any checkpoint a run writes, a single ``.ckpt`` file or a sharded directory (FSDP's
-``state_dict_type: sharded``, read in this one process: ``models/checkpoint_files.py``), becomes
-what ``from_pretrained`` loads: ``model.safetensors``, ``config.json`` and the tokenizer. The model
-is rebuilt from the run's ``<run>/.hydra/config.yaml``, so the checkpoint stays where the run wrote
-it. A LoRA checkpoint is exported merged (a plain model) unless ``--no-merge`` (the adapter alone).
+"""``medsrl-export CKPT OUT_DIR``: a training checkpoint (a ``.ckpt`` file or a sharded directory) as
+a Hugging Face folder, on the CPU; the model is rebuilt from the run's ``<run>/.hydra/config.yaml``.
 
     medsrl-export logs/train/runs/<run>/checkpoints/step_000020.ckpt exported/step20 --dtype bfloat16
 """
@@ -35,9 +30,8 @@ DTYPES = ("bfloat16", "float32")
 
 
 def checkpoint_policy(ckpt: str | Path, dtype: str | torch.dtype | None = None):
-    """``(policy, tokenizer)`` of a checkpoint: its run's model, for a LoRA run on the base that run
-    started from (the warm-started tiny preset is found in, or rebuilt into, the run's cache: the
-    checkpoint holds the adapters only)."""
+    """``(policy, tokenizer)`` of a checkpoint; a LoRA run's on the base it started from (a warm-started
+    tiny base is found in, or rebuilt into, the run's cache: the checkpoint holds the adapters only)."""
     from medsrl.warmstart import warm_started
 
     ckpt = check_checkpoint(ckpt)  # a wrong path is named as that before its run's config is looked for
@@ -48,9 +42,8 @@ def checkpoint_policy(ckpt: str | Path, dtype: str | torch.dtype | None = None):
 
 
 def export_checkpoint(ckpt: str | Path, out_dir: str | Path, dtype: str | None = None, merge: bool = True) -> Path:
-    """Write ``ckpt``'s policy and tokenizer to ``out_dir`` the Hugging Face way; ``dtype`` casts
-    the saved weights (None: as trained). Refuses a non-empty ``out_dir``: files of an earlier
-    export (an adapter beside merged weights) would be read with the new ones."""
+    """``ckpt``'s policy and tokenizer into ``out_dir`` the Hugging Face way. Refuses a non-empty
+    ``out_dir``: an earlier export's files (an adapter beside merged weights) would be read too."""
     ckpt, out_dir = check_checkpoint(ckpt), Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise FileExistsError(f"{out_dir}: exists and is not an empty directory; export into a new one")

@@ -62,18 +62,10 @@ log = logging.getLogger(__name__)
 class RLModule(L.LightningModule):
     """Policy + RL loss. ``policy`` is any Hugging Face causal LM; ``plugins`` run in order."""
 
-    def __init__(
-        self,
-        policy: torch.nn.Module,
-        tokenizer,
-        algorithm: AlgorithmConfig | None = None,
-        rollout: RolloutConfig | None = None,
-        optim: OptimConfig | None = None,
-        grader: GraderConfig | None = None,
-        plugins: list[Plugin] | None = None,
-        seed: int = 0,
-        merge_on_export: bool = True,
-    ) -> None:
+    def __init__(self, policy: torch.nn.Module, tokenizer, algorithm: AlgorithmConfig | None = None,
+                 rollout: RolloutConfig | None = None, optim: OptimConfig | None = None,
+                 grader: GraderConfig | None = None, plugins: list[Plugin] | None = None, seed: int = 0,
+                 merge_on_export: bool = True) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.policy = policy
@@ -112,8 +104,7 @@ class RLModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         if self.algorithm.kl_coef > 0 and self.ref_policy is None and not self.lora:
-            # A frozen copy of the starting policy; excluded from checkpoints (see state_dict).
-            # With LoRA the reference is the policy with its adapters off (lora.reference_policy).
+            # a frozen copy, not checkpointed; with LoRA the reference is the policy, adapters off
             self.ref_policy = copy.deepcopy(self.policy).eval().requires_grad_(False)
         if self.grader is None:
             per_node = self.trainer.num_devices if self._trainer is not None else 1

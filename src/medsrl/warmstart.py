@@ -236,10 +236,8 @@ def train_model(model, enc: Encoded, ws: WarmStartConfig, *, log_every: int = 50
                         collate_fn=functools.partial(collate, enc))
     module = SupervisedWarmStart(model, enc, ws, log_every)
     with _quiet_lightning():
-        trainer = L.Trainer(
-            accelerator="cpu", devices=1, max_steps=ws.steps, logger=False, enable_checkpointing=False,
-            enable_progress_bar=False, enable_model_summary=False,
-        )
+        trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=ws.steps, logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False)
         trainer.fit(module, loader)
     model.eval()
     return module.curve
@@ -305,7 +303,7 @@ def _summary(name: str, records: list[dict], seconds: float) -> dict[str, Any]:
 
 def _build(out_dir: Path, model_config: dict, ws: WarmStartConfig, log_every: int,
            num_threads: int | None) -> None:
-    """Train, evaluate and save into ``out_dir``; ``metrics.json`` last (it marks completion)."""
+    """Train, evaluate and save into ``out_dir``; ``metrics.json`` last: it marks completion."""
     t0, cpu0 = time.perf_counter(), time.process_time()
     previous_threads = torch.get_num_threads()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

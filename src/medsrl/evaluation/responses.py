@@ -41,10 +41,6 @@ class SamplingSpec(Settings):
     features: Annotated[FeatureSpec | None, Doc(
         "the MEDS feature of each response (diversity); null: none")] = FeatureSpec()
 
-    @property
-    def chunk_size(self) -> int:
-        return max(1, self.batch_size // self.n)
-
     def fingerprint(self, model: str, benchmark: str, **extra: Any) -> str:
         """The resume fingerprint (``extra``: the rest that decides the generations: template, ...)."""
         values = {k: getattr(self, k) for k in SamplingSpec.model_fields}
@@ -80,7 +76,7 @@ def sample_chunk(engine, grader, problems: Sequence[Prompt], indices: range, set
 
 def chunks_of(num_problems: int, settings: SamplingSpec) -> list[range]:
     """The fixed sampling chunks of ``num_problems`` problems."""
-    size = settings.chunk_size
+    size = max(1, settings.batch_size // settings.n)
     return [range(s, min(s + size, num_problems)) for s in range(0, num_problems, size)]
 
 

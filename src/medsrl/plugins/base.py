@@ -1,8 +1,6 @@
-"""The plug-in protocol: a training method is a Lightning ``Callback`` (setup, teardown and
-checkpoint state are Lightning's) whose hooks below the module also calls at fixed points of each
-step, in ``algorithm.plugins`` order (``docs/PLUGINS.md`` has the table). Replicated state: every
-rank's ``step_additions`` go to ``commit`` on every rank. Metrics go through :class:`StepContext`.
-"""
+"""The plug-in protocol: a Lightning ``Callback`` whose hooks below the module also calls at fixed
+points of each step, in ``algorithm.plugins`` order (``docs/PLUGINS.md``). Replicated state: every
+rank's ``step_additions`` go to ``commit`` on every rank."""
 
 from __future__ import annotations
 
@@ -28,8 +26,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class StepContext:
-    """What a plug-in may use during one step (the run's settings it needs: read them in
-    ``setup``). ``loggers`` and ``run_dir`` are rank 0's: the other ranks write nothing."""
+    """What a plug-in may use during one step; ``loggers`` and ``run_dir`` are rank 0's only."""
 
     step: int
     stage: str | None
@@ -38,15 +35,13 @@ class StepContext:
     loggers: list[Logger] = field(default_factory=list)  # for histograms and text
     run_dir: str | None = None  # the run's log directory, for snapshot files
     metrics: dict[str, float] = field(default_factory=dict)  # logged under train/
-    # the groups a filter took out of the batch (DAPO's zero-spread groups): never trained on,
-    # but a later plug-in may learn from them
+    # the groups a filter took out of the batch (DAPO's), which a later plug-in may learn from
     dropped: list[Group] = field(default_factory=list)
     # the policy the scoring pass runs, while it runs (under FSDP its wrapper: an own forward is a collective)
     scoring_policy: Any = None
 
     @classmethod
     def for_trainer(cls, trainer, step: int, stage: str | None, timer: PhaseTimer, num_prompts: int) -> StepContext:
-        """This rank's context of a step: the trainer's loggers and run directory on rank 0 only."""
         if not trainer.is_global_zero:
             return cls(step, stage, timer, num_prompts)
         return cls(step, stage, timer, num_prompts, list(trainer.loggers), run_log_dir(trainer))
@@ -76,11 +71,9 @@ class Plugin(Callback):
 
     name: str = "plugin"  # set from its key in ``algorithm.plugins``
     token_stats: tuple[str, ...] = ()  # per-token quantities from the scoring forward
-    # Reads the scoring forward (old log-probs, token stats, capture hooks). Only when no plug-in
-    # does may an on-policy step skip that forward (``RLModule.scoring_forward_needed``).
+    # Reads the scoring forward; only when no plug-in does may an on-policy step skip it
     reads_scoring_forward: bool = True
-    # A filter that has the step generate extra rounds until the batch is full again (DAPO), at
-    # most this many; None: not such a filter (``PluginHost.fill_batch``)
+    # A filter whose step generates up to this many extra rounds to refill the batch (DAPO)
     max_rounds: int | None = None
 
     @property

@@ -1,8 +1,6 @@
-"""The module's plug-ins, in order, called at each point of the step (``base.py``); the step's
-groups through their ``transform_groups``, with DAPO's generation rounds as an explicit loop (as
-verl's DAPO trainer): each round passes the plug-ins up to the filter until the kept groups (over
-all ranks) fill the batch or ``max_rounds`` extra rounds ran; the surplus is cut in (round, rank,
-prompt) order, as one process would; the plug-ins after see the batch once."""
+"""The module's plug-ins, called in order at each point of the step, with DAPO's generation rounds
+as an explicit loop (as verl's): rounds pass the plug-ins up to the filter until the kept groups fill
+the batch; the surplus is cut in (round, rank, prompt) order, as one process would."""
 
 from __future__ import annotations
 
@@ -32,7 +30,6 @@ class PluginHost:
         self.reducers = self._reducers()
 
     def _reducers(self) -> dict[str, TokenReducer]:
-        """Every per-token quantity some plug-in asked for (none asked: the forward computes none)."""
         out: dict[str, TokenReducer] = {}
         for p in self.plugins:
             own = p.token_reducers()
@@ -52,9 +49,8 @@ class PluginHost:
 
     def fill_batch(self, groups: list[Group], sample: Callable[[list, int], list[Group]], datamodule,
                    ctx: StepContext) -> list[Group]:
-        """The batch to train on from the first round's ``groups``. Round ``r``'s extra prompts are
-        ``datamodule.extra_prompts(step, r, num_prompts)``; ``sample(prompts, r)`` generates and
-        grades this rank's share of them."""
+        """The batch to train on from the first round's ``groups``; ``sample(prompts, r)`` generates
+        and grades this rank's share of round ``r``'s extra prompts."""
         plugins = self.plugins
         dapo = next((p for p in plugins if p.max_rounds is not None), None)
         if dapo is None:
@@ -78,8 +74,7 @@ class PluginHost:
             p.before_scoring(rollouts, ctx)
 
     def microbatch_context(self, rollouts) -> Callable[[torch.Tensor], AbstractContextManager]:
-        """Every plug-in's context for the forward of the packed ``rows``, entered only when the
-        forward runs (the shared-prompt forward runs the prompts before it, outside)."""
+        """Every plug-in's context for the forward of the packed ``rows``, entered only when it runs."""
 
         @contextmanager
         def enter(rows: torch.Tensor) -> Iterator[None]:
@@ -99,8 +94,7 @@ class PluginHost:
             p.shape_rewards(rollouts, ctx)
 
     def commit(self, rollouts, ctx: StepContext) -> None:
-        """The one shared state mechanism: all-gather every plug-in's additions, commit them in
-        rank order, and (several processes) check that the replicas still agree."""
+        """All-gather every plug-in's additions, commit them in rank order, check the replicas agree."""
         adds = {p.name: p.step_additions(rollouts, ctx) for p in self.plugins}
         gathered = all_gather_objects(adds)
         for p in self.plugins:
@@ -126,8 +120,8 @@ def _transform(plugins: list[Plugin], groups: list[Group], ctx: StepContext) -> 
 
 
 def batch_share(counts: list[list[int]], rank: int, target: int) -> list[int]:
-    """Per round, how many of this rank's kept groups make the batch: the first ``target`` kept
-    groups in (round, rank) order. ``counts[q][r]``: groups rank ``q`` kept in round ``r``."""
+    """Per round, how many of this rank's kept groups are among the first ``target`` in (round, rank)
+    order; ``counts[q][r]``: groups rank ``q`` kept in round ``r``."""
     budget = target
     mine = []
     for r in range(len(counts[0])):
