@@ -183,19 +183,17 @@ def _passk_group(v: Tensor, k: int) -> Tensor:
 
 @register_advantage("grpo")
 def _grpo(inputs: AdvantageInputs, *, eps: Annotated[Positive, Doc("added to the group std")] = 1e-6) -> Tensor:
-    """GRPO: group mean/std normalisation of the shaped scores."""
     return group_advantages(inputs.scores, inputs.group_ids, norm_by_std=True, eps=eps)
 
 
 @register_advantage("drgrpo")
 def _drgrpo(inputs: AdvantageInputs) -> Tensor:
-    """Dr.GRPO: group mean only (no ``eps`` option: without the std division it has no use)."""
+    """No ``eps`` option: without the std division it has no use."""
     return group_advantages(inputs.scores, inputs.group_ids, norm_by_std=False)
 
 
 @register_advantage("rloo")
 def _rloo(inputs: AdvantageInputs) -> Tensor:
-    """RLOO: leave-one-out group baseline on the shaped scores."""
     return rloo_advantages(inputs.scores, inputs.group_ids)
 
 
@@ -206,10 +204,7 @@ def _gdpo(
     weights: Annotated[dict[str, float] | None, Doc("each reward term's weight; null: all 1")] = None,
     eps: Annotated[Positive, Doc("added to each std")] = 1e-6,
 ) -> Tensor:
-    """GDPO on the named reward terms, whitened over all ranks via ``inputs.reduce_sum``."""
-    return gdpo_advantages(
-        inputs.terms, inputs.group_ids, weights=weights, eps=eps, reduce_sum=inputs.reduce_sum
-    )
+    return gdpo_advantages(inputs.terms, inputs.group_ids, weights=weights, eps=eps, reduce_sum=inputs.reduce_sum)
 
 
 @register_advantage("w_reinforce")
@@ -219,8 +214,7 @@ def _w_reinforce(
     positive_weight: Annotated[Positive, Doc(
         "lambda, the weight of a correct response's reward (a wrong one gets -1); paper: 0.1")] = 0.1,
 ) -> Tensor:
-    """W-REINFORCE: correct (the ``correct`` term, else the score, above 0.5) ``lambda * score``,
-    wrong ``score - 1``; no baseline, no normalisation."""
+    """Correct: the ``correct`` term, else the score, above 0.5."""
     correct = inputs.terms.get("correct", inputs.scores) > 0.5
     return w_reinforce_advantages(inputs.scores, correct, positive_weight=positive_weight)
 
@@ -232,7 +226,6 @@ def _passk(
     k: Annotated[below(PositiveInt, "rollout.n", or_equal=True), Doc(
         "k of the pass@k the group is trained for (<= rollout.n); 1 is GRPO with the population std")] = 4,
 ) -> Tensor:
-    """Pass@k training's analytical group advantage on the shaped scores."""
     return passk_advantages(inputs.scores, inputs.group_ids, k)
 
 

@@ -1,12 +1,8 @@
-"""Per-layer answer logits (the MEDS feature) read from the one no-grad forward of a micro-batch.
-
-docs/REFERENCE.md step 2: at the answer position, for each selected layer ``n`` (1-based, as in
-``output_hidden_states``) apply the LM head to that layer's hidden state and keep the fp32 logit
-of the token at ``position + 1``; layer ``N`` is normed (unless ``tie_last_hidden_states=False``),
-layers ``1..N-1`` only with ``final_norm=True``. The hooks, armed only inside
-:meth:`LayerLogitCapture.capture`, apply the norm and the needed rows of the LM head inside the
-forward, where an FSDP-wrapped policy has its root unit gathered, and keep only those logits.
-"""
+"""Per-layer answer logits (the MEDS feature, docs/REFERENCE.md step 2): at the answer position, the
+LM head on each selected layer's hidden state, the fp32 logit of the next token; layer ``N`` normed
+(unless ``tie_last_hidden_states=False``), the others only with ``final_norm``. The hooks, armed only
+inside :meth:`LayerLogitCapture.capture`, run inside the forward, where an FSDP-wrapped policy has
+its root unit gathered, and keep only those logits."""
 
 from __future__ import annotations
 

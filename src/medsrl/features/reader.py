@@ -1,11 +1,7 @@
-"""The MEDS feature of each response, read from a forward the caller runs (docs/REFERENCE.md steps
-1-2): the one capture path, for the MEDS plug-in and evaluation alike. Per response: the answer's
-``{`` (:mod:`.answer_locator`); the per-layer fp32 logits of the first answer token there
-(:mod:`.logit_capture`); rounded to bf16 (``dtype``: the reference's LM head runs under bf16
-autocast, and HDBSCAN with ``min_samples=1`` treats exact ties apart from near ones); with
-``diff``, ``logit(n) - logit(n-1)`` as the reference. ``logits="digits"`` (study v3's audit) keeps
-the ten digit tokens' logits per layer instead, ``[M, L * 10]``.
-"""
+"""The MEDS feature of each response from a forward the caller runs (docs/REFERENCE.md steps 1-2),
+for the MEDS plug-in and evaluation alike: the first answer token's per-layer fp32 logits, rounded
+to bf16 as the reference's bf16 LM head (HDBSCAN with ``min_samples=1`` treats exact ties apart
+from near ones), with ``diff`` as ``logit(n) - logit(n-1)``; ``logits="digits"``: the ten digits'."""
 
 from __future__ import annotations
 

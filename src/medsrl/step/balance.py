@@ -1,13 +1,9 @@
-"""Balanced ranks: the step's filled batch is re-dealt across ranks by whole groups, so that every
-rank scores and updates about as many tokens (verl's ``_balance_batch``, by groups); else DAPO's
-fill leaves the last round's groups on the low ranks and the others wait in every collective.
-
-Every rank computes the same deal from one all-gather of ``(origin, tokens)``; only moved groups
-travel. N ranks must still be one process's run: groups keep their place in the step's order
-(``Group.origin``, ``Group.index``), update ``i mod U`` takes group ``i`` (``step/schedule.py``)
-and is dealt on its own (:func:`deal`), plug-ins commit in that order (:func:`in_step_order`),
-and the ranks' group counts stay within one (the metrics are means over ranks).
-"""
+"""Balanced ranks: the step's filled batch is re-dealt by whole groups so that every rank scores and
+updates about as many tokens (verl's ``_balance_batch``); else DAPO's fill leaves the last round's
+groups on the low ranks and the others wait in every collective. Every rank computes the same deal
+from one all-gather; only moved groups travel. N ranks stay one process's run: groups keep their
+place in the step's order (``Group.origin``, ``Group.index``), each update is dealt on its own,
+plug-ins commit in that order (:func:`in_step_order`) and group counts stay within one."""
 
 from __future__ import annotations
 

@@ -46,7 +46,6 @@ class UpdateSchedule:
         self._reduce_sum, self._gather = reduce_sum, gather
         updates = num_updates(sum(group_counts), per_update)
         local = torch.arange(group_counts[rank])
-        # this rank's groups, per update
         self.mini_batches: list[torch.Tensor] = [local[k::updates] for k in range(updates)]
         if global_index is not None:
             where = torch.tensor(global_index, dtype=torch.long) % max(updates, 1)
