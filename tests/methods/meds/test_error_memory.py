@@ -68,8 +68,6 @@ def test_set_labels_checks():
         mem.set_labels("nope", False, np.array([0]))
     with pytest.raises(ValueError):
         mem.set_labels("p1", False, np.zeros(6, np.int64))  # more labels than rows
-    with pytest.raises(ValueError):
-        mem.set_labels("p1", False, np.zeros(2, np.int64), upto=3)
     mem.set_labels("p1", False, np.array([1, 1, 2, 2]))
     e = mem.get("p1", False)
     assert e.labels.tolist() == [1, 1, 2, 2, -1] and e.fitted_upto == 4

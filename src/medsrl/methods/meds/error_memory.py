@@ -77,10 +77,8 @@ class ErrorMemory:
         if x.ndim != 2:
             raise ValueError(f"features for key {key!r} must be [m, D], got shape {x.shape}")
         if self.dim is not None and x.shape[1] != self.dim:
-            raise ValueError(
-                f"feature dim {x.shape[1]} for key {key!r} (correct={correct}) does not match the "
-                f"memory's feature dim {self.dim}"
-            )
+            raise ValueError(f"feature dim {x.shape[1]} for key {key!r} (correct={correct}) does not match the "
+                             f"memory's feature dim {self.dim}")
         if x.shape[0] == 0:
             return
         if not np.isfinite(x).all():
@@ -103,21 +101,17 @@ class ErrorMemory:
         arrays = (_frozen(np.array(a[drop:])) for a in (features, steps, labels))
         return MemoryEntry(*arrays, max(0, upto - drop))
 
-    def set_labels(
-        self, key: str, correct: bool, labels: np.ndarray, upto: int | None = None
-    ) -> None:
+    def set_labels(self, key: str, correct: bool, labels: np.ndarray) -> None:
         """The labels of a re-fit over the store's first ``len(labels)`` rows as they are now (with a
         cap, a fit from before a later ``add`` is misaligned: collect it before the key's next ``add``)."""
         entry = self._stores.get((key, bool(correct)))
         if entry is None:
             raise KeyError(f"no memory for key {key!r} (correct={bool(correct)})")
         lab = np.asarray(labels, dtype=np.int64)
-        upto = len(lab) if upto is None else int(upto)
-        if lab.ndim != 1 or len(lab) != upto or not 0 <= upto <= len(entry):
-            raise ValueError(
-                f"labels of shape {lab.shape} with upto={upto} do not fit the {len(entry)} rows "
-                f"stored for key {key!r} (correct={bool(correct)})"
-            )
+        upto = len(lab)
+        if lab.ndim != 1 or upto > len(entry):
+            raise ValueError(f"labels of shape {lab.shape} do not fit the {len(entry)} rows "
+                             f"stored for key {key!r} (correct={bool(correct)})")
         new = np.full(len(entry), -1, np.int64)
         new[:upto] = lab
         self._stores[(key, bool(correct))] = replace(entry, labels=_frozen(new), fitted_upto=upto)
@@ -145,10 +139,8 @@ class ErrorMemory:
             where = f"ErrorMemory state, key {key!r} (correct={correct})"
             cols, upto = check(e, _STORE, None, where), int(e["fitted_upto"])
             if cols["features"].shape[1] != dim or not 0 <= upto <= len(cols["steps"]):
-                raise ValueError(
-                    f"{where}: features {cols['features'].shape} and fitted_upto {upto} do not fit "
-                    f"the memory's feature dim {dim}"
-                )
+                raise ValueError(f"{where}: features {cols['features'].shape} and fitted_upto {upto} do not fit "
+                                 f"the memory's feature dim {dim}")
             if (key, correct) in stores:
                 raise ValueError(f"{where} appears twice")
             stores[(key, correct)] = self._capped(cols["features"], cols["steps"], cols["labels"], upto)

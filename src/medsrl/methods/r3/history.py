@@ -51,9 +51,7 @@ class StoredResponse:
     def __post_init__(self) -> None:  # frozen: the normalised fields are written directly
         self.__dict__.update({c.name: normalise(getattr(self, c.name), c) for c in _FIELDS})
         if self.logprobs is not None and len(self.logprobs) != len(self.token_ids):
-            raise ValueError(
-                f"logprobs has length {len(self.logprobs)} but token_ids has length {len(self.token_ids)}"
-            )
+            raise ValueError(f"logprobs has length {len(self.logprobs)} but token_ids has length {len(self.token_ids)}")
 
     @classmethod
     def _trusted(cls, **fields: Any) -> StoredResponse:
