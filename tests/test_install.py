@@ -121,3 +121,61 @@ def test_make_install_names_an_unsupported_python_in_one_line():
     now = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
     assert now.returncode == 0 and now.stderr == ""
     assert "scripts/python_version.py" in (ROOT / "Makefile").read_text()
+
+
+def _not_locked(name: str) -> bool:
+    """torch's build is each machine's own; triton and the CUDA packages come with its CUDA build."""
+    return name in ("torch", "triton") or name.startswith(("nvidia-", "cuda-"))
+
+
+def _installed_closure(extras: set[str]) -> dict[str, Version]:
+    """Every installed distribution that medsrl with ``extras`` requires, transitively (markers
+    evaluated here), torch's build excepted: {name: installed version}."""
+    from importlib import metadata
+
+    found, todo = {}, [("medsrl", frozenset(extras))]
+    seen = set()
+    while todo:
+        name, wanted = todo.pop()
+        if (name, wanted) in seen:
+            continue
+        seen.add((name, wanted))
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue  # not installed here (an optional or platform-only dependency): pip check's job
+        if name != "medsrl":
+            found[name] = Version(dist.version)
+        for line in dist.requires or []:
+            req = Requirement(line)
+            env_extras = wanted or {""}
+            if req.marker and not any(req.marker.evaluate({"extra": e}) for e in env_extras):
+                continue
+            dep = canonicalize_name(req.name)
+            if not _not_locked(dep):
+                todo.append((dep, frozenset(req.extras)))
+    return found
+
+
+def test_every_installed_dependency_is_pinned_by_the_lock():
+    """make install and make test install with the lock as constraints, so a dependency missing
+    from it comes in unpinned (as torchmetrics did when the lock was `pip freeze | grep -v torch`)."""
+    pins = _lock()
+    closure = _installed_closure({"dev"})
+    assert {"lightning", "torchmetrics", "optuna", "mlflow-skinny", "pytest"} <= closure.keys()
+    missing = sorted(f"{n}=={v}" for n, v in closure.items() if n not in pins)
+    assert not missing, f"installed but not in requirements/lock.txt (run make lock): {missing}"
+    moved = sorted(f"{n}: {v} installed, {pins[n]} locked" for n, v in closure.items() if pins[n] != v)
+    assert not moved, f"installed at other versions than the lock's: {moved}"
+
+
+def test_make_install_brings_no_extra():
+    """make install is medsrl and its dependencies only: Optuna (its sweeper), W&B, MLflow and the
+    test tools come with make test (the dev extra) or make install EXTRAS=..."""
+    closure = _installed_closure(set())
+    assert {"lightning", "hydra-core", "hdbscan"} <= closure.keys()
+    assert not closure.keys() & {"optuna", "hydra-optuna-sweeper", "sqlalchemy", "wandb", "mlflow-skinny", "pytest"}
+    makefile = (ROOT / "Makefile").read_text()
+    stamp = makefile.split("\n$(STAMP):", 1)[1].split("\n\n", 1)[0]
+    assert "-c $(LOCK) -e .\n" in stamp and ".[" not in stamp and "-r $(LOCK)" not in stamp
+    assert "test: $(DEV_STAMP)" in makefile and '-e ".[dev]"' in makefile
