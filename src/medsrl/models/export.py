@@ -11,9 +11,8 @@ from medsrl.models import lora
 
 def save_policy(policy: nn.Module, tokenizer, path, *, dtype: torch.dtype | None = None,
                 merge_on_export: bool = True, state: dict[str, torch.Tensor] | None = None) -> None:
-    """Write ``policy`` (all its weights on this process) and ``tokenizer`` to ``path``. ``state``:
-    the weights already gathered (a sharded policy's, ``models/sharding.py`` ``host_weights``):
-    the merged weights of a plain model, or a LoRA policy's adapters when not merged."""
+    """Write ``policy`` and ``tokenizer`` to ``path``. ``state``: a sharded policy's weights already
+    gathered (``host_weights``): merged, or a LoRA policy's adapters when not merged."""
     if state is not None and not (lora.is_lora(policy) and not merge_on_export):
         model, state = plain_model(policy, state), None  # a plain model of the base architecture
     else:
@@ -35,7 +34,7 @@ def save_policy(policy: nn.Module, tokenizer, path, *, dtype: torch.dtype | None
 
 
 def plain_model(policy: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
-    """A plain model of ``policy``'s base architecture holding ``state`` (its tensors, not copies)."""
+    """Holding ``state``'s tensors, not copies."""
     from transformers import AutoModelForCausalLM
 
     config = lora.unwrap_peft(policy).config

@@ -16,12 +16,8 @@ log = logging.getLogger(__name__)
 
 
 def build_policy(model: ModelConfig, on_meta: bool = False, precision: str | int = "32-true"):
-    """``(policy, tokenizer)``: the Hugging Face model ``name_or_path`` names (the warm-started
-    tiny preset among them), else the tiny preset; a ``PeftModel`` with ``lora.r > 0``, its
-    frozen base in ``model.weights_dtype(precision)`` (bf16 under bf16-mixed unless
-    ``model.lora.base_dtype`` says otherwise) and its adapters in ``model.dtype``.
-    ``on_meta``: the same modules on the ``meta`` device, no weights read (an FSDP rank that
-    receives its shards from rank 0: ``models/sharding.py``)."""
+    """``(policy, tokenizer)``; with LoRA the frozen base in ``model.weights_dtype(precision)`` and the
+    adapters in ``model.dtype``. ``on_meta``: no weights read (an FSDP rank that receives its shards)."""
     tokenizer = load_tokenizer(model.tokenizer or model.name_or_path)
     dtype = model.weights_dtype(precision)
     if on_meta:
@@ -48,9 +44,7 @@ def build_policy(model: ModelConfig, on_meta: bool = False, precision: str | int
 
 
 def random_policy(model: ModelConfig, dtype: str | None = None):
-    """``model.random_init=true``: ``model.architecture`` at the shape of ``model.shape`` with
-    random weights in ``dtype`` (None: ``model.dtype``), for smoke runs and memory or speed checks
-    without a checkpoint (the tokenizer still comes from ``model.tokenizer`` or ``name_or_path``)."""
+    """``model.random_init=true``: smoke runs and memory or speed checks without a checkpoint."""
     if not model.architecture or not model.shape:
         raise ValueError("model.random_init=true needs model.architecture and model.shape (see configs/model/)")
     shape = dict(model.shape)
@@ -62,9 +56,8 @@ def random_policy(model: ModelConfig, dtype: str | None = None):
 
 
 def enable_activation_checkpointing(policy) -> None:
-    """Recompute each decoder layer's activations in the backward of a training-mode forward, the
-    non-reentrant way (keyword inputs, inputs without grad and FSDP units all work with it).
-    Eval-mode forwards (generation, scoring) are untouched and keep their KV cache."""
+    """Non-reentrant: keyword inputs, inputs without grad and FSDP units all work with it. Eval-mode
+    forwards (generation, scoring) are untouched and keep their KV cache."""
     kwargs = {"use_reentrant": False}
     enable = getattr(policy, "activation_checkpointing_enable", None)  # transformers >= 5.2x
     if enable is not None:
@@ -74,7 +67,7 @@ def enable_activation_checkpointing(policy) -> None:
 
 
 def meta_model(model: ModelConfig) -> torch.nn.Module:
-    """The ``model`` config group's model on the ``meta`` device: its modules, no storage."""
+    """The model's modules on the ``meta`` device, no storage."""
     name = model.name_or_path
     local = Path(str(name)).expanduser() / "config.json" if name else None
     with torch.device("meta"):

@@ -16,19 +16,12 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig
 
-from medsrl.plan.gpu_bytes import (
-    DEFAULT_PROMPT_TOKENS,
-    MemoryPlan,
-    format_plan,
-    plan_memory,
-    run_shape,
-)
+from medsrl.plan.gpu_bytes import DEFAULT_PROMPT_TOKENS, MemoryPlan, format_plan, plan_memory, run_shape
 from medsrl.plan.model_size import model_size
 from medsrl.run_config import CONFIG_DIR, RunConfig
 
 
 def compose_train_config(overrides: Sequence[str]) -> DictConfig:
-    """The training config ``medsrl-train <overrides>`` would run with (without Hydra's runtime keys)."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name="plan"):
@@ -36,8 +29,7 @@ def compose_train_config(overrides: Sequence[str]) -> DictConfig:
 
 
 def plan_for(cfg: DictConfig, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> MemoryPlan:
-    """The memory plan of a composed training config (parsed: a bad value fails as in training;
-    paths that interpolate Hydra's runtime, output dirs, are left out)."""
+    """Parsed: a bad value fails as in training."""
     run = RunConfig.parse(cfg)
     return plan_memory(model_size(run.model), run_shape(run, prompt_tokens))
 

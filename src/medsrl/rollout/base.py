@@ -25,9 +25,7 @@ FINISH_LENGTH = "length"
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample: ``n`` responses per prompt, at most ``max_new_tokens`` tokens each;
-    ``temperature <= 0`` is greedy (``top_p`` ignored). ``seed`` makes a call reproducible for the
-    same prompts and engine settings; ``logprobs`` never changes the samples."""
+    """``temperature <= 0`` is greedy (``top_p`` ignored); ``logprobs`` never changes the samples."""
 
     n: int = 8
     temperature: float = 1.0
@@ -53,13 +51,8 @@ class SamplingParams:
 
 @dataclass
 class RolloutBatch:
-    """Generated responses, one entry per response, grouped by prompt in prompt order.
-
-    ``response_ids`` keep the stop token (when produced); ``response_text`` skips special tokens;
-    ``finish_reason`` is ``"stop"`` or ``"length"``. ``response_logprobs`` (with
-    :attr:`SamplingParams.logprobs`): each token's log-prob under the distribution it was drawn
-    from, after temperature and top-p (vLLM's ``processed_logprobs``).
-    """
+    """Generated responses, grouped by prompt in prompt order; ``response_ids`` keep the stop token.
+    ``response_logprobs``: each token's log-prob after temperature and top-p, as it was drawn."""
 
     prompt_index: list[int]
     prompt_ids: list[list[int]]
@@ -76,12 +69,9 @@ class RolloutBatch:
         if self.response_logprobs is not None:
             for i, (ids, lps) in enumerate(zip(self.response_ids, self.response_logprobs, strict=True)):
                 if len(ids) != len(lps):
-                    raise ValueError(
-                        f"RolloutBatch response {i}: {len(ids)} tokens but {len(lps)} log-probs"
-                    )
+                    raise ValueError(f"RolloutBatch response {i}: {len(ids)} tokens but {len(lps)} log-probs")
 
     def _row_fields(self) -> list[str]:
-        """The per-response lists besides ``prompt_index`` (``response_logprobs`` when present)."""
         names = ["prompt_ids", "response_ids", "response_text", "finish_reason"]
         return names + ["response_logprobs"] if self.response_logprobs is not None else names
 
@@ -96,8 +86,7 @@ class RolloutBatch:
 
     @classmethod
     def concat_groups(cls, groups: list[RolloutBatch]) -> RolloutBatch:
-        """Join single-group batches; group ``g`` becomes ``prompt_index`` g. Log-probs are kept
-        only when every batch has them."""
+        """Join single-group batches; log-probs are kept only when every batch has them."""
         with_lps = bool(groups) and all(b.response_logprobs is not None for b in groups)
         out = cls.empty(logprobs=with_lps)
         for g, b in enumerate(groups):
@@ -111,7 +100,6 @@ class RolloutBatch:
 
     @property
     def truncated(self) -> list[bool]:
-        """True for responses cut off by ``max_new_tokens`` (no stop token)."""
         return [r == FINISH_LENGTH for r in self.finish_reason]
 
     @property
@@ -121,7 +109,7 @@ class RolloutBatch:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """A generation backend (Hugging Face ``generate`` or vLLM; see ``medsrl.rollout.factory``)."""
+    """A generation backend (``medsrl.rollout.factory``)."""
 
     uses_policy_weights: bool  # False: the engine holds its own copy (no FSDP gather around it)
 
@@ -139,10 +127,8 @@ class RolloutEngine(Protocol):
 
 
 def sync_engine(engine: RolloutEngine, policy: torch.nn.Module, *, stale_only: bool = False) -> None:
-    """Copy ``policy``'s weights into an engine that holds its own (vLLM; HF generates with the
-    module itself). ``stale_only``: only when some rank's ``release`` dropped its engine's weights
-    since the last sync, decided by all ranks together: under FSDP the sync is a collective, so
-    one rank's stale engine makes every rank sync. Every rank calls it together."""
+    """Copy ``policy``'s weights into an engine that holds its own. ``stale_only``: only when some
+    rank's engine dropped them: under FSDP the sync is a collective, so all ranks decide together."""
     if engine.uses_policy_weights:
         return
     if stale_only and not any_rank(engine.weights_released):
@@ -151,8 +137,7 @@ def sync_engine(engine: RolloutEngine, policy: torch.nn.Module, *, stale_only: b
 
 
 def tokenize_prompts(tokenizer, prompts: list[str], n: int, engine: str) -> tuple[list[list[int]], list[int]]:
-    """Each prompt's ids (default special-token handling, as vLLM's; a bare string or an empty
-    prompt refused) and the response order ``[0]*n + [1]*n + ...``: every engine's first step."""
+    """Each prompt's ids (special tokens as vLLM handles them) and the response order ``[0]*n + [1]*n ...``."""
     if isinstance(prompts, str):
         raise TypeError(f"{engine}.generate expects a list of prompt strings")
     prompt_ids = [list(ids) for ids in tokenizer(list(prompts))["input_ids"]] if prompts else []
@@ -163,7 +148,6 @@ def tokenize_prompts(tokenizer, prompts: list[str], n: int, engine: str) -> tupl
 
 
 def resolve_stop_ids(tokenizer, ids: list[int] | None, engine: str) -> list[int]:
-    """The ids that end a response: ``ids``, else the tokenizer's (``models.loading``)."""
     ids = stop_token_ids(tokenizer) if ids is None else ids
     if not ids:
         raise ValueError(f"{engine} needs at least one stop token id")
@@ -172,8 +156,7 @@ def resolve_stop_ids(tokenizer, ids: list[int] | None, engine: str) -> list[int]
 
 @dataclass
 class PackedRollouts:
-    """A padded batch of prompt + response ids: ``input_ids``, ``attention_mask`` and
-    ``position_ids`` ``[B, P + R]`` (long); ``response_mask`` ``[B, R]`` (float, stop token in)."""
+    """``input_ids``, ``attention_mask`` and ``position_ids`` ``[B, P + R]``; ``response_mask`` ``[B, R]``."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -187,28 +170,25 @@ class PackedRollouts:
 
     @property
     def response_ids(self) -> torch.Tensor:
-        """``[B, R]`` response ids (right padding included; use ``response_mask``)."""
+        """Right padding included: use ``response_mask``."""
         return self.input_ids[:, self.prompt_length :]
 
     @property
     def prompt_lengths(self) -> torch.Tensor:
-        """``[B]`` real prompt tokens per row (long)."""
         return self.attention_mask[:, : self.prompt_length].sum(dim=1)
 
     @property
     def response_lengths(self) -> torch.Tensor:
-        """``[B]`` real response tokens per row (long)."""
         return self.attention_mask[:, self.prompt_length :].sum(dim=1)
 
     def columns_end(self, rows: slice | torch.Tensor) -> int:
-        """One past the last column any of ``rows`` attends to: the prompt width plus their
-        longest response. The columns after it are right padding for all of them."""
+        """One past the last column any of ``rows`` attends to (the rest is their right padding)."""
         lengths = self.response_lengths[rows]
         return self.prompt_length + (int(lengths.max()) if lengths.numel() else 0)
 
     def columns_start(self, rows: slice | torch.Tensor) -> int:
-        """The first column any of ``rows`` attends to: the columns before it are left padding for
-        all of them (with explicit position ids, a forward without them is exact)."""
+        """The first column any of ``rows`` attends to (with explicit position ids, a forward without
+        the left padding before it is exact)."""
         mask = self.attention_mask[rows, : self.prompt_length]
         return int((mask.cumsum(dim=1) == 0).sum(dim=1).min()) if mask.numel() else 0
 
@@ -217,11 +197,8 @@ class PackedRollouts:
         return PackedRollouts(*(t.to(device) for t in tensors), self.prompt_length)
 
 
-def pack_rollouts(
-    prompt_ids: list[list[int]], response_ids: list[list[int]], pad_token_id: int
-) -> PackedRollouts:
-    """Pack prompts (left-padded to the longest, ``P``) and responses (right-padded, ``R``); every
-    row counts positions from its first real token, exactly as when the sequence is run alone."""
+def pack_rollouts(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_token_id: int) -> PackedRollouts:
+    """Every row counts positions from its first real token, exactly as when the sequence is run alone."""
     if len(prompt_ids) != len(response_ids):
         raise ValueError(f"pack_rollouts: {len(prompt_ids)} prompts but {len(response_ids)} responses")
     if not prompt_ids:

@@ -11,7 +11,6 @@ from medsrl.rollout.settings import BACKENDS, RolloutConfig
 
 
 def model_positions(policy: torch.nn.Module) -> int | None:
-    """The model's ``max_position_embeddings`` (its config's), or None when it has none."""
     positions = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
     return None if positions is None else int(positions)
 
@@ -27,9 +26,8 @@ def engine_max_model_len(cfg: RolloutConfig, policy: torch.nn.Module) -> int | N
 
 
 def prompt_token_limit(cfg: RolloutConfig, policy: torch.nn.Module) -> int | None:
-    """The longest prompt either backend takes: ``engine_max_model_len - max_new_tokens`` (vLLM
-    refuses a longer one; HF would run silently past the model's positions). The data drops
-    longer prompts at load (``MathDataModule.limit_prompt_tokens``). None: no limit."""
+    """The longest prompt either backend takes (vLLM refuses a longer one; HF would run silently past
+    the model's positions): the data drops longer ones at load. None: no limit."""
     max_model_len = engine_max_model_len(cfg, policy)
     if max_model_len is None:
         return None
@@ -42,7 +40,7 @@ def prompt_token_limit(cfg: RolloutConfig, policy: torch.nn.Module) -> int | Non
 
 
 def describe_prompt_token_limit(cfg: RolloutConfig, policy: torch.nn.Module) -> str:
-    """How :func:`prompt_token_limit` is made, with the settings' values: for an error message."""
+    """How :func:`prompt_token_limit` is made, with the settings' values."""
     new = f"rollout.max_new_tokens {cfg.max_new_tokens}"
     if cfg.vllm.max_model_len is not None:
         return f"rollout.vllm.max_model_len {cfg.vllm.max_model_len} - {new}"
@@ -53,11 +51,9 @@ def describe_prompt_token_limit(cfg: RolloutConfig, policy: torch.nn.Module) -> 
     return f"{budget} - {new}"
 
 
-def build_engine(
-    cfg: RolloutConfig, policy: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, seed: int = 0
-) -> RolloutEngine:
-    """The engine for ``cfg.backend``, serving ``policy``'s current weights (vLLM imported only
-    when asked for: the main environment does not have it)."""
+def build_engine(cfg: RolloutConfig, policy: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
+                 seed: int = 0) -> RolloutEngine:
+    """vLLM is imported only when asked for: the main environment does not have it."""
     if cfg.backend == "hf":
         return HFRolloutEngine(policy, tokenizer, max_batch_size=cfg.max_batch_size)
     if cfg.backend == "vllm":

@@ -94,11 +94,9 @@ def _multi_process_options(tensor_parallel_size: int) -> dict[str, Any]:
     if not is_distributed():
         return {}
     if tensor_parallel_size != 1:
-        raise ValueError(
-            "rollout.vllm.tensor_parallel_size must be 1 with several training processes: each "
-            "rank's engine serves its own prompts (tensor parallelism would need the ranks of a "
-            "group to share them)"
-        )
+        raise ValueError("rollout.vllm.tensor_parallel_size must be 1 with several training processes: each "
+                         "rank's engine serves its own prompts (tensor parallelism would need the ranks of a "
+                         "group to share them)")
     # external_launcher reads these (torchrun sets them; Lightning's own launcher may not)
     os.environ.setdefault("RANK", str(rank_and_size()[0]))
     local = torch.cuda.current_device() if torch.cuda.is_available() else 0
@@ -106,16 +104,12 @@ def _multi_process_options(tensor_parallel_size: int) -> dict[str, Any]:
     return {"distributed_executor_backend": "external_launcher"}
 
 
-def _engine_dtype(dtype: str, model: torch.nn.Module) -> str:
-    """``auto`` means the policy's dtype (vLLM's own ``auto`` would run a float32 model in 16 bits)."""
-    if dtype != "auto":
-        return dtype
-    return str(next(model.parameters()).dtype).removeprefix("torch.")
-
-
-def _torch_dtype(name: str) -> torch.dtype | None:
-    dtype = getattr(torch, name, None)
-    return dtype if isinstance(dtype, torch.dtype) else None
+def _engine_dtype(dtype: str, model: torch.nn.Module) -> tuple[str, torch.dtype | None]:
+    """The name and torch dtype (None if it names none); ``auto`` means the policy's dtype (vLLM's own
+    ``auto`` would run a float32 model in 16 bits)."""
+    name = str(next(model.parameters()).dtype).removeprefix("torch.") if dtype == "auto" else dtype
+    torch_dtype = getattr(torch, name, None)
+    return name, torch_dtype if isinstance(torch_dtype, torch.dtype) else None
 
 
 def _close_previous() -> None:
@@ -160,10 +154,8 @@ class VLLMRolloutEngine:
             import vllm
             from vllm.platforms import current_platform
         except ImportError as e:
-            raise ImportError(
-                "rollout.backend=vllm needs vllm: pip install -e '.[vllm]' (GPU), or the CPU build "
-                "in .venv-vllm (make test-vllm)"
-            ) from e
+            raise ImportError("rollout.backend=vllm needs vllm: pip install -e '.[vllm]' (GPU), or the CPU build "
+                              "in .venv-vllm (make test-vllm)") from e
 
         options = dict(kv_cache_memory_bytes=kv_cache_memory_bytes, max_model_len=max_model_len)
         options.update(_multi_process_options(tensor_parallel_size))
@@ -180,7 +172,7 @@ class VLLMRolloutEngine:
             # vLLM 0.32 CPU: a prefill split over two scheduler steps rewinds the seeded request's
             # generator offset, which CPU generators do not support: whole prefills only
             options["enable_chunked_prefill"] = False
-        engine_dtype = _engine_dtype(dtype, model)
+        engine_dtype, weight_dtype = _engine_dtype(dtype, model)
         trainer_group = _process_group_up()  # the trainer's, which vLLM joins (external_launcher)
         llm = vllm.LLM(
             model=config_dir.name,
@@ -196,7 +188,7 @@ class VLLMRolloutEngine:
             **{k: v for k, v in options.items() if v is not None},
         )
         self._attach(llm, tokenizer, sleep_mode=sleep_mode, per_request_seeds=per_request_seeds, config_dir=config_dir,
-                     max_model_len=max_model_len, weight_dtype=_torch_dtype(engine_dtype), trainer_group=trainer_group)
+                     max_model_len=max_model_len, weight_dtype=weight_dtype, trainer_group=trainer_group)
         _live = weakref.ref(self)
         logging.getLogger(ROTARY_LOGGER).addFilter(_drop_rotary_warning)  # added once
         # an FSDP rank other than 0 has no weights yet (its policy is on the meta device until
