@@ -19,6 +19,7 @@ import torch
 from scipy.stats import spearmanr
 from torch import Tensor
 
+from medsrl.algo.group_spread import keep_mask_by_group_spread
 from medsrl.algo.logprobs import masked_mean
 from medsrl.methods.meds.diagnostics import penalty_on_top_answer
 
@@ -128,17 +129,9 @@ def per_response(advantages: Tensor, response_mask: Tensor) -> Tensor:
     return advantages if advantages.dim() == 1 else masked_mean(advantages, response_mask, dim=-1)
 
 
-def _mixed(correct: Tensor, group_ids: Tensor) -> Tensor:
-    _, inv = torch.unique(group_ids, return_inverse=True)
-    c = correct.to(torch.float64)
-    hits = torch.zeros(int(inv.max()) + 1 if inv.numel() else 0, dtype=torch.float64).index_add_(0, inv, c)
-    size = torch.bincount(inv).to(torch.float64)
-    return ((hits > 0) & (hits < size))[inv]
-
-
 def rewarded_error_share(advantages: Tensor, correct: Tensor, group_ids: Tensor) -> float | None:
     """G5: the share of mixed groups' wrong responses with advantage >= 0 (not pushed down)."""
-    rows = _mixed(correct, group_ids) & ~correct.bool()
+    rows = keep_mask_by_group_spread(correct.float(), group_ids) & ~correct.bool()
     if not rows.any():
         return None
     return float((advantages[rows] >= 0).double().mean())
@@ -146,7 +139,7 @@ def rewarded_error_share(advantages: Tensor, correct: Tensor, group_ids: Tensor)
 
 def correct_advantage_loss(shaped: Tensor, base: Tensor, correct: Tensor, group_ids: Tensor) -> float | None:
     """G6: ``1 - sum(shaped) / sum(base)`` over mixed groups' correct responses: the share shaping took away."""
-    rows = _mixed(correct, group_ids) & correct.bool()
+    rows = keep_mask_by_group_spread(correct.float(), group_ids) & correct.bool()
     total = float(base[rows].double().sum())
     if total == 0.0:
         return None
