@@ -154,7 +154,6 @@ def passk_advantages(scores: Tensor, group_ids: Tensor, k: int) -> Tensor:
 
 
 def _passk_group(v: Tensor, k: int) -> Tensor:
-    """:func:`passk_advantages` of one group's float64 scores ``v`` [n]."""
     n = len(v)
     k = min(k, n)
     if n < 2 or bool(v.max() == v.min()):

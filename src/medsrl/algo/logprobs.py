@@ -25,7 +25,6 @@ def _acc_dtype(x: Tensor) -> torch.dtype:
 
 
 def _acc(x: Tensor) -> Tensor:
-    """Upcast to at least fp32 (fp64 stays fp64)."""
     return x.to(_acc_dtype(x))
 
 
@@ -110,9 +109,7 @@ def head_logprobs(
     flat_h, flat_y = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1).long()
     if flat_h.shape[0] != flat_y.shape[0]:
         raise ValueError(f"labels {tuple(labels.shape)} must be hidden {tuple(hidden.shape)}[:-1]")
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (hidden, weight, bias)
-    )
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     if not needs_grad:
         logp, _, ent, stats = _head_forward(flat_h, weight, bias, flat_y, entropy, reducers, chunk)
     elif reducers:

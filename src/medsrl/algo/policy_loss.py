@@ -71,7 +71,6 @@ def register_policy_loss(
 
 
 def clip_settings(name: str, algo: Any) -> dict[str, Any]:
-    """The clip settings of ``algorithm`` that the loss ``name`` takes."""
     taken = inspect.signature(_lookup(name)).parameters
     return {k: getattr(algo, k) for k in CLIP_SETTINGS if k in taken}
 
@@ -158,5 +157,4 @@ def clipped_surrogate(
 
 
 def _frac(flags: Tensor, mask: Tensor) -> Tensor:
-    """Fraction of masked tokens where ``flags`` is set (flags may broadcast to the mask)."""
     return masked_mean(flags.expand_as(mask).float(), mask)

@@ -76,7 +76,6 @@ def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 
 def find_final_norm(model: nn.Module) -> nn.Module:
-    """The norm applied after the last decoder block: ``model.model.norm``."""
     model = _unwrap(model)
     norm = getattr(getattr(model, "model", None), "norm", None)
     if not isinstance(norm, nn.Module):
@@ -220,32 +219,21 @@ class LayerLogitCapture:
                 vec = hidden.detach()[rows.to(hidden.device), pos.to(hidden.device)]  # [m, H] copy
                 if normed:
                     vec = self._norm(vec)
-                if self.token_ids is None:
-                    store[n] = self.logits_of(vec[:, None], next_token_ids)[:, 0]  # [m] fp32
-                else:
-                    store[n] = self.fixed_logits(vec)  # [m, K] fp32
+                store[n] = self._head_logits(vec, next_token_ids)
 
         return hook
 
-    @torch.no_grad()
-    def logits_of(self, hidden: torch.Tensor, next_token_ids: torch.Tensor) -> torch.Tensor:
-        """``[M, L, H]`` hidden vectors -> ``[M, L]`` fp32 logits of ``next_token_ids`` ``[M]``."""
-        weight = self._lm_head.weight
-        ids = next_token_ids.to(weight.device, torch.long)
-        w = weight.index_select(0, ids).float()  # [M, H]: only the needed rows of the head
-        out = torch.einsum("mlh,mh->ml", hidden.to(weight.device).float(), w)
-        bias = getattr(self._lm_head, "bias", None)
-        if isinstance(bias, torch.Tensor):
-            out = out + bias.index_select(0, ids).float()[:, None]
-        return out
-
-    @torch.no_grad()
-    def fixed_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[M, H]`` hidden vectors -> ``[M, K]`` fp32 logits of the fixed ``token_ids``."""
-        weight = self._lm_head.weight
-        ids = self.token_ids.to(weight.device)
-        out = hidden.to(weight.device).float() @ weight.index_select(0, ids).float().T
-        bias = getattr(self._lm_head, "bias", None)
+    def _head_logits(self, vec: torch.Tensor, next_token_ids: torch.Tensor) -> torch.Tensor:
+        """``[m, H]`` vectors -> fp32 logits ``[m]`` of their next tokens, or ``[m, K]`` of the fixed
+        ``token_ids``, from only the needed rows of the head."""
+        weight, bias = self._lm_head.weight, getattr(self._lm_head, "bias", None)
+        vec = vec.to(weight.device).float()
+        if self.token_ids is None:
+            ids = next_token_ids.to(weight.device, torch.long)
+            out = torch.einsum("mlh,mh->ml", vec[:, None], weight.index_select(0, ids).float())[:, 0]
+        else:
+            ids = self.token_ids.to(weight.device)
+            out = vec @ weight.index_select(0, ids).float().T
         return out + bias.index_select(0, ids).float() if isinstance(bias, torch.Tensor) else out
 
     @property

@@ -61,9 +61,7 @@ def feature_layers(selected: Sequence[int], diff: bool) -> list[int]:
     return sorted(n for n in selected if n > 1 or not diff)
 
 
-def layer_diffs(
-    logits: torch.Tensor, captured: Sequence[int], layers: Sequence[int]
-) -> torch.Tensor:
+def layer_diffs(logits: torch.Tensor, captured: Sequence[int], layers: Sequence[int]) -> torch.Tensor:
     """``[M, len(captured)]`` per-layer logits -> ``[M, len(layers)]`` of ``logit(n) - logit(n-1)``."""
     column = {n: i for i, n in enumerate(captured)}
     missing = [n for n in layers if n not in column or n - 1 not in column]
@@ -133,12 +131,10 @@ class AnswerFeatureReader:
 
     @property
     def num_features(self) -> int:
-        """The feature width ``D``."""
         return len(self.layers) * (1 if self.token_ids is None else len(self.token_ids))
 
     @property
     def dtype(self) -> torch.dtype:
-        """The dtype the features are rounded to."""
         return resolve_feature_dtype(self.spec.dtype, self.model)
 
     @property
@@ -157,9 +153,7 @@ class AnswerFeatureReader:
                    ) -> contextlib.AbstractContextManager:
         """Hooks around the one forward of the packed ``rows`` (columns up to ``columns_end``)."""
         part = self._require_targets("microbatch").for_rows(rows, columns_end)
-        if not len(part):
-            return contextlib.nullcontext()
-        return self._read(part)
+        return self._read(part) if len(part) else contextlib.nullcontext()
 
     @contextlib.contextmanager
     def _read(self, part: CaptureTargets):

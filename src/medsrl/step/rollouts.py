@@ -52,7 +52,6 @@ class Group:
         return self.has_spread or self.kept_by is not None
 
     def add_rows(self, rows: RolloutBatch, grades: list[GradeResult], source: str) -> None:
-        """Append ``rows`` graded ``grades``, tagged ``source``."""
         if len(rows) != len(grades):
             raise ValueError(f"add_rows: {len(rows)} rows but {len(grades)} grades")
         self.rollout = RolloutBatch.concat_groups([self.rollout, rows])
@@ -106,7 +105,6 @@ class StepRollouts:
 
     @classmethod
     def from_groups(cls, groups: list[Group], step: int, stage: str | None, pad_token_id: int, device) -> StepRollouts:
-        """Pack the step's groups into one padded batch."""
         merged = RolloutBatch.concat_groups([g.rollout for g in groups])
         packed = pack_rollouts(merged.prompt_ids, merged.response_ids, pad_token_id)
         grades = [gr for g in groups for gr in g.grades]
@@ -127,7 +125,6 @@ class StepRollouts:
 
     @property
     def keys(self) -> list[str]:
-        """Each response's prompt key."""
         return [self.prompts[g].key for g in self.group_ids.tolist()]
 
     def add_reward(self, name: str, delta: torch.Tensor) -> None:
@@ -151,7 +148,6 @@ class StepRollouts:
 
 
 def _padded(rows: list[list[float]] | None, width: int, device) -> torch.Tensor | None:
-    """Ragged per-token values as ``[B, width]``, zero-padded."""
     if rows is None:
         return None
     out = torch.zeros(len(rows), width, dtype=torch.float32)

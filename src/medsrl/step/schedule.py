@@ -61,7 +61,6 @@ class UpdateSchedule:
                    max_tokens=max_tokens, sharded=sharded, global_index=global_index)
 
     def rows(self, group_ids: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-        """This rank's rows of the mini-batch made of ``groups``."""
         return torch.nonzero(torch.isin(group_ids, groups)).flatten()
 
     def totals(self, response_mask: torch.Tensor) -> tuple[float, float]:

@@ -13,9 +13,7 @@ from medsrl.models.sharding import agreed_passes, idle_forward, is_sharded
 from medsrl.rollout.base import PackedRollouts
 from medsrl.step.micro_batches import padding_fraction, plan_micro_batches
 
-BUILTIN_REDUCERS: dict[str, TokenReducer] = {
-    "entropy": lambda logits, labels: token_entropy(logits),
-}
+BUILTIN_REDUCERS: dict[str, TokenReducer] = {"entropy": lambda logits, labels: token_entropy(logits)}
 
 # what the head computes from hidden states and their labels: [b, r, H], [b, r] -> [b, r, ...]
 HeadOutput = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -109,7 +107,6 @@ def _response_forward(
 
 
 def _pad_columns(out: torch.Tensor, count: int) -> torch.Tensor:
-    """``out`` ``[b, r, ...]`` with ``count`` zero columns appended."""
     if count == 0:
         return out
     return torch.nn.functional.pad(out, (0, 0) * (out.dim() - 2) + (0, count))
@@ -204,7 +201,6 @@ def scoring_pass(
 
 
 def scoring_micro_batches(packed: PackedRollouts, micro_batch_size: int, max_tokens: int | None) -> list[torch.Tensor]:
-    """The rows of each forward of :func:`scoring_pass` over ``packed``."""
     rows = torch.arange(packed.input_ids.shape[0], device=packed.input_ids.device)
     return plan_micro_batches(rows, packed.prompt_lengths, packed.response_lengths,
                               max_rows=micro_batch_size, max_tokens=max_tokens)

@@ -41,7 +41,6 @@ class UpdateConfig:
 
     @cached_property
     def loss(self) -> Callable[..., PolicyLossOutput]:
-        """The policy loss with its options, resolved once (:func:`policy_loss`)."""
         return policy_loss(self.algorithm)
 
 

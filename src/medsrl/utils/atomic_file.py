@@ -10,9 +10,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 
-def atomic_write(
-    path: str | os.PathLike, write: Callable[[BinaryIO], None], mode: int | None = None
-) -> Path:
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None], mode: int | None = None) -> Path:
     """Write ``path`` through ``write(f)`` so that readers see either the old or the new file: a
     temp file beside it (so ``os.replace`` is an atomic rename) is fsynced, renamed, and the
     directory fsynced. ``mode``: the file's permissions (default mkstemp's 0600)."""

@@ -105,7 +105,6 @@ def pack(columns: Mapping[str, Any], *, as_tensors: bool) -> dict[str, Any]:
 
 
 def row_ranges(counts: np.ndarray, where: str) -> list[slice]:
-    """The consecutive row ranges of groups of ``counts`` rows each."""
     if (counts < 0).any():
         raise ValueError(f"{where}: negative row counts {counts.tolist()}")
     ends = np.cumsum(counts).tolist()

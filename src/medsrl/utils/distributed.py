@@ -36,7 +36,6 @@ def all_gather_objects(obj: Any) -> list[Any]:
 
 
 def all_reduce_sum(value: float) -> float:
-    """Sum of a Python number over ranks."""
     if not is_distributed():
         return value
     nccl = dist.get_backend() == "nccl"  # NCCL takes CUDA tensors only

@@ -51,7 +51,6 @@ def _has_proc() -> bool:
 
 
 def process_ref(pid: int | None = None) -> ProcessRef:
-    """A reference to ``pid`` (default: this process), with its start time."""
     pid = os.getpid() if pid is None else pid
     stat = _proc_stat(pid)
     return ProcessRef(pid, stat[2] if stat else None)

@@ -34,7 +34,6 @@ def wandb_loggers(loggers: Iterable[Any]) -> list[Any]:
 
 
 def log_histogram(loggers: Iterable[Any], tag: str, values: Any, step: int) -> None:
-    """A ``wandb.Histogram`` of ``values`` at ``step``, on every W&B logger."""
     targets = wandb_loggers(loggers)
     if not targets:
         return
