@@ -48,18 +48,14 @@ def _as_example(item: Any, dataset: str, i: int) -> MathExample:
     if isinstance(item, MathExample):
         return item
     if isinstance(item, Mapping):  # e.g. an OmegaConf node from Hydra
-        d = dict(item)
+        d = {"source": dataset, "row": i, **item}
         if "key" not in d and "problem" in d:
             d["key"] = prompt_key(str(d["problem"]))
-        d.setdefault("source", dataset)
-        d.setdefault("row", i)
         try:
             return MathExample(**d)
         except TypeError as e:
             raise ValueError(f"dataset {dataset!r} item {i}: not a MathExample: {e}") from e
-    raise ValueError(
-        f"dataset {dataset!r} item {i}: expected a MathExample, got {type(item).__name__}"
-    )
+    raise ValueError(f"dataset {dataset!r} item {i}: expected a MathExample, got {type(item).__name__}")
 
 
 def _source(d: Dataset) -> ExampleSource:
@@ -214,14 +210,11 @@ class MathDataModule(lightning.LightningDataModule):
         then wrong); ``why`` names where ``limit`` comes from. ``limit`` None keeps every prompt."""
         if limit is not None and int(limit) < 1:
             raise ValueError(f"the prompt token limit must be >= 1, got {limit} ({why or LIMIT_SETTINGS})")
-        self.prompt_token_limit = None if limit is None else int(limit)
+        self.prompt_token_limit = limit = None if limit is None else int(limit)
         self._val_prompts = None
         self._kept.clear()
-        if self.prompt_token_limit is None:
-            self.prompt_drops = []
-            return []
-        limit = self.prompt_token_limit
-        self.prompt_drops = [self._drop_overlong(key, tokenizer, limit) for key, _ in self._datasets()]
+        keys = [] if limit is None else [key for key, _ in self._datasets()]
+        self.prompt_drops = [self._drop_overlong(key, tokenizer, limit) for key in keys]
         for drop in self.prompt_drops:
             if drop.dropped:
                 log.warning("%s, dropped; the longest kept has %d tokens", drop.describe(limit), drop.longest_kept)

@@ -24,9 +24,7 @@ class MathExample:
     solution: str | None = None  # worked solution, when the source has one
 
     @classmethod
-    def make(
-        cls, problem: str, answer: str, source: str, row: int, solution: str | None = None
-    ) -> MathExample:
+    def make(cls, problem: str, answer: str, source: str, row: int, solution: str | None = None) -> MathExample:
         """Build an example, computing its key from the problem text."""
         return cls(prompt_key(problem), problem, answer, source, row, solution)
 

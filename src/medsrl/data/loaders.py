@@ -86,10 +86,8 @@ def _answer_to_str(value: Any) -> str | None:
 def _solution_to_str(value: Any, answer: str | None) -> str | None:
     if isinstance(value, (list, tuple)):
         value = next((v for v in value if isinstance(v, str) and v.strip()), None)
-    if not isinstance(value, str) or not value.strip():
-        return None
-    text = value.strip()
-    return None if text == answer else text  # verl's "solution" is only the final answer
+    text = value.strip() if isinstance(value, str) else ""
+    return text if text and text != answer else None  # verl's "solution" is only the final answer
 
 
 def _get_path(row: Any, path: str) -> Any:
@@ -177,9 +175,7 @@ def _read_jsonl(path: Path) -> Rows:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(
-                    f"{path}: line {lineno}: invalid JSON ({e.msg} at column {e.colno})"
-                ) from e
+                raise DataError(f"{path}: line {lineno}: invalid JSON ({e.msg} at column {e.colno})") from e
             yield row, lineno, obj
             row += 1
 
@@ -202,9 +198,7 @@ def _read_json(path: Path) -> Rows:
         if e.lineno > 1 and first_line.startswith("{") and _parses(first_line):
             yield from _read_jsonl(path)
             return
-        raise DataError(
-            f"{path}: line {e.lineno}: invalid JSON ({e.msg} at column {e.colno})"
-        ) from e
+        raise DataError(f"{path}: line {e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from e
     if isinstance(data, Mapping):
         lists = [v for v in data.values() if isinstance(v, list)]
         if len(lists) == 1:
@@ -226,9 +220,7 @@ def _read_parquet(path: Path, columns: set[str] | None = None) -> Rows:
     yield from ((i, None, obj) for i, obj in enumerate(table.to_pylist()))
 
 
-_READERS: dict[str, Callable[..., Rows]] = {
-    ".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet
-}
+_READERS: dict[str, Callable[..., Rows]] = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
 
 
 def _columns_needed(problem_field: str | None, answer_field: str | None) -> set[str]:
@@ -310,8 +302,7 @@ def load_math_file(
     not read. A bad file, or a bad row with ``on_bad_row="raise"``, is a :class:`DataError`.
     """
     if (path is None) == (hub is None):
-        raise ValueError(f"give a file path or a hub data set, not both or neither "
-                         f"(path={path!r}, hub={hub!r})")
+        raise ValueError(f"give a file path or a hub data set, not both or neither (path={path!r}, hub={hub!r})")
     if hub is not None:
         return load_math_hub(hub, split=split, name=name, problem_field=problem_field,
                              answer_field=answer_field, limit=limit, on_bad_row=on_bad_row)
@@ -319,9 +310,7 @@ def load_math_file(
     path = Path(path)
     reader = _READERS.get(path.suffix.lower())
     if reader is None:
-        raise DataError(
-            f"{path}: unknown file extension {path.suffix!r} (expected one of {sorted(_READERS)})"
-        )
+        raise DataError(f"{path}: unknown file extension {path.suffix!r} (expected one of {sorted(_READERS)})")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     source = name if name is not None else default_name(path)
@@ -355,8 +344,7 @@ def _read_hub(
     try:
         import datasets
 
-        table = datasets.load_dataset(hub, subset, split=split, data_files=data_files,
-                                      revision=revision)
+        table = datasets.load_dataset(hub, subset, split=split, data_files=data_files, revision=revision)
     except Exception as e:  # missing data set, offline, bad split, unreadable file: many types
         raise DataError(f"{where}: cannot load: {type(e).__name__}: {e}") from e
     if not isinstance(table, datasets.Dataset):

@@ -77,8 +77,7 @@ def answer_start(ids: Sequence[int], pieces: TokenPieces, reasoning_end: str | N
     return holder if ends[holder] > last_char + 1 else holder + 1
 
 
-def answer_starts(batch_ids: Sequence[Sequence[int]], tokenizer: Any,
-                  reasoning_end: str | None) -> list[int | None]:
+def answer_starts(batch_ids: Sequence[Sequence[int]], tokenizer: Any, reasoning_end: str | None) -> list[int | None]:
     """:func:`answer_start` for every response of a batch (pieces cached across the batch)."""
     pieces = token_pieces(tokenizer)
     return [answer_start(ids, pieces, reasoning_end) for ids in batch_ids]

@@ -52,8 +52,7 @@ _LESS = re.compile(r"\\lt(?![A-Za-z])")
 _GREATER = re.compile(r"\\gt(?![A-Za-z])")
 # The middle of `a<x<b`: a variable, optionally applied to a variable (`-80\le g(x)\le 82`).
 _VARIABLE = r"[A-Za-z](?:\(\s*[A-Za-z]\s*\))?"
-_CHAINED = re.compile(
-    rf"^(?P<low>[^<>≤≥=]+?)\s*(?P<op1>[<≤])\s*{_VARIABLE}\s*(?P<op2>[<≤])\s*(?P<high>[^<>≤≥=]+)$")
+_CHAINED = re.compile(rf"^(?P<low>[^<>≤≥=]+?)\s*(?P<op1>[<≤])\s*{_VARIABLE}\s*(?P<op2>[<≤])\s*(?P<high>[^<>≤≥=]+)$")
 _CHAINED_REVERSED = re.compile(
     rf"^(?P<high>[^<>≤≥=]+?)\s*(?P<op1>[>≥])\s*{_VARIABLE}\s*(?P<op2>[>≥])\s*(?P<low>[^<>≤≥=]+)$")
 _ONE_SIDED = re.compile(rf"^{_VARIABLE}\s*(?P<op>[<>≤≥])\s*(?P<bound>[^<>≤≥=]+)$")
@@ -206,8 +205,16 @@ def gold_text(gold: object) -> str:
     return str(gold)
 
 
+def _compare(compare_fn: CompareFn, gold: str, answer: str) -> tuple[bool, bool, str | None]:
+    """``(verdict, timed_out, error)`` of one comparison: an exception scores 0 and is reported."""
+    try:
+        return bool(compare_fn(gold, answer)), False, None
+    except Exception as exc:
+        return False, False, f"{type(exc).__name__}: {exc}"
+
+
 def _worker_main(conn: Connection, compare_fn: CompareFn, owner: Owner) -> None:
-    """Worker process loop: receive ``(gold, answer)``, send back ``(ok, verdict_or_error)``.
+    """Worker process loop: receive ``(gold, answer)``, send back :func:`_compare`'s result.
     Exits when ``owner`` (the process that started it) dies, even mid-comparison."""
     import signal
 
@@ -222,10 +229,7 @@ def _worker_main(conn: Connection, compare_fn: CompareFn, owner: Owner) -> None:
             return
         if task is None:
             return
-        try:
-            conn.send((True, bool(compare_fn(*task))))
-        except Exception as exc:  # report, keep serving
-            conn.send((False, f"{type(exc).__name__}: {exc}"))
+        conn.send(_compare(compare_fn, *task))
 
 
 class _Worker:
@@ -359,7 +363,7 @@ class MathGrader:
     def _compare_many(self, tasks: list[tuple[str, str]]) -> list[tuple[bool, bool, str | None]]:
         """``(verdict, timed_out, error)`` per ``(gold, answer)`` task."""
         if self.num_workers == 0:
-            return [self._compare_in_process(gold, answer) for gold, answer in tasks]
+            return [_compare(self.compare_fn, gold, answer) for gold, answer in tasks]
         with self._lock:
             self._fill_pool()
             try:
@@ -371,12 +375,6 @@ class MathGrader:
                     worker.kill()
                 self._workers = []
                 raise
-
-    def _compare_in_process(self, gold: str, answer: str) -> tuple[bool, bool, str | None]:
-        try:
-            return bool(self.compare_fn(gold, answer)), False, None
-        except Exception as exc:
-            return False, False, f"{type(exc).__name__}: {exc}"
 
     def _fill_pool(self) -> None:
         while len(self._workers) < self.num_workers:
@@ -424,8 +422,7 @@ class MathGrader:
         if message == "ready":
             worker.ready = True
             return
-        ok, value = message
-        results[worker.task] = (bool(value), False, None) if ok else (False, False, value)
+        results[worker.task] = message
         worker.task = None
 
     def _handle_overrun(self, slot: int, worker: _Worker, results: list) -> None:
