@@ -60,7 +60,7 @@ def test_settings_from_the_model_config():
     assert not ModelConfig().lora.enabled  # a model config without lora: off
     assert not parse(ModelConfig, {"lora": {"r": 0}}, "model").lora.enabled
     s = parse(ModelConfig, {"lora": {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}}, "model").lora
-    assert s.enabled and s.scale == 2.0 and s.target_modules == ("q_proj", "v_proj") and s.merge_on_export
+    assert s.enabled and s.alpha / s.r == 2.0 and s.target_modules == ("q_proj", "v_proj") and s.merge_on_export
     assert parse(ModelConfig, {"lora": {"r": 8}}, "model").lora.target_modules == DEFAULT_TARGETS
     with pytest.raises(ValueError, match=r"model.lora.rank is not a setting of model.lora \(known: "):
         parse(ModelConfig, {"lora": {"rank": 8}}, "model")
@@ -162,7 +162,7 @@ def test_merged_state_dict_is_the_merged_model_under_the_base_names():
     assert list(merged) == names
     # W + scale * B @ A, by hand for one layer
     q = policy.base_model.model.model.layers[1].self_attn.q_proj
-    want = q.base_layer.weight + SETTINGS.scale * q.lora_B["default"].weight @ q.lora_A["default"].weight
+    want = q.base_layer.weight + SETTINGS.alpha / SETTINGS.r * q.lora_B["default"].weight @ q.lora_A["default"].weight
     torch.testing.assert_close(merged["model.layers.1.self_attn.q_proj.weight"], want)
     # and PEFT's own merge, on a copy
     reference = copy.deepcopy(policy).merge_and_unload().state_dict()

@@ -35,8 +35,7 @@ BaseDtype = one_of(("compute", *DTYPE_CHOICES))
 
 
 def compute_dtype(precision: str | int) -> str | None:
-    """The dtype a Lightning ``trainer.precision`` computes in when it is 16-bit (``bf16-mixed``:
-    bfloat16, ``16-mixed``: float16), else None (``32-true``, ``64-true``: the weights' own)."""
+    """The dtype a 16-bit ``trainer.precision`` computes in, else None (the weights' own)."""
     value = str(precision).lower()
     if value.startswith("bf16"):
         return "bfloat16"
@@ -48,13 +47,8 @@ DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 
 
 class LoraSettings(Settings):
-    """``model.lora`` (models/lora.py): ``r`` 0 is off (full fine-tune). r > 0 trains only
-    low-rank adapters on ``target_modules`` (the base frozen, in ``base_dtype``: bf16 under
-    bf16-mixed; the adapters in ``model.dtype``, fp32); checkpoints hold the adapters only,
-    the KL reference is the base with the adapters off, vLLM gets merged weights after every
-    update. ``dropout`` 0 by default: a dropout mask is drawn from the global generator, which a
-    resumed run does not continue, so only without it does a resume give exactly the
-    uninterrupted run."""
+    """``model.lora`` (models/lora.py). ``dropout`` 0 by default: a dropout mask is drawn from the
+    global generator, which a resumed run does not continue."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -79,14 +73,7 @@ class LoraSettings(Settings):
     def enabled(self) -> bool:
         return self.r > 0
 
-    @property
-    def scale(self) -> float:
-        """What ``B @ A`` is multiplied by in the forward (PEFT's ``scaling``)."""
-        return self.alpha / self.r
-
     def base_dtype_for(self, master: str, precision: str | int) -> str:
-        """The base's dtype name in a run whose master weights are ``master`` (``model.dtype``)
-        and whose ``trainer.precision`` is ``precision``."""
         if self.base_dtype != "compute":
             return self.base_dtype
         return compute_dtype(precision) or master
@@ -136,9 +123,7 @@ class WarmStartConfig(Settings):
 
 
 class ModelConfig(Settings):
-    """The policy: a Hugging Face name or local directory (``name_or_path``), or the tiny CPU
-    preset (``tiny``, warm-started by ``warm_start``); a random model of ``architecture`` at
-    ``shape`` for smoke runs. The master weights (and AdamW's states) stay float32 by default;
+    """The policy. The master weights (and AdamW's states) stay float32 by default;
     ``trainer.precision=bf16-mixed`` computes in bf16 over them."""
 
     name_or_path: nullable(Text) = None
@@ -171,6 +156,5 @@ class ModelConfig(Settings):
     lora: LoraSettings = Field(default_factory=LoraSettings)
 
     def weights_dtype(self, precision: str | int) -> str:
-        """The dtype the policy's weights load in: ``dtype``, or with LoRA the frozen base's
-        (``lora.base_dtype``; the adapters are made in ``dtype`` after)."""
+        """The dtype the policy's weights load in: with LoRA the frozen base's."""
         return self.lora.base_dtype_for(self.dtype, precision) if self.lora.enabled else self.dtype

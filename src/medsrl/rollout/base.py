@@ -79,6 +79,13 @@ class RolloutBatch:
     def empty(cls, logprobs: bool = False) -> RolloutBatch:
         return cls([], [], [], [], [], [] if logprobs else None)
 
+    @classmethod
+    def decoded(cls, tokenizer, prompt_ids: list[list[int]], order: list[int], responses: list[list[int]],
+                finish: list[str], logprobs: list[list[float]] | None) -> RolloutBatch:
+        """Every engine's responses in ``order``, decoded by our tokenizer (special tokens skipped)."""
+        return cls(order, [list(prompt_ids[i]) for i in order], responses,
+                   list(tokenizer.batch_decode(responses, skip_special_tokens=True)), finish, logprobs)
+
     def select(self, rows: list[int]) -> RolloutBatch:
         """The responses at ``rows``, numbered as one group (``prompt_index`` all 0)."""
         picked = {k: [getattr(self, k)[i] for i in rows] for k in self._row_fields()}

@@ -167,15 +167,7 @@ class HFRolloutEngine:
                     finish.append(reason)
                     if row_logprobs is not None:
                         logprobs.append(row_logprobs[r][: len(ids)])
-
-        return RolloutBatch(
-            prompt_index=order,
-            prompt_ids=[list(prompt_ids[i]) for i in order],
-            response_ids=responses,
-            response_text=list(self.tokenizer.batch_decode(responses, skip_special_tokens=True)),
-            finish_reason=finish,
-            response_logprobs=logprobs,
-        )
+        return RolloutBatch.decoded(self.tokenizer, prompt_ids, order, responses, finish, logprobs)
 
 
 @contextlib.contextmanager

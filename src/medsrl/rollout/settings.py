@@ -7,9 +7,8 @@ from medsrl.settings import Flag, Fraction, Positive, PositiveInt, Settings, Tex
 BACKENDS = ("hf", "vllm")
 
 class VLLMConfig(Settings):
-    """Engine settings of the vLLM backend (``rollout.backend=vllm``); the HF backend ignores them.
-    On the CPU build ``gpu_memory_utilization`` is a fraction of host memory: size the KV cache with
-    ``kv_cache_memory_bytes`` there instead."""
+    """On the CPU build ``gpu_memory_utilization`` is a fraction of host memory: size the KV cache
+    with ``kv_cache_memory_bytes`` there instead."""
 
     gpu_memory_utilization: Fraction = 0.5
     """Colocated: the trainer needs the rest."""

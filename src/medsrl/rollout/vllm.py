@@ -284,14 +284,9 @@ class VLLMRolloutEngine:
         logprobs = [_sampled_logprobs(out.outputs[0]) for out in outputs]
         if any(lp != lp or lp == float("inf") for row in logprobs for lp in row):
             raise RunawayError(f"{NONFINITE_SAMPLING}. {LIKELY_CAUSES}")
-        return RolloutBatch(
-            prompt_index=order,
-            prompt_ids=[list(prompt_ids[i]) for i in order],
-            response_ids=responses,
-            response_text=list(self.tokenizer.batch_decode(responses, skip_special_tokens=True)),
-            finish_reason=[self._finish_reason(out.outputs[0]) for out in outputs],
-            response_logprobs=logprobs if params.logprobs else None,
-        )
+        finish = [self._finish_reason(out.outputs[0]) for out in outputs]
+        return RolloutBatch.decoded(self.tokenizer, prompt_ids, order, responses, finish,
+                                    logprobs if params.logprobs else None)
 
     def _check_open(self) -> None:
         if self.llm is None:
