@@ -169,17 +169,12 @@ class LayerLogitCapture:
         if self.armed:
             raise RuntimeError("LayerLogitCapture.capture: contexts cannot be nested")
         if not isinstance(targets, CaptureTargets):
-            raise TypeError(
-                "capture: expected CaptureTargets (see answer_targets), got "
-                f"{type(targets).__name__}"
-            )
+            raise TypeError(f"capture: expected CaptureTargets (see answer_targets), got {type(targets).__name__}")
         rows, positions = targets.rows.long(), targets.positions.long()
         store: dict[int, torch.Tensor] = {}
-        handles = []
-        if len(targets):
-            for n in self.layers:
-                hook = self._make_hook(n, rows, positions, targets.next_token_ids, store, targets.seq_len)
-                handles.append(self._blocks[n - 1].register_forward_hook(hook))
+        hooks = {n: self._make_hook(n, rows, positions, targets.next_token_ids, store, targets.seq_len)
+                 for n in (self.layers if len(targets) else ())}
+        handles = [self._blocks[n - 1].register_forward_hook(hook) for n, hook in hooks.items()]
         self.armed = True
         try:
             yield self
@@ -192,10 +187,8 @@ class LayerLogitCapture:
             return
         missing = [n for n in self.layers if n not in store]
         if missing:
-            raise RuntimeError(
-                f"LayerLogitCapture: layers {missing} did not run inside the capture context; "
-                f"run the model forward inside `with cap.capture(...)`"
-            )
+            raise RuntimeError(f"LayerLogitCapture: layers {missing} did not run inside the capture context; "
+                               "run the model forward inside `with cap.capture(...)`")
         self._entries.append(torch.stack([store[n] for n in self.layers], dim=1).flatten(1))  # [m, L(*K)]
 
     def _make_hook(self, n: int, rows: torch.Tensor, positions: torch.Tensor, next_token_ids: torch.Tensor,
@@ -204,10 +197,8 @@ class LayerLogitCapture:
 
         def hook(module: nn.Module, args: Any, output: Any) -> None:
             if n in store:
-                raise RuntimeError(
-                    f"LayerLogitCapture: layer {n} ran twice inside one capture context; use one "
-                    f"`with cap.capture(...)` per forward"
-                )
+                raise RuntimeError(f"LayerLogitCapture: layer {n} ran twice inside one capture context; "
+                                   "use one `with cap.capture(...)` per forward")
             hidden = output[0] if isinstance(output, (tuple, list)) else output
             b, s = hidden.shape[0], hidden.shape[1]
             pos = positions if seq_len is None or s >= seq_len else positions - (seq_len - s)

@@ -171,11 +171,9 @@ class AnswerFeatureReader:
         rows = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
         rows, order = torch.sort(rows)
         if not torch.equal(rows, targets.sample_index):
-            raise RuntimeError(
-                f"MEDS features: rows read {rows.tolist()} != rows with an answer "
-                f"{targets.sample_index.tolist()}; run one microbatch(rows) per forward "
-                "over all packed rows"
-            )
+            raise RuntimeError(f"MEDS features: rows read {rows.tolist()} != rows with an answer "
+                               f"{targets.sample_index.tolist()}; run one microbatch(rows) per forward "
+                               "over all packed rows")
         logits = logits[order.to(logits.device)]
         if self.dtype == torch.bfloat16:
             logits = round_to_bfloat16(logits)
