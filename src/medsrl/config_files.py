@@ -25,8 +25,7 @@ from medsrl.step.settings import OptimConfig
 
 DEFAULTS_SCHEMAS = {"algorithm": AlgorithmSection, "optim": OptimConfig, "rollout": RolloutConfig, "model": ModelConfig,
                     "data": DataConfig,
-                    # configs/train.yaml extends configs/train/_defaults.yaml: the run's settings without a
-                    # config group (seed, resume_mode, ..., grader); model/, trainer/, ... give the others
+                    # the run's settings without a config group (model/, trainer/, ... give the others)
                     "train": RunConfig,
                     "eval": EvalRunConfig}  # configs/eval.yaml extends configs/eval/_defaults.yaml
 WRITE = "python -m medsrl.config_files --write"

@@ -68,8 +68,7 @@ def run_name(path: str | Path) -> str:
 
 
 def runs_in(runs_dir: str | Path) -> list[tuple[str, str]]:
-    """``(name, model path)`` of every run with a ``policy/`` or ``checkpoints/last.ckpt`` under a
-    (multi)run directory; a name carries the run's Hydra overrides (``0: optim.optimizer.lr=1e-5``)."""
+    """``(name with its Hydra overrides, model path)`` of every run with a model under a (multi)run dir."""
     found = []
     for d in sorted(Path(runs_dir).iterdir(), key=lambda p: (len(p.name), p.name)):
         if (d / "policy" / "config.json").exists():
@@ -127,8 +126,7 @@ def feature_spec_for(model_path: str | Path, default: FeatureSpec | None) -> Fea
 
 
 def benchmark_name(key: str, source: Source) -> str:
-    """A benchmark's row label: its ``name``, else a file's name as the loader names it
-    (``/x/aime25/test.jsonl`` -> ``aime25``), else its config key."""
+    """A benchmark's row label: its ``name``, else its file's (``/x/aime25/test.jsonl``: aime25), else its key."""
     return source.name or (default_name(source.path) if source.path else key)
 
 
@@ -152,8 +150,7 @@ def build_benchmarks(run: EvalRunConfig) -> dict[str, list]:
 
 
 def choose_backend(backend: str | None, device: str) -> tuple[str, str]:
-    """The engine and why: ``rollout=hf|vllm``; unset, vLLM on CUDA when installed (hours, not the days
-    of HF generate), else HF."""
+    """The engine and why: ``rollout=hf|vllm``; unset, vLLM on CUDA when installed (hours, not days)."""
     if backend is not None:
         return backend, f"rollout={backend}"
     if not str(device).startswith("cuda"):
@@ -171,9 +168,8 @@ def check_prompts_fit(lengths: dict[str, list[int]], engine_cfg: RolloutConfig, 
         limit, what = engine_cfg.vllm.max_model_len, "rollout.vllm.max_model_len"
     else:
         limit, what = model_positions(policy), "the model's positions (max_position_embeddings)"
-    if limit is None:
-        return
-    over = [(bench, i, n) for bench, ns in lengths.items() for i, n in enumerate(ns) if n + max_new_tokens > limit]
+    over = [(bench, i, n) for bench, ns in lengths.items() for i, n in enumerate(ns)
+            if limit is not None and n + max_new_tokens > limit]
     if not over:
         return
 
@@ -223,8 +219,7 @@ class EngineOnDemand:
 
 def evaluate_model(cfg: EvalRunConfig, run: str, path: str, benchmarks: dict[str, list], backend: str,
                    device: str, store: GenerationStore, grader) -> list[dict]:
-    """One model's rows: every benchmark through one engine, closed at the end (vLLM keeps
-    process-global state). vLLM is sized for the longest prompt + max_new_tokens."""
+    """One model's rows, every benchmark through one engine closed at the end (vLLM's state is global)."""
     policy, tok = load_for_eval(path, cfg.tokenizer, cfg.dtype)
     problems = {bench: problems_from(ex, cfg.template, tok) for bench, ex in benchmarks.items()}
     lengths = {bench: [len(ids) for ids in tok([p.text for p in ps])["input_ids"]] if ps else []
@@ -233,7 +228,6 @@ def evaluate_model(cfg: EvalRunConfig, run: str, path: str, benchmarks: dict[str
                                max_prompt_tokens=max(max(ns, default=1) for ns in lengths.values()),
                                vllm=cfg.rollout.vllm)
     check_prompts_fit(lengths, engine_cfg, policy, cfg.max_new_tokens)
-    # Per model: its run's MEDS feature when it has one (part of the fingerprint).
     sampling: SamplingSpec = cfg.model_copy(update={"features": feature_spec_for(path, cfg.features)})
     # on the device for HF generate or the features' forward; vLLM alone reads it from host memory
     policy.to(device if backend == "hf" or sampling.features is not None else "cpu").eval()

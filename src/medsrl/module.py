@@ -70,7 +70,6 @@ class RLModule(L.LightningModule):
         self.automatic_optimization = False
         self.policy = policy
         self.tokenizer = tokenizer
-        # the run's parsed sections (run_config.RunConfig); None: the defaults
         self.algorithm = algorithm or AlgorithmConfig()
         self.rollout_cfg = rollout or RolloutConfig()
         self.optim_cfg = optim or OptimConfig()
@@ -79,7 +78,6 @@ class RLModule(L.LightningModule):
         self.host = PluginHost(self.plugins)
         self.reducers = _scoring_reducers(self.host, self.algorithm)
         self.seed = seed
-        # LoRA (models/lora.py): adapters train and are checkpointed, the base stays frozen
         self.lora = lora.is_lora(policy)
         self.merge_on_export = merge_on_export
         r = self.rollout_cfg

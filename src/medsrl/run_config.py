@@ -179,8 +179,7 @@ class RunConfig(Open):
 
     @classmethod
     def parse(cls, cfg: DictConfig | dict, *checks) -> RunConfig:
-        """The run's settings, or one ``ValueError`` naming every problem; the checks that span
-        sections (and ``checks``) run once the sections parse."""
+        """The run's settings or one ``ValueError``; the cross-section ``checks`` run once sections parse."""
         run, found = _validated(cls, cfg, _dataset_named)
         if run is not None and not found:
             for check in (bound_checks, precision_problems, logger_problems, *checks):

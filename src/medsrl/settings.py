@@ -92,8 +92,7 @@ class Bound:
 
 
 def below(alias: Any, other: str, or_equal: bool = False) -> Any:
-    """``alias``, bounded above by another value: a sibling setting, or a dotted key of the run
-    config; checked once each value has passed its own type (:func:`bound_problems`)."""
+    """``alias`` bounded above by a sibling setting or a run config key (:func:`bound_problems`)."""
     return Annotated[alias, Bound(other, or_equal)]
 
 
@@ -205,8 +204,7 @@ def raise_problems(found: list[str]) -> None:
 
 
 def problems(schema: Any, values: Any, prefix: str = "", owner: str = "") -> list[str]:
-    """Every value of ``values`` that ``schema`` refuses, named by its dotted key under
-    ``prefix``; an unknown key is named a setting of ``owner`` (default: its section's key)."""
+    """Every value ``schema`` refuses, named by its dotted key under ``prefix``."""
     try:
         TypeAdapter(schema).validate_python(values, strict=True)
     except ValidationError as err:

@@ -49,8 +49,7 @@ set_data_dir_default(Path(os.environ["MEDSRL_ROOT"]))  # configs/paths: data_dir
 # The step's updates are explicit (manual optimisation); checkpoints hold post-update state by design.
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
 warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\)")
-# The policy is put in train mode by each update and the KL reference model stays in eval mode
-# on purpose (frozen), so Lightning's check of the modules' modes at the start of fit only warns.
+# Each update sets train mode and the frozen KL reference stays in eval mode on purpose.
 warnings.filterwarnings("ignore", message="Found .* module\\(s\\) in eval mode at the start of training")
 
 
@@ -148,13 +147,11 @@ def build_run(cfg: DictConfig) -> Run:
                                      on_meta=loads_on_rank0_only(run.trainer.strategy),
                                      precision=run.trainer.precision)
     datamodule.use_tokenizer(tokenizer)  # data.template.kind=chat renders with its chat template
-    # prompts the engine can't take: dropped now
     datamodule.limit_prompt_tokens(tokenizer, prompt_token_limit(run.rollout, policy),
                                    why=describe_prompt_token_limit(run.rollout, policy))
     module = RLModule(policy, tokenizer, algorithm=run.algorithm, rollout=run.rollout, optim=run.optim,
                       grader=run.grader, plugins=build_plugins(run.algorithm.plugins), seed=run.seed,
                       merge_on_export=run.model.lora.merge_on_export)
-    # the plug-ins join through the module
     callbacks = with_step_progress_bar(instantiate_group(cfg.get("callbacks"), run.callbacks), run)
     loggers = instantiate_group(cfg.get("logger"))
     if wandb_loggers(loggers):
@@ -166,8 +163,7 @@ def build_run(cfg: DictConfig) -> Run:
 
 
 def with_step_progress_bar(callbacks: list, run: RunConfig) -> list:
-    """A ``StepProgressBar`` (never Lightning's epoch bar) added when the callbacks have no bar;
-    none with ``trainer.enable_progress_bar=false`` (Lightning refuses a bar then)."""
+    """A ``StepProgressBar`` where the callbacks have no bar; none with ``enable_progress_bar=false``."""
     if not run.trainer.enable_progress_bar:
         return [c for c in callbacks if not isinstance(c, ProgressBar)]
     if not any(isinstance(c, ProgressBar) for c in callbacks):
@@ -232,8 +228,7 @@ def _fit(cfg: DictConfig, run: Run, ckpt_path: str | None, out_dir: Path) -> dic
 
 
 def final_validation(rows: list[dict]) -> dict[str, float]:
-    """``val/<figure>`` of the last validation over all held-out problems (``rows[0]``), finite
-    values only: the figures a sweep may optimise (``optimized_metric``), as TensorBoard names them."""
+    """The last validation's finite ``val/<figure>`` s over all problems: what a sweep may optimise."""
     if not rows:
         return {}
     out = {"val/accuracy": float(rows[0]["pass@1"])}

@@ -212,8 +212,7 @@ class SupervisedWarmStart(L.LightningModule):
                      step, self.ws.steps, loss, self._lr, elapsed)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-        """Clip in the model's parameter order: Lightning's order rounds differently and, over 1000
-        steps, changes the measured run."""
+        """Clip in the model's parameter order: Lightning's rounds differently, changing the run."""
         if self.ws.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.ws.grad_clip)
 
@@ -244,8 +243,7 @@ def train_model(model, enc: Encoded, ws: WarmStartConfig, *, log_every: int = 50
 
 
 def batch_indices(n: int, ws: WarmStartConfig) -> list[list[int]]:
-    """``ws.steps`` batches from back-to-back shuffled epochs seeded with ``ws.seed``: the order the
-    recipe was measured with."""
+    """``ws.steps`` batches of back-to-back shuffled epochs: the order the recipe was measured with."""
     gen = torch.Generator().manual_seed(ws.seed)
     epochs = -(-ws.steps * ws.batch_size // n)
     order = torch.cat([torch.randperm(n, generator=gen) for _ in range(epochs)]).tolist()
@@ -290,15 +288,11 @@ def _summary(name: str, records: list[dict], seconds: float) -> dict[str, Any]:
     """One decoding mode's accuracy, response length, time and first few responses."""
     texts = [rec["responses"][0]["text"] for rec in records]
     correct = sum(rec["responses"][0]["score"] for rec in records)
-    return {
-        f"val_{name}_accuracy": correct / max(1, len(records)),
-        f"{name}_mean_response_chars": sum(map(len, texts)) / max(1, len(texts)),
-        f"{name}_generate_s": round(seconds, 2),
-        f"{name}_examples": [
-            {"problem": rec["problem"], "answer": rec["gold"], "response": text}
-            for rec, text in list(zip(records, texts, strict=True))[:4]
-        ],
-    }
+    examples = [{"problem": rec["problem"], "answer": rec["gold"], "response": text}
+                for rec, text in list(zip(records, texts, strict=True))[:4]]
+    return {f"val_{name}_accuracy": correct / max(1, len(records)),
+            f"{name}_mean_response_chars": sum(map(len, texts)) / max(1, len(texts)),
+            f"{name}_generate_s": round(seconds, 2), f"{name}_examples": examples}
 
 
 def _build(out_dir: Path, model_config: dict, ws: WarmStartConfig, log_every: int,

@@ -37,8 +37,7 @@ class WeightMilestones(Callback):
         tmp = root / f".step_{step:06d}.tmp"
         if trainer.is_global_zero:
             shutil.rmtree(tmp, ignore_errors=True)
-        # the engine's weights and KV cache go first (vLLM sleeps; the next step wakes it), then
-        # every rank gathers one parameter at a time into rank 0's host memory
+        # the engine's memory first (vLLM sleeps until the next step), then every rank exports together
         pl_module.engine.release()
         pl_module.export_policy(tmp, dtype=self.dtype)
         if trainer.is_global_zero:

@@ -77,8 +77,7 @@ class StepProgressBar(TQDMProgressBar):
     def init_sanity_tqdm(self) -> Tqdm:
         return Tqdm(disable=True)  # no second bar: the module has no validation_step
 
-    def init_validation_tqdm(self) -> Tqdm:
-        return Tqdm(disable=True)
+    init_validation_tqdm = init_sanity_tqdm
 
     def _open(self) -> None:
         self._step_times.clear()

@@ -41,18 +41,15 @@ class GenerationStore:
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError:
-                    # Only the last line can be cut off by a kill; anything else is damage.
-                    if end >= len(raw):
-                        self.dropped_lines += 1
+                    if end >= len(raw):  # only the last line can be cut off by a kill
+                        self.dropped_lines = 1
+                        log.warning("%s: dropped the incomplete last line of an interrupted run", self.path)
                         break
                     raise ValueError(f"{self.path}:{lineno}: not valid JSON; the generations file is damaged") from None
                 self.records[(rec["run"], rec["benchmark"], int(rec["index"]))] = rec
             good_end = min(end, len(raw))
         if good_end < len(raw):
             os.truncate(self.path, good_end)  # drop the torn tail: new lines start on a clean line
-        if self.dropped_lines:
-            log.warning("%s: dropped %d incomplete line(s) from an interrupted run",
-                        self.path, self.dropped_lines)
 
     def lookup(self, run: str, benchmark: str, index: int, fingerprint: str | None) -> dict[str, Any] | None:
         """The stored record of a problem or ``None``; ``ValueError`` when made with other settings."""
