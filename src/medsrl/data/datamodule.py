@@ -296,11 +296,9 @@ class MathDataModule(lightning.LightningDataModule):
                 continue
             examples = self.examples((stage.name, ds.name))
             size = len(examples)
-            perm = np.random.default_rng(
-                _seed_int(self.seed, "extra", stage.name, ds.name, step, round)
-            ).permutation(size)
-            used_set = set(used)
-            order = sorted(perm.tolist(), key=used_set.__contains__)  # used ones: if too small
+            seed = _seed_int(self.seed, "extra", stage.name, ds.name, step, round)
+            perm = np.random.default_rng(seed).permutation(size)
+            order = sorted(perm.tolist(), key=set(used).__contains__)  # used ones last: if too small
             picks = [order[j % size] for j in range(q)]
             out.extend(self._render(examples[i], ds.name) for i in picks)
         return out
@@ -318,9 +316,8 @@ class MathDataModule(lightning.LightningDataModule):
             self._val_prompts = [self._render(*pool[int(i)]) for i in perm[: self.config.val_size]]
         return self._val_prompts
 
-    # checkpointing: the schedule is stateless; this only detects a changed schedule
-
     def state_dict(self) -> dict[str, Any]:
+        """The schedule is stateless: this only lets a resume detect a changed schedule."""
         state = {"seed": self.seed, "stages": [(s.name, s.start_step) for s in self.stages]}
         if self.prompt_token_limit is not None:
             state["prompt_token_limit"] = self.prompt_token_limit

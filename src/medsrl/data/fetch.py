@@ -178,7 +178,8 @@ def list_manifest() -> None:
             print(f"  note: {f.note}")
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def main(argv: Sequence[str] | None = None) -> int:
+    """0 when every selected file is there with its sum, 1 when one failed, 2 on bad arguments."""
     ap = argparse.ArgumentParser(
         prog="medsrl-data",
         description="Fetch the benchmark and training files from their recorded public sources "
@@ -193,12 +194,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                          "of the data root, e.g. file:///path/to/shared/data (default: %(default)s)")
     ap.add_argument("--check", action="store_true", help="verify the files there, fetch nothing")
     ap.add_argument("--list", action="store_true", help="print the manifest (sources, sums, licences)")
-    return ap.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """0 when every selected file is there with its sum, 1 when one failed, 2 on bad arguments."""
-    args = parse_args(argv)
+    args = ap.parse_args(argv)
     if args.list:
         list_manifest()
         return 0
