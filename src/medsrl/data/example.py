@@ -25,7 +25,6 @@ class MathExample:
 
     @classmethod
     def make(cls, problem: str, answer: str, source: str, row: int, solution: str | None = None) -> MathExample:
-        """Build an example, computing its key from the problem text."""
         return cls(prompt_key(problem), problem, answer, source, row, solution)
 
 

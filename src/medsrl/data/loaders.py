@@ -327,15 +327,6 @@ def _hub_where(hub: str, subset: str | None, split: str, data_files: Any) -> str
     return f"hub data set {hub!r} ({', '.join(parts)})"
 
 
-def _plain_files(data_files: Any) -> Any:
-    """``data_files`` as ``datasets`` takes it: strings, not paths."""
-    if isinstance(data_files, Path):
-        return str(data_files)
-    if isinstance(data_files, (list, tuple)):
-        return [str(f) for f in data_files]
-    return data_files
-
-
 def _read_hub(
     hub: str, subset: str | None, split: str, data_files: Any, revision: str | None,
     columns: set[str], where: str,
@@ -362,7 +353,10 @@ def load_math_hub(
     or local files (``hub="parquet"`` / ``"json"`` with ``data_files``). Fields and bad rows as
     :func:`load_math_file`; ``name`` defaults to the local file's name, else the data set's."""
     _check_options(on_bad_row, limit)
-    data_files = _plain_files(data_files)
+    if isinstance(data_files, Path):  # datasets takes strings, not paths
+        data_files = str(data_files)
+    elif isinstance(data_files, (list, tuple)):
+        data_files = [str(f) for f in data_files]
     where = _hub_where(hub, subset, split, data_files)
     if data_files is None and hub in _FILE_BUILDERS:  # it would read every such file under the cwd
         raise DataError(f"{where}: the {hub!r} builder needs data_files (the local files to read)")
