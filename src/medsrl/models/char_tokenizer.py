@@ -1,9 +1,6 @@
-"""A character-level tokenizer with the Qwen special tokens, for the tiny CPU preset.
-
-Every printable ASCII character is one token, named in GPT-2's byte-level alphabet (space ``Ġ``,
-newline ``Ċ``), so ``AutoTokenizer`` on a saved policy (a byte-level BPE over the saved vocabulary)
-gives the same ids and the policy works outside medsrl too. Other characters are ``<unk>``.
-"""
+"""A character-level tokenizer with the Qwen special tokens, for the tiny CPU preset: every printable
+ASCII character one token, named in GPT-2's byte-level alphabet so ``AutoTokenizer`` on a saved policy
+gives the same ids (the policy works outside medsrl too)."""
 
 from __future__ import annotations
 
@@ -21,14 +18,13 @@ _BYTE_LEVEL = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
 
 
 def char_vocab() -> dict[str, int]:
-    """Fixed vocabulary: special tokens first (ids 0-2), then ``<unk>``, then characters (by
-    their byte-level names)."""
+    """Special tokens first (ids 0-2), then ``<unk>``, then characters by their byte-level names."""
     names = [_BYTE_LEVEL.pre_tokenize_str(c)[0][0] for c in ALPHABET]  # " " -> "Ġ"; "a" -> "a"
     return {tok: i for i, tok in enumerate(SPECIAL_TOKENS + [UNK] + names)}
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
-    """Return the char tokenizer: pad = ``<|endoftext|>``, eos = ``<|im_end|>``."""
+    """pad = ``<|endoftext|>``, eos = ``<|im_end|>``."""
     core = Tokenizer(models.WordLevel(vocab=char_vocab(), unk_token=UNK))
     # one pre-token per character, renamed into the byte-level alphabet (a non-ASCII character
     # becomes a multi-symbol name, absent from the vocabulary: one <unk>)

@@ -27,9 +27,7 @@ def is_lora(model: nn.Module) -> bool:
 
 def unwrap_peft(model: nn.Module) -> nn.Module:
     """The Hugging Face model inside a ``PeftModel`` (the same modules, adapters injected), else ``model``."""
-    from peft import PeftModel
-
-    return model.get_base_model() if isinstance(model, PeftModel) else model
+    return model.get_base_model() if is_lora(model) else model
 
 
 def target_problems(model: nn.Module, targets: Sequence[str] | str) -> list[str]:
@@ -39,12 +37,9 @@ def target_problems(model: nn.Module, targets: Sequence[str] | str) -> list[str]
         return []
     names = [name for name, _ in model.named_modules()]
     linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-    found = []
-    for target in targets:
-        if not any(n == target or n.endswith("." + target) for n in names):
-            found.append(f"model.lora.target_modules: {target!r} matches no module of {type(model).__name__} "
-                         f"(its linear layers: {', '.join(linear)})")
-    return found
+    return [f"model.lora.target_modules: {target!r} matches no module of {type(model).__name__} "
+            f"(its linear layers: {', '.join(linear)})"
+            for target in targets if not any(n == target or n.endswith("." + target) for n in names)]
 
 
 def apply_lora(policy: nn.Module, settings: LoraSettings, adapter_dtype: torch.dtype | str | None = None) -> nn.Module:

@@ -35,9 +35,8 @@ def is_sharded(module: nn.Module) -> bool:
 def whole(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """The whole tensor in ``dtype``: a DTensor's shards cast first, so the gather (a collective)
     moves ``dtype``'s bytes."""
-    if isinstance(t, DTensor):
-        return (t if dtype is None else t.to(dtype)).full_tensor()
-    return t if dtype is None else t.to(dtype)
+    t = t if dtype is None else t.to(dtype)
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 class PolicyFSDPStrategy(ModelParallelStrategy):
@@ -194,13 +193,13 @@ def materialize_from_rank0(policy: nn.Module, source: Mapping[str, torch.Tensor]
         dist.broadcast(buf, src=0)
 
 
-def loads_on_rank0_only(strategy: Any, environ: Mapping[str, str] | None = None) -> bool:
+def loads_on_rank0_only(strategy: Any) -> bool:
     """Whether this process builds its policy on ``meta``: under ``trainer=fsdp`` every rank but 0,
     read from the launcher's environment before any process group exists."""
     target = strategy.get("_target_") if isinstance(strategy, Mapping) else None
     if not (isinstance(target, str) and target.endswith("PolicyFSDPStrategy")):
         return False
-    env = os.environ if environ is None else environ
+    env = os.environ
     if "RANK" in env:
         return int(env["RANK"]) > 0
     return int(env.get("NODE_RANK", "0")) > 0 or int(env.get("LOCAL_RANK", "0")) > 0

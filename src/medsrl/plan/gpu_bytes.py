@@ -69,14 +69,6 @@ class RunShape:
         """The master's, or with LoRA the frozen base's."""
         return self.base_bytes or self.master_bytes
 
-    @property
-    def micro_batch_tokens(self) -> int:
-        return self.budget_tokens(self.tokens_per_row)
-
-    @property
-    def val_micro_batch_tokens(self) -> int:
-        return self.budget_tokens(self.prompt_tokens + self.val_response_tokens)
-
     def budget_tokens(self, row_tokens: int) -> int:
         """Padded tokens of the largest forward, cut by rows and the token budget as
         ``step/micro_batches.py`` cuts them (a longer row still runs alone)."""
@@ -421,15 +413,17 @@ def scoring_phase(size: ModelSize, run: RunShape, held: list[Item]) -> Phase:
     c = run.compute_bytes
     head = Item("log-prob head chunk", head_chunk_bytes(size, run.chunk_tokens, c, backward=False),
                 f"{run.chunk_tokens} tokens x {size.vocab_size} x ({c} + 8) B")
-    return Phase("scoring", [*held, *no_grad_forward_items(size, run, run.tokens_per_row, run.micro_batch_tokens,
-                                                             "", _micro_batch_knob(run), head)])
+    items = no_grad_forward_items(size, run, run.tokens_per_row, "", _micro_batch_knob(run), head)
+    return Phase("scoring", [*held, *items])
 
 
-def no_grad_forward_items(size: ModelSize, run: RunShape, row_tokens: int, tokens: int, how: str, knob: str,
+def no_grad_forward_items(size: ModelSize, run: RunShape, row_tokens: int, how: str, knob: str,
                           *head: Item) -> list[Item]:
     units, cast = forward_items(size, run)
+    tokens = run.budget_tokens(row_tokens)
+    over = f"{run.micro_batch} x {row_tokens}" if tokens == run.micro_batch * row_tokens else f"a budget of {tokens}"
     return [*units, Item("activations (no grad)", layer_forward_bytes(size, tokens, run.compute_bytes, run.resid_bytes),
-                         f"one layer over {_budget_how(run, row_tokens, tokens)} tokens{how}", knob), *head, *cast]
+                         f"one layer over {over} tokens{how}", knob), *head, *cast]
 
 
 def update_phases(size: ModelSize, run: RunShape, held: list[Item], awake: list[Item]) -> list[Phase]:
@@ -445,7 +439,7 @@ def update_phases(size: ModelSize, run: RunShape, held: list[Item], awake: list[
 
 
 def backward_items(size: ModelSize, run: RunShape) -> list[Item]:
-    V, H, c, tokens = size.vocab_size, size.hidden_size, run.compute_bytes, run.micro_batch_tokens
+    V, H, c, tokens = size.vocab_size, size.hidden_size, run.compute_bytes, run.budget_tokens(run.tokens_per_row)
     items = []
     if run.sharded:
         items += [*forward_items(size, run)[0],
@@ -490,7 +484,10 @@ def plan_notes(size: ModelSize, run: RunShape, engine: Item | None) -> list[str]
         notes.append(f"milestone: rank 0's host memory gathers the whole policy in {run.milestone_bytes} B, "
                      f"{gib(P * run.milestone_bytes)}, before save_pretrained writes it")
     if engine is not None:
-        notes.append(_engine_note(size, run, engine))
+        kv = engine.bytes - size.params * run.vllm_weight_bytes - RUNTIME_BYTES
+        per_row = run.tokens_per_row * size.kv_bytes_per_token * run.vllm_weight_bytes
+        notes.append(f"vLLM KV cache about {gib(kv)}: {max(kv, 0) // per_row} sequences of {run.tokens_per_row} "
+                     "tokens at once (vLLM pages the rest)")
     if run.backend == "hf":
         fill = math.ceil(run.sequences_per_rank / run.generate_rows)
         notes.append(f"HF generate: {run.sequences_per_rank} responses per rank in {fill} calls of "
@@ -551,13 +548,9 @@ def validation_phases(size: ModelSize, run: RunShape, held: list[Item], engines:
     if not run.val_features:
         return [sampling]
     features = no_grad_forward_items(size, run, run.prompt_tokens + run.val_response_tokens,
-                                     run.val_micro_batch_tokens, " (logits_to_keep=1: no head chunk)",
+                                     " (logits_to_keep=1: no head chunk)",
                                      f"{_micro_batch_knob(run)}, callbacks.pass_at_k.features=null")
     return [sampling, Phase("validation features", [*held, *awake, *features])]
-
-
-def _budget_how(run: RunShape, row_tokens: int, tokens: int) -> str:
-    return f"{run.micro_batch} x {row_tokens}" if tokens == run.micro_batch * row_tokens else f"a budget of {tokens}"
 
 
 def _engine_item(size: ModelSize, run: RunShape) -> Item | None:
@@ -573,13 +566,6 @@ def _engine_item(size: ModelSize, run: RunShape) -> Item | None:
     total = int(run.gpu_bytes * float(run.vllm_fraction or 0.9))
     return Item("vLLM engine", total, f"gpu_memory_utilization {run.vllm_fraction} x the GPU",
                 "rollout.vllm.gpu_memory_utilization, rollout.vllm.enable_sleep_mode=true")
-
-
-def _engine_note(size: ModelSize, run: RunShape, engine: Item) -> str:
-    kv = engine.bytes - size.params * run.vllm_weight_bytes - RUNTIME_BYTES
-    per_row = run.tokens_per_row * size.kv_bytes_per_token * run.vllm_weight_bytes
-    return (f"vLLM KV cache about {gib(kv)}: {max(kv, 0) // per_row} sequences of {run.tokens_per_row} tokens "
-            "at once (vLLM pages the rest)")
 
 
 def format_plan(plan: MemoryPlan) -> str:
