@@ -189,8 +189,7 @@ def check_prompts_fit(lengths: dict[str, list[int]], engine_cfg: RolloutConfig, 
 
 
 def engine_fingerprint(engine_cfg: RolloutConfig, policy) -> dict:
-    """What of the engine decides the samples (resume fingerprint): nothing for HF (older evaluations
-    still resume), the backend, dtype and seeding for vLLM."""
+    """What of the engine decides the samples: nothing for HF (older evaluations still resume)."""
     if engine_cfg.backend == "hf":
         return {}
     dtype = engine_cfg.vllm.dtype
@@ -251,8 +250,7 @@ def evaluate_model(cfg: EvalRunConfig, run: str, path: str, benchmarks: dict[str
 
 
 def evaluate(cfg: DictConfig) -> list[dict]:
-    """Every model on every benchmark; all that needs no model (config, benchmarks, model paths) is
-    checked first, so a mistake costs no model load."""
+    """Every model on every benchmark; all that needs no model is checked first: a mistake loads none."""
     parsed = EvalRunConfig.parse(cfg)
     out_dir = Path(parsed.paths.output_dir)
     benchmarks = build_benchmarks(parsed)

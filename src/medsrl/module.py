@@ -291,8 +291,7 @@ class RLModule(L.LightningModule):
 
 
 class _LightningStepper:
-    """``policy_update``'s optimiser calls; only an RL step's last goes through Lightning's wrapper,
-    so ``global_step`` advances once per RL step."""
+    """``policy_update``'s optimiser calls; only a step's last advances Lightning's ``global_step``."""
 
     def __init__(self, module: RLModule) -> None:
         self.module, self.opt, self.sched = module, module.optimizers(), module.lr_schedulers()

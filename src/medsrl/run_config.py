@@ -180,40 +180,41 @@ class RunConfig(Open):
     @classmethod
     def parse(cls, cfg: DictConfig | dict, *checks) -> RunConfig:
         """The run's settings or one ``ValueError``; the cross-section ``checks`` run once sections parse."""
-        run, found = _validated(cls, cfg, _dataset_named)
-        if run is not None and not found:
-            for check in (bound_checks, precision_problems, logger_problems, *checks):
-                found += check(run)
-        _raise(found, "training")
-        return run
+        return _parsed(cls, cfg, "training", (bound_checks, precision_problems, logger_problems, *checks))
 
 
-def _validated(cls: type[BaseModel], cfg: DictConfig | dict, named) -> tuple[Any, list[str]]:
-    """``(cfg as cls or None, every problem)``, each ``named(message, loc, values)`` for its context."""
+def _parsed(cls: type[BaseModel], cfg: DictConfig | dict, what: str, checks=()) -> Any:
+    """``cfg`` as ``cls`` or one ``ValueError`` listing every problem; the cross-section ``checks`` run
+    once the sections parse."""
     missing: list[str] = []
     values = plain(cfg, missing) if isinstance(cfg, DictConfig) else dict(cfg)
     found = [f"{key} must be set (it is ???)" for key in missing]
     try:
-        return cls.model_validate(values), found
+        run = cls.model_validate(values)
     except ValidationError as err:
-        return None, found + [named(message(cls, e, "", ""), e["loc"], values) for e in err.errors()]
-
-
-def _dataset_named(message: str, loc: tuple, values: dict) -> str:
-    """A data source's problem with its dataset's name and its loader or generator."""
-    if len(loc) > 4 and loc[0] == "data" and "source" in loc:
-        at = loc.index("source")
-        dataset = lookup(values, ".".join(map(str, loc[:at])))
-        source = dataset.get("source") if isinstance(dataset, dict) else None
-        target = source.get("_target_") if isinstance(source, dict) else None
-        return f"{message} (dataset {dataset.get('name')!r}, {target})"
-    return message
-
-
-def _raise(found: list[str], what: str) -> None:
+        run = None
+        found += [_source_named(message(cls, e, "", ""), e["loc"], values) for e in err.errors()]
+    if run is not None and not found:
+        for check in checks:
+            found += check(run)
     if found:
         listed = "\n  ".join(found)
         raise ValueError(f"{len(found)} bad value(s) in the {what} config:\n  {listed}")
+    return run
+
+
+def _source_named(message: str, loc: tuple, values: dict) -> str:
+    """A data source's or benchmark's problem with its name and its loader or generator."""
+    if len(loc) > 4 and loc[0] == "data" and "source" in loc:
+        dataset = lookup(values, ".".join(map(str, loc[:loc.index("source")])))
+        source = dataset.get("source") if isinstance(dataset, dict) else None
+        target = source.get("_target_") if isinstance(source, dict) else None
+        return f"{message} (dataset {dataset.get('name')!r}, {target})"
+    if len(loc) > 2 and loc[0] == "benchmark":
+        node = lookup(values, f"benchmark.{loc[1]}")
+        target = node.get("_target_") if isinstance(node, dict) else None
+        return f"{message} (benchmark {loc[1]!r}, {target})"
+    return message
 
 
 def bound_checks(run: RunConfig) -> list[str]:
@@ -309,14 +310,4 @@ class EvalRunConfig(SamplingSpec, Open):
 
     @classmethod
     def parse(cls, cfg: DictConfig | dict) -> EvalRunConfig:
-        run, found = _validated(cls, cfg, _benchmark_named)
-        _raise(found, "evaluation")
-        return run
-
-
-def _benchmark_named(message: str, loc: tuple, values: dict) -> str:
-    if len(loc) > 2 and loc[0] == "benchmark":
-        node = lookup(values, f"benchmark.{loc[1]}")
-        target = node.get("_target_") if isinstance(node, dict) else None
-        return f"{message} (benchmark {loc[1]!r}, {target})"
-    return message
+        return _parsed(cls, cfg, "evaluation")

@@ -30,8 +30,7 @@ STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, use_attrib
 
 
 def must(what: str | Callable[[], str]) -> WrapValidator:
-    """Any failure of the value's own checks becomes one error, ``must be <what>`` (a callable
-    ``what`` is read at error time: registries may grow)."""
+    """Any failure of the value's checks becomes one error, ``must be <what>`` (a callable: read late)."""
 
     def check(value: Any, handler: Callable[[Any], Any]) -> Any:
         try:
@@ -100,8 +99,7 @@ TAG = "kind:"
 
 
 def kind(pick: Callable[[Any], str], **kinds: Any) -> Any:
-    """A value of one of several ``kinds`` (name: type), the one ``pick(value)`` names: only
-    that one's checks apply, so a message names the value's own key."""
+    """A value of the kind ``pick(value)`` names: only its checks apply, so a message names its own key."""
     members = [Annotated[t, Tag(TAG + name)] for name, t in kinds.items()]
     return Annotated[Union[tuple(members)], Discriminator(lambda v: TAG + pick(v))]  # noqa: UP007
 
@@ -213,8 +211,7 @@ def problems(schema: Any, values: Any, prefix: str = "", owner: str = "") -> lis
 
 
 def plain(node: Any, missing: list[str], key: str = "") -> Any:
-    """``node`` as plain dicts and lists, resolved; a ``???`` value is left out and its key added to
-    ``missing``, one only Hydra's run resolves (``${hydra:...}``) left out."""
+    """``node`` as plain dicts and lists, resolved; ``???`` (key added to ``missing``) and ``${hydra:}`` left out."""
     if not isinstance(node, (DictConfig, ListConfig)):
         return node
     is_dict = isinstance(node, DictConfig)

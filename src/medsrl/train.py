@@ -241,8 +241,7 @@ def final_validation(rows: list[dict]) -> dict[str, float]:
 
 
 def train_or_skip(cfg: DictConfig) -> dict[str, float]:
-    """``train(cfg)``; with ``skip_if_done``: the stored summary of a finished run in this output dir,
-    or a full resume from the ``last.ckpt`` of an interrupted one."""
+    """``train(cfg)``; with ``skip_if_done``: a finished run's summary, or an interrupted one resumed."""
     if not cfg.get("skip_if_done", False):
         return train(cfg)
     out_dir = Path(cfg.paths.output_dir)

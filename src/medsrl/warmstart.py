@@ -116,8 +116,7 @@ def _remove_leftovers(target: Path) -> None:
 
 @dataclass
 class Encoded:
-    """Training sequences: a shared prompt prefix (the system turn; may be empty) plus one suffix
-    (prompt tail + solution + <|im_end|>) per example and the index of its first response token."""
+    """A shared prompt prefix (may be empty), then per example its suffix and first response token."""
 
     prefix: list[int]
     suffixes: list[list[int]]

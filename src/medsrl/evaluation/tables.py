@@ -54,9 +54,8 @@ def add_average_rows(rows: Sequence[Row]) -> list[Row]:
         out += group
         if len(group) > 1:
             ns = {r["n"] for r in group}
-            total = sum(r["problems"] for r in group)
-            avg: Row = {"run": run, "benchmark": AVERAGE, "problems": total}
-            avg["n"] = ns.pop() if len(ns) == 1 else None
+            avg: Row = {"run": run, "benchmark": AVERAGE, "problems": sum(r["problems"] for r in group),
+                        "n": ns.pop() if len(ns) == 1 else None}
             for col in _columns(group):
                 if col not in _ID_COLUMNS and all(col in r for r in group):
                     avg[col] = float(np.mean([float(r[col]) for r in group]))
