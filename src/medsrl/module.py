@@ -47,13 +47,7 @@ from medsrl.step.rollouts import Group, StepRollouts, split_groups
 from medsrl.step.scoring import padding_metrics, scoring_forward_needed, scoring_pass
 from medsrl.step.settings import OptimConfig
 from medsrl.step.update import UpdateConfig, policy_update
-from medsrl.utils.distributed import (
-    all_gather_objects,
-    all_reduce_sum,
-    is_distributed,
-    rank_and_size,
-    shard_bounds,
-)
+from medsrl.utils.distributed import all_gather_objects, all_reduce_sum, is_distributed, rank_and_size, shard_bounds
 from medsrl.utils.guard import NONFINITE_SAMPLING, RunawayError, RunawayGuard, param_norm
 
 log = logging.getLogger(__name__)
