@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -50,11 +51,9 @@ def check_checkpoint(path: str | Path) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such checkpoint")
     if path.is_dir() and not is_sharded_checkpoint(path):
-        raise CheckpointError(
-            f"{path}: a directory but not a sharded checkpoint (no {DCP_METADATA}, the index "
-            "torch.distributed.checkpoint writes); a sharded checkpoint is the directory "
-            "<run>/checkpoints/step_<n>.ckpt holding *.distcp files, a .metadata and meta.pt"
-        )
+        raise CheckpointError(f"{path}: a directory but not a sharded checkpoint (no {DCP_METADATA}, the index "
+                              "torch.distributed.checkpoint writes); a sharded checkpoint is the directory "
+                              "<run>/checkpoints/step_<n>.ckpt holding *.distcp files, a .metadata and meta.pt")
     return path
 
 
@@ -66,11 +65,9 @@ def run_dir(ckpt: str | Path) -> Path:
 def run_config_path(ckpt: str | Path) -> Path:
     path = run_dir(ckpt) / ".hydra" / "config.yaml"
     if not path.is_file():
-        raise FileNotFoundError(
-            f"{ckpt}: cannot rebuild the model, {path} (the run's Hydra config) is missing; the "
-            "checkpoint must stay at <run>/checkpoints/ beside <run>/.hydra/, or evaluate the "
-            "exported policy directory instead"
-        )
+        raise FileNotFoundError(f"{ckpt}: cannot rebuild the model, {path} (the run's Hydra config) is missing; the "
+                                "checkpoint must stay at <run>/checkpoints/ beside <run>/.hydra/, or evaluate the "
+                                "exported policy directory instead")
     return path
 
 
@@ -167,26 +164,20 @@ def load_policy_weights(policy: nn.Module, ckpt: str | Path) -> None:
     is_lora = lora.is_lora(policy)
     targets = lora.checkpoint_state(policy.state_dict(), is_lora)  # detached views of its weights
     if is_sharded_checkpoint(ckpt):
+        from torch.distributed.checkpoint import FileSystemReader, load
+
         top, entries = _sharded_policy_entries(ckpt)
         _check_fits(ckpt, targets, {name: shape for name, (_, shape) in entries.items()}, is_lora)
-        _load_sharded(ckpt, {top: {entries[name][0]: t for name, t in targets.items()}})
+        state = {top: {entries[name][0]: t for name, t in targets.items()}}  # only these keys are read
+        with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": one process is the intent
+            warnings.filterwarnings("ignore", message=".*torch.distributed is disabled", category=UserWarning)
+            load(state, storage_reader=FileSystemReader(ckpt), no_dist=True)
         return
     stored = _single_file_policy(ckpt)
     _check_fits(ckpt, targets, {k: tuple(v.shape) for k, v in stored.items()}, is_lora)
     with torch.no_grad():
         for name, t in targets.items():
             t.copy_(stored[name])
-
-
-def _load_sharded(ckpt: Path, state: dict) -> None:
-    """Read the tensors ``state`` names from a DCP directory into them, in this process alone."""
-    import warnings
-
-    from torch.distributed.checkpoint import FileSystemReader, load
-
-    with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": one process is the intent
-        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled", category=UserWarning)
-        load(state, storage_reader=FileSystemReader(ckpt), no_dist=True)
 
 
 def load_checkpoint_policy(ckpt: str | Path, dtype: str | torch.dtype | None = None,

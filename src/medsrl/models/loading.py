@@ -50,21 +50,17 @@ def _check_local(name_or_path: str, what: str) -> str:
         return name_or_path
     path = os.path.expanduser(name_or_path)
     if not os.path.isdir(path):
-        raise ModelLoadError(
-            f"Cannot load {what} from {name_or_path!r}: no such directory. Pass an existing local "
-            f"directory (containing config.json and weights / tokenizer files) or a Hugging Face "
-            f"model name."
-        )
+        raise ModelLoadError(f"Cannot load {what} from {name_or_path!r}: no such directory. Pass an existing local "
+                             "directory (containing config.json and weights / tokenizer files) or a Hugging Face "
+                             "model name.")
     return path
 
 
 def _load_error(name_or_path: str, what: str, err: Exception) -> ModelLoadError:
-    return ModelLoadError(
-        f"Cannot load {what} from {name_or_path!r}: {type(err).__name__}: {err}\n"
-        f"If this is a Hugging Face model name, the hub may not be reachable (offline, or "
-        f"HF_HUB_OFFLINE=1 with nothing cached): download it elsewhere and pass the local "
-        f"directory instead."
-    )
+    return ModelLoadError(f"Cannot load {what} from {name_or_path!r}: {type(err).__name__}: {err}\n"
+                          "If this is a Hugging Face model name, the hub may not be reachable (offline, or "
+                          "HF_HUB_OFFLINE=1 with nothing cached): download it elsewhere and pass the local "
+                          "directory instead.")
 
 
 def is_char_tokenizer_dir(path: str | Path) -> bool:
@@ -103,14 +99,9 @@ def load_tokenizer(name_or_path: str | None, *, trust_remote_code: bool = False)
     return tok
 
 
-def load_policy(
-    name_or_path: str | None = None,
-    *,
-    tiny: Mapping[str, Any] | None = None,
-    dtype: str | torch.dtype = "float32",
-    attn_implementation: str | None = None,
-    trust_remote_code: bool = False,
-) -> PreTrainedModel:
+def load_policy(name_or_path: str | None = None, *, tiny: Mapping[str, Any] | None = None,
+                dtype: str | torch.dtype = "float32", attn_implementation: str | None = None,
+                trust_remote_code: bool = False) -> PreTrainedModel:
     """``AutoModelForCausalLM`` for a hub name or local directory, else the tiny preset."""
     torch_dtype = resolve_dtype(dtype)
     if name_or_path is None or str(name_or_path).strip().lower() == "tiny":

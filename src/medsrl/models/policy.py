@@ -85,8 +85,6 @@ def meta_model(model: ModelConfig) -> torch.nn.Module:
             return random_model_like(model.architecture, vocab, **shape)
         if name is None:  # the tiny preset
             return build_tiny_model(**dict(model.tiny or {}))
-    raise ValueError(
-        f"model {name!r}: no shape to plan with; add model.shape (its config.json numbers: hidden_size, "
-        "num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, "
-        "tie_word_embeddings) or point model.name_or_path at a local copy"
-    )
+    raise ValueError(f"model {name!r}: no shape to plan with; add model.shape (its config.json numbers: hidden_size, "
+                     "num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, "
+                     "tie_word_embeddings) or point model.name_or_path at a local copy")

@@ -134,10 +134,8 @@ def layer_classes(policy: nn.Module) -> set[type[nn.Module]]:
     # by the class's own name or, once sharded (FSDP2 subclasses it: FSDPQwen2DecoderLayer), its base's
     classes = {c for m in policy.modules() for c in type(m).__mro__[:2] if c.__name__ in names}
     if not classes:
-        raise ValueError(
-            f"trainer=fsdp: {type(policy).__name__} names no decoder layer class in "
-            f"_no_split_modules ({sorted(names)}): cannot shard it per layer"
-        )
+        raise ValueError(f"trainer=fsdp: {type(policy).__name__} names no decoder layer class in "
+                         f"_no_split_modules ({sorted(names)}): cannot shard it per layer")
     return classes
 
 

@@ -309,12 +309,6 @@ def lora_merge_item(size: ModelSize, run: RunShape) -> Item:
                 f"weight: {n:,} x ({m} + 2 x {w}) B", "model.lora.target_modules")
 
 
-def gathered_units(size: ModelSize, compute_bytes: int) -> Item:
-    units = size.root_params + 2 * size.layer_params
-    return Item("gathered units", units * compute_bytes, f"root {size.root_params:,} + 2 layers x "
-                f"{size.layer_params:,} (one computing, one prefetched) x {compute_bytes} B")
-
-
 def hf_generation_items(size: ModelSize, run: RunShape, rows: int, response_tokens: int, rows_knob: str) -> list[Item]:
     """HF ``generate`` of ``rows`` sequences a call; under FSDP on the whole policy (``full_weights``)."""
     c, w, P = run.compute_bytes, run.weight_bytes, size.params
@@ -371,8 +365,11 @@ def plan_memory(size: ModelSize, run: RunShape) -> MemoryPlan:
         phases.append(Phase("first weight sync", [*resident, engine, *sync_items(size, run)]))
     phases += [generation_phase(size, run, [*resident, *engines]), scoring_phase(size, run, [*held, *awake]),
                *update_phases(size, run, held, awake)]
-    if engine is not None:
-        phases.append(weight_sync_phase(size, run, held, engine))
+    if engine is not None:  # after each update; a sleeping engine wakes its weights alone
+        woken = engine if not run.vllm_sleep else Item(
+            "vLLM weights (woken)", size.params * run.vllm_weight_bytes,
+            f"{size.params:,} x {run.vllm_weight_bytes} B; the KV cache stays asleep until generation")
+        phases.append(Phase("weight sync", [*held, woken, *sync_items(size, run)]))
     if run.validation:
         phases += validation_phases(size, run, held, engines, awake)
     if run.milestone_bytes:
@@ -391,7 +388,8 @@ def rollout_item(run: RunShape) -> Item:
 def forward_items(size: ModelSize, run: RunShape) -> tuple[list[Item], list[Item]]:
     """``(units, cast)`` of every forward but HF generation: FSDP's gathered units, or autocast's cast."""
     V, H, c = size.vocab_size, size.hidden_size, run.compute_bytes
-    units = [gathered_units(size, c)] if run.sharded else []
+    units = [Item("gathered units", (size.root_params + 2 * size.layer_params) * c, f"root {size.root_params:,} + "
+                  f"2 layers x {size.layer_params:,} (one computing, one prefetched) x {c} B")] if run.sharded else []
     cast = [Item("bf16 cast of a weight", V * H * c, f"the largest matrix ({V} x {H}) cast per op")
             ] if run.autocast and not run.sharded else []
     return units, cast
@@ -464,13 +462,6 @@ def backward_items(size: ModelSize, run: RunShape) -> list[Item]:
             Item("log-prob head chunk", head_chunk_bytes(size, run.chunk_tokens, c, backward=True),
                  f"{run.chunk_tokens} tokens x {V} x (2 x {c} + 8) B (recomputed in backward)"),
             *head_weight_grad_items(size, run)]
-
-
-def weight_sync_phase(size: ModelSize, run: RunShape, held: list[Item], engine: Item) -> Phase:
-    awake = engine if not run.vllm_sleep else Item(
-        "vLLM weights (woken)", size.params * run.vllm_weight_bytes,
-        f"{size.params:,} x {run.vllm_weight_bytes} B; the KV cache stays asleep until generation")
-    return Phase("weight sync", [*held, awake, *sync_items(size, run)])
 
 
 def plan_notes(size: ModelSize, run: RunShape, engine: Item | None) -> list[str]:

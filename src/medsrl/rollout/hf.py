@@ -55,14 +55,8 @@ def _generating(model: torch.nn.Module, config: GenerationConfig) -> Iterator[No
 class HFRolloutEngine:
     """``max_batch_size`` caps the sequences per call (a prompt with ``n`` above it takes one call)."""
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        tokenizer: PreTrainedTokenizerBase,
-        *,
-        stop_token_ids: list[int] | None = None,
-        max_batch_size: int = 64,
-    ) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, *,
+                 stop_token_ids: list[int] | None = None, max_batch_size: int = 64) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.stop_token_ids = resolve_stop_ids(tokenizer, stop_token_ids, "HFRolloutEngine")

@@ -112,13 +112,6 @@ def _engine_dtype(dtype: str, model: torch.nn.Module) -> tuple[str, torch.dtype 
     return name, torch_dtype if isinstance(torch_dtype, torch.dtype) else None
 
 
-def _close_previous() -> None:
-    previous = _live() if _live is not None else None
-    if previous is not None and not previous.closed:
-        log.info("closing the previous vLLM engine: one per process")
-        previous.close()
-
-
 def _process_group_up() -> bool:
     import torch.distributed as dist
 
@@ -161,7 +154,10 @@ class VLLMRolloutEngine:
         options.update(_multi_process_options(tensor_parallel_size))
 
         global _live
-        _close_previous()
+        previous = _live() if _live is not None else None
+        if previous is not None and not previous.closed:
+            log.info("closing the previous vLLM engine: one per process")
+            previous.close()
         sleep_mode = bool(enable_sleep_mode) and current_platform.is_sleep_mode_available()
         if enable_sleep_mode and not sleep_mode:
             log.info("rollout.vllm.enable_sleep_mode ignored: not supported on %s", current_platform)
