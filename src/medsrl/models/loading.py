@@ -126,18 +126,9 @@ def load_policy(name_or_path: str | None = None, *, tiny: Mapping[str, Any] | No
 _ARCHITECTURES = ("qwen2", "qwen3", "llama")  # model types that AutoConfig knows
 
 
-def random_model_like(
-    architecture: str,
-    vocab_size: int,
-    *,
-    num_hidden_layers: int = 2,
-    hidden_size: int = 64,
-    num_attention_heads: int = 4,
-    num_key_value_heads: int = 2,
-    intermediate_size: int = 128,
-    seed: int = 0,
-    **config_overrides: Any,
-) -> PreTrainedModel:
+def random_model_like(architecture: str, vocab_size: int, *, num_hidden_layers: int = 2, hidden_size: int = 64,
+                      num_attention_heads: int = 4, num_key_value_heads: int = 2, intermediate_size: int = 128,
+                      seed: int = 0, **config_overrides: Any) -> PreTrainedModel:
     """A small randomly initialised model of a real architecture; extra keyword arguments go to the config."""
     arch = architecture.strip().lower()
     if arch not in _ARCHITECTURES:

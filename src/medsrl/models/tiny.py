@@ -8,15 +8,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from medsrl.models.char_tokenizer import char_vocab
 
 
-def tiny_qwen2_config(
-    hidden_size: int = 128,
-    num_hidden_layers: int = 4,
-    num_attention_heads: int = 4,
-    num_key_value_heads: int = 2,
-    intermediate_size: int = 512,
-    max_position_embeddings: int = 1024,
-    vocab_size: int | None = None,
-) -> Qwen2Config:
+def tiny_qwen2_config(hidden_size: int = 128, num_hidden_layers: int = 4, num_attention_heads: int = 4,
+                      num_key_value_heads: int = 2, intermediate_size: int = 512,
+                      max_position_embeddings: int = 1024, vocab_size: int | None = None) -> Qwen2Config:
     """A small Qwen2 config sized for the char tokenizer (about 1M parameters by default)."""
     return Qwen2Config(
         vocab_size=vocab_size or len(char_vocab()), hidden_size=hidden_size,

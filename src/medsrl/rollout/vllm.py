@@ -125,21 +125,11 @@ def _device_type() -> str:
 class VLLMRolloutEngine:
     """A :class:`~medsrl.rollout.base.RolloutEngine` backed by an in-process ``vllm.LLM``."""
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        tokenizer: PreTrainedTokenizerBase,
-        *,
-        gpu_memory_utilization: float = 0.5,
-        kv_cache_memory_bytes: int | None = None,
-        tensor_parallel_size: int = 1,
-        enforce_eager: bool = False,
-        enable_sleep_mode: bool = False,
-        dtype: str = "auto",
-        max_model_len: int | None = None,
-        per_request_seeds: bool = False,
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, *,
+                 gpu_memory_utilization: float = 0.5, kv_cache_memory_bytes: int | None = None,
+                 tensor_parallel_size: int = 1, enforce_eager: bool = False, enable_sleep_mode: bool = False,
+                 dtype: str = "auto", max_model_len: int | None = None, per_request_seeds: bool = False,
+                 seed: int = 0) -> None:
         os.environ.setdefault(IN_PROCESS_ENV, "0")
         if os.environ[IN_PROCESS_ENV] != "0":
             raise ValueError(f"VLLMRolloutEngine syncs weights in process: set {IN_PROCESS_ENV}=0")
