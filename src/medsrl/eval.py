@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from medsrl.data.loaders import default_name
 from medsrl.data.settings import Source
 from medsrl.data.sources import set_data_dir_default
+from medsrl.evaluation.progress import BenchmarkBar, shows_progress
 from medsrl.evaluation.responses import SamplingSpec, problems_from, sample_problems, summarize_records
 from medsrl.evaluation.store import GenerationStore
 from medsrl.evaluation.tables import plot_pass_at_k, write_csv, write_json, write_markdown
@@ -239,8 +240,12 @@ def evaluate_model(cfg: EvalRunConfig, run: str, path: str, benchmarks: dict[str
     rows = []
     try:
         for bench, ps in problems.items():
-            records = sample_problems(policy, tok, engine, grader, ps, sampling, run=run, benchmark=bench,
-                                      store=store, fingerprint=sampling.fingerprint(path, bench, **extra))
+            bar = BenchmarkBar(f"{run} / {bench}", len(ps), cfg.n, shows_progress(cfg.quiet))
+            try:
+                records = sample_problems(policy, tok, engine, grader, ps, sampling, run=run, benchmark=bench,
+                                          store=store, fingerprint=sampling.fingerprint(path, bench, **extra), bar=bar)
+            finally:
+                bar.close()
             row = summarize_records(run, bench, records)
             rows.append(row)
             log.info("%s / %s: pass@1 %.4f, pass@%d %.4f", run, bench, row["pass@1"], cfg.n, row[f"pass@{cfg.n}"])

@@ -307,6 +307,8 @@ class EvalRunConfig(SamplingSpec, Open):
     benchmark: dict[str, Source] = {}
     """The benchmarks by name (benchmark=paper | arithmetic | file ...), each a data source."""
     paths: Paths = Field(default_factory=Paths)
+    quiet: Flag = False
+    """No progress bar (there is none without a terminal either): the per-benchmark lines alone."""
 
     @classmethod
     def parse(cls, cfg: DictConfig | dict) -> EvalRunConfig:

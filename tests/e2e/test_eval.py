@@ -330,3 +330,35 @@ def test_a_prompt_the_engine_cannot_take_is_refused_before_sampling_naming_it(
     room = int(re.search(r"set max_new_tokens <= (\d+)", message).group(1))
     assert room == limit - longest and 1 <= room < (1000 if limit == 1024 else 48)
     assert not (tmp_path / "generations.jsonl").read_text()
+
+
+class _Terminal:
+    """stderr as a terminal: what the bar needs to draw."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        return self.stream.write(text)
+
+    def flush(self):
+        self.stream.flush()
+
+    def isatty(self):
+        return True
+
+
+def test_a_bar_per_benchmark_on_a_terminal_and_none_without_one_or_quiet(tmp_path, trained_run, capsys, monkeypatch):
+    import sys
+
+    import medsrl.evaluation.progress as progress
+
+    policy = f"model_path={trained_run / 'policy'}"
+    evaluate(_eval_cfg(tmp_path / "pipe", policy))  # stderr is captured: not a terminal
+    assert "samples/s" not in capsys.readouterr().err
+    monkeypatch.setattr(progress.sys, "stderr", _Terminal(sys.stderr))
+    evaluate(_eval_cfg(tmp_path / "tty", policy))
+    err = capsys.readouterr().err
+    assert "run / arithmetic" in err and "8/8" in err and "samples/s" in err
+    evaluate(_eval_cfg(tmp_path / "quiet", policy, "quiet=true"))
+    assert "samples/s" not in capsys.readouterr().err

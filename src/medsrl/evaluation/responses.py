@@ -14,6 +14,7 @@ from typing_extensions import Doc
 
 from medsrl.data.example import Prompt
 from medsrl.data.template import PromptTemplate
+from medsrl.evaluation.progress import BenchmarkBar
 from medsrl.evaluation.response_features import response_features
 from medsrl.evaluation.store import GenerationStore, settings_fingerprint
 from medsrl.evaluation.tables import summarize_benchmark
@@ -119,13 +120,15 @@ def joined_rollout(chunks: Sequence[SampledChunk]) -> RolloutBatch:
 def sample_problems(
     policy, tokenizer, engine, grader, problems: Sequence[Prompt], settings: SamplingSpec, *,
     run: str = "", benchmark: str = "", store: GenerationStore | None = None,
-    fingerprint: str | None = None,
+    fingerprint: str | None = None, bar: BenchmarkBar | None = None,
 ) -> list[dict[str, Any]]:
     """One record per problem, in order; with a ``store``, stored records are reused, new ones written."""
     records: list[dict[str, Any]] = []
     for idx in chunks_of(len(problems), settings):
         if store is not None and all(store.lookup(run, benchmark, i, fingerprint) for i in idx):
             records += [store.lookup(run, benchmark, i, fingerprint) for i in idx]
+            if bar is not None:
+                bar.stored(len(idx))
             continue
         chunk = sample_chunk(engine, grader, problems, idx, settings)
         feats = [None] * len(chunk.rollout)
@@ -136,6 +139,8 @@ def sample_problems(
             if store is not None:
                 store.add(rec, fingerprint)
             records.append(rec)
+        if bar is not None:
+            bar.sampled(len(idx))
     return records
 
 
