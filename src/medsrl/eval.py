@@ -30,7 +30,6 @@ from medsrl.features.reader import FeatureSpec
 from medsrl.methods.meds.plugin import Meds
 from medsrl.models.checkpoint_files import is_checkpoint_path
 from medsrl.models.loading import load_policy, load_tokenizer
-from medsrl.reward.grader import MathGrader
 from medsrl.rollout.factory import build_engine, engine_max_model_len, model_positions
 from medsrl.rollout.settings import RolloutConfig
 from medsrl.run_config import CONFIG_DIR, EvalRunConfig
@@ -267,8 +266,7 @@ def evaluate(cfg: DictConfig) -> list[dict]:
     rows = []
     with (
         GenerationStore(out_dir / "generations.jsonl") as store,
-        MathGrader(timeout_s=parsed.grader.timeout_s, num_workers=parsed.grader.workers(),
-                   reasoning_end=parsed.grader.reasoning_end).start() as grader,
+        parsed.grader.grader(parsed.grader.workers()) as grader,
     ):
         for run, path in models:
             rows += evaluate_model(parsed, run, path, benchmarks, backend, device, store, grader)

@@ -100,9 +100,7 @@ class RLModule(L.LightningModule):
             self.ref_policy = copy.deepcopy(self.policy).eval().requires_grad_(False)
         if self.grader is None:
             per_node = self.trainer.num_devices if self._trainer is not None else 1
-            workers = self.grader_cfg.workers(per_node)
-            self.grader = MathGrader(timeout_s=self.grader_cfg.timeout_s, num_workers=workers,
-                                     reasoning_end=self.grader_cfg.reasoning_end).start()
+            self.grader = self.grader_cfg.grader(self.grader_cfg.workers(per_node))
         if self.engine is None:
             self.engine = build_engine(self.rollout_cfg, self.policy, self.tokenizer, seed=self.seed)
 

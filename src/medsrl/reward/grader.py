@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from multiprocessing.connection import Connection, wait
+from typing import Any
 
 from medsrl.reward.answer_span import answer_text
 from medsrl.reward.extract import extract_last_boxed
@@ -205,15 +206,16 @@ def gold_text(gold: object) -> str:
     return str(gold)
 
 
-def _compare(compare_fn: CompareFn, gold: str, answer: str) -> tuple[bool, bool, str | None]:
-    """``(verdict, timed_out, error)`` of one comparison: an exception scores 0 and is reported."""
+def _compare(fn: Callable, *task: str) -> tuple[Any, bool, str | None]:
+    """``(value, timed_out, error)`` of one task (a comparison or a custom reward): an exception
+    scores 0 and is reported."""
     try:
-        return bool(compare_fn(gold, answer)), False, None
+        return fn(*task), False, None
     except Exception as exc:
         return False, False, f"{type(exc).__name__}: {exc}"
 
 
-def _worker_main(conn: Connection, compare_fn: CompareFn, owner: Owner) -> None:
+def _worker_main(conn: Connection, fn: Callable, owner: Owner) -> None:
     """Worker process loop: receive ``(gold, answer)``, send back :func:`_compare`'s result.
     Exits when ``owner`` (the process that started it) dies, even mid-comparison."""
     import signal
@@ -229,16 +231,16 @@ def _worker_main(conn: Connection, compare_fn: CompareFn, owner: Owner) -> None:
             return
         if task is None:
             return
-        conn.send(_compare(compare_fn, *task))
+        conn.send(_compare(fn, *task))
 
 
 class _Worker:
     """One grading process and the task it is running (if any)."""
 
-    def __init__(self, ctx: mp.context.BaseContext, compare_fn: CompareFn, startup_timeout_s: float):
+    def __init__(self, ctx: mp.context.BaseContext, fn: Callable, startup_timeout_s: float):
         self.conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(
-            target=_worker_main, args=(child_conn, compare_fn, this_owner()), daemon=True,
+            target=_worker_main, args=(child_conn, fn, this_owner()), daemon=True,
             name="medsrl-grader",
         )
         with without_main_import():
@@ -274,6 +276,7 @@ class MathGrader:
     ``quick_verdict`` cannot settle; one slower than ``timeout_s`` scores 0 (``timed_out``) and is
     replaced. ``num_workers=0`` grades in-process with NO timeout: for debugging only. A worker exits
     when its starter dies (``utils/lifetime.py``). ``reasoning_end``: see ``reward/answer_span.py``.
+    ``reward_fn(response, gold)`` (``grader.reward``) replaces the whole grading, in the same workers.
     """
 
     def __init__(
@@ -283,15 +286,19 @@ class MathGrader:
         compare_fn: CompareFn = answers_equivalent,
         startup_timeout_s: float = 120.0,
         reasoning_end: str | None = None,
+        reward_fn: Callable[[str, str], float | GradeResult] | None = None,
     ):
+        self.reward_fn = reward_fn
         if num_workers > 0:
             try:  # fail here, not at the first grade() deep inside a training step
-                pickle.dumps(compare_fn)
+                pickle.dumps(reward_fn or compare_fn)
             except Exception as exc:
-                raise ValueError(f"compare_fn must be a picklable top-level function: {exc}") from exc
+                name = "reward_fn" if reward_fn else "compare_fn"
+                raise ValueError(f"{name} must be a picklable top-level function: {exc}") from exc
         self.timeout_s = timeout_s
         self.num_workers = num_workers
         self.compare_fn = compare_fn
+        self._task_fn = reward_fn or compare_fn  # what a worker runs
         self.startup_timeout_s = startup_timeout_s
         if reasoning_end is not None and not reasoning_end.strip():
             raise ValueError("reasoning_end must be a non-empty tag such as '</think>', or None")
@@ -311,6 +318,8 @@ class MathGrader:
         if len(responses) != len(golds):
             raise ValueError(f"{len(responses)} responses but {len(golds)} gold answers")
         golds = [gold_text(g) for g in golds]
+        if self.reward_fn is not None:
+            return self._custom_rewards(responses, golds)
         results: list[GradeResult | None] = [None] * len(responses)
         spans = [answer_text(r, self.reasoning_end) for r in responses]
         extracted: list[str | None] = [None if s is None else extract_last_boxed(s) for s in spans]
@@ -332,9 +341,30 @@ class MathGrader:
             for i, (verdict, timed_out, error) in zip(slow, self._compare_many(tasks), strict=True):
                 self.stats["timeouts"] += timed_out
                 self.stats["errors"] += error is not None
-                results[i] = GradeResult(float(verdict), extracted[i], True, timed_out=timed_out, error=error)
+                results[i] = GradeResult(float(bool(verdict)), extracted[i], True, timed_out=timed_out, error=error)
         self.stats["graded"] += len(responses)
         return results  # type: ignore[return-value]
+
+    def _custom_rewards(self, responses: Sequence[str], golds: list[str]) -> list[GradeResult]:
+        """``reward_fn(response, gold)`` for every response, in the workers with the same timeout and
+        counts: a hang or an exception scores 0; a float keeps the last box for the logs."""
+        results = []
+        outcomes = self._compare_many(list(zip(responses, golds, strict=True)))
+        for response, (value, timed_out, error) in zip(responses, outcomes, strict=True):
+            if not (timed_out or error) and isinstance(value, GradeResult):
+                results.append(value)
+                continue
+            answer = extract_last_boxed(response)
+            try:
+                score = 0.0 if timed_out or error else float(value)
+            except (TypeError, ValueError):
+                score, error = 0.0, f"the reward function returned {value!r}, not a number or a GradeResult"
+            self.stats["timeouts"] += timed_out
+            self.stats["errors"] += error is not None
+            self.stats["no_box"] += answer is None
+            results.append(GradeResult(score, answer, answer is not None, timed_out=timed_out, error=error))
+        self.stats["graded"] += len(responses)
+        return results
 
     def start(self) -> MathGrader:
         """Spawn the workers now, so their sympy import (seconds) runs while the model loads and
@@ -363,7 +393,7 @@ class MathGrader:
     def _compare_many(self, tasks: list[tuple[str, str]]) -> list[tuple[bool, bool, str | None]]:
         """``(verdict, timed_out, error)`` per ``(gold, answer)`` task."""
         if self.num_workers == 0:
-            return [_compare(self.compare_fn, gold, answer) for gold, answer in tasks]
+            return [_compare(self._task_fn, *task) for task in tasks]
         with self._lock:
             self._fill_pool()
             try:
@@ -378,7 +408,7 @@ class MathGrader:
 
     def _fill_pool(self) -> None:
         while len(self._workers) < self.num_workers:
-            self._workers.append(_Worker(self._ctx, self.compare_fn, self.startup_timeout_s))
+            self._workers.append(_Worker(self._ctx, self._task_fn, self.startup_timeout_s))
 
     def _run_tasks(self, tasks: list[tuple[str, str]]) -> list[tuple[bool, bool, str | None]]:
         """Hand tasks one at a time to idle workers; kill any worker that overruns its deadline.
@@ -434,4 +464,4 @@ class MathGrader:
 
     def _replace(self, slot: int) -> None:
         self._workers[slot].kill()
-        self._workers[slot] = _Worker(self._ctx, self.compare_fn, self.startup_timeout_s)
+        self._workers[slot] = _Worker(self._ctx, self._task_fn, self.startup_timeout_s)

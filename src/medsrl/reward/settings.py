@@ -1,7 +1,8 @@
 """``grader``: math grading in worker processes with a hard timeout per answer."""
 
+import functools
 import os
-from typing import Annotated
+from typing import Annotated, Any
 
 from medsrl.settings import Count, NonEmpty, Positive, Settings, must, nullable
 
@@ -18,6 +19,30 @@ class GraderConfig(Settings):
     reasoning_end: Annotated[NonEmpty | None, must("a non-empty tag such as '</think>', or null")] = None
     """Reasoning models (R1-Distill, Qwen3 thinking): grade only the text after the last occurrence
     of this tag; a response that never writes it scores 0 (counted). None: all of it."""
+    reward: Annotated[dict[str, Any] | None, must("{_target_: module.function, keyword: value, ...} or null")] = None
+    """A reward function instead of math grading (reward=<configs/reward/ preset>): called as
+    f(response, gold, **keywords) -> float | GradeResult in the grader's workers, with its timeout."""
+
+    def reward_function(self):
+        """``reward``'s function with its keywords bound; None: math grading. Fails here, naming
+        the key, if the target does not import."""
+        if self.reward is None:
+            return None
+        from hydra.utils import get_method
+
+        target = self.reward.get("_target_")
+        try:
+            fn = get_method(target)
+        except Exception as exc:
+            raise ValueError(f"grader.reward._target_={target!r} is not an importable function: {exc}") from exc
+        return functools.partial(fn, **{k: v for k, v in self.reward.items() if not k.startswith("_")})
+
+    def grader(self, workers: int):
+        """The grader these settings describe, its workers started."""
+        from medsrl.reward.grader import MathGrader
+
+        return MathGrader(timeout_s=self.timeout_s, num_workers=workers, reasoning_end=self.reasoning_end,
+                          reward_fn=self.reward_function()).start()
 
     def workers(self, processes_per_node: int = 1) -> int:
         """The worker count: the configured one, else :func:`grader_workers`."""
