@@ -171,6 +171,18 @@ def test_plugins_are_checked_by_their_target_under_any_key():
         "algorithm.plugins.steer.low must be <= algorithm.plugins.steer.high (0.8), got 1.2"]
 
 
+def test_the_readme_example_grpo_on_tiny_warns_of_nothing_but_a_typo_still_warns(caplog):
+    """tiny sets overlong's and dynamic sampling's settings for the algorithms that use them;
+    under algorithm=grpo they are expected, not news. A name no plug-in preset has is."""
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=["algorithm=grpo", "+algorithm.plugins.mdes.alpha=0.1"])
+    with caplog.at_level("INFO", logger="medsrl.run_config"):
+        RunConfig.parse(cfg)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == ["algorithm.plugins.mdes has settings but no _target_: not built in this run, ignored"]
+    assert any("algorithm.plugins.overlong has settings" in r.getMessage() for r in caplog.records)
+
+
 def test_a_generator_source_names_its_dataset_and_generator():
     msg = one_problem({"data": {"stages": [{"name": "A", "start_step": 0, "datasets": [
         {"name": "easy", "weight": 1.0, "source": {"_target_": ARITHMETIC, "num": 0, "split": "train"}}]}]}})

@@ -82,13 +82,17 @@ def _built(node: dict, where: str, base: type | None) -> tuple[Built | None, lis
 
 
 def _nodes(section: Any, group: str) -> dict[str, dict]:
-    """A group's ``_target_`` nodes; one without (settings for a plug-in not chosen) is not built."""
+    """A group's ``_target_`` nodes; one without is not built. An experiment's settings for a shipped
+    plug-in its algorithm does not use (tiny's overlong under algorithm=grpo) are expected, a
+    name no preset has (a typo) is not."""
     nodes = {}
     for name, node in (section or {}).items():
         if isinstance(node, dict) and "_target_" in node:
             nodes[str(name)] = node
         elif node is not None:
-            log.warning("%s.%s has settings but no _target_: not built in this run, ignored", group, name)
+            shipped = group == "algorithm.plugins" and (CONFIG_DIR / "plugins" / f"{name}.yaml").exists()
+            log.log(logging.INFO if shipped else logging.WARNING,
+                    "%s.%s has settings but no _target_: not built in this run, ignored", group, name)
     return nodes
 
 
