@@ -6,6 +6,7 @@ this module composes them and adds the checks that span sections. A bad config r
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 from functools import partial
 from pathlib import Path
@@ -258,14 +259,26 @@ def precision_problems(run: RunConfig) -> list[str]:
     return found
 
 
-def logger_problems(run: RunConfig) -> list[str]:
-    """W&B loggers without the ``wandb`` extra: say how to install it, not fail in Lightning."""
-    from medsrl.utils.wandb_log import INSTALL_HINT, is_wandb_target, wandb_installed
+# Loggers whose package is an extra: Lightning class name -> (module, extra)
+LOGGER_EXTRAS = {"WandbLogger": ("wandb", "wandb"), "MLFlowLogger": ("mlflow", "mlflow")}
 
-    return [f"logger.{name} ({node['_target_']}) needs the wandb package, which is not installed: "
-            f"{INSTALL_HINT} (or choose logger=tensorboard)"
-            for name, node in _nodes(run.logger, "logger").items()
-            if is_wandb_target(node["_target_"]) and not wandb_installed()]
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a module set to None in sys.modules: as if absent
+        return False
+
+
+def logger_problems(run: RunConfig) -> list[str]:
+    """Loggers whose extra is not installed: say how to install it, not fail in Lightning."""
+    found = []
+    for name, node in _nodes(run.logger, "logger").items():
+        module, extra = LOGGER_EXTRAS.get(str(node["_target_"]).rsplit(".", 1)[-1], (None, None))
+        if module and not _importable(module):
+            found.append(f"logger.{name} ({node['_target_']}) needs the {module} package, which is not installed: "
+                         f'make install EXTRAS={extra} (pip install -e ".[{extra}]") (or choose logger=tensorboard)')
+    return found
 
 
 def _eval_own(key: str) -> Any:

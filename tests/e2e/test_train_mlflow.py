@@ -3,6 +3,8 @@ dir (offline), with the step metrics and the module's hyperparameters as params.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from medsrl.train import train
@@ -30,3 +32,12 @@ def test_logger_mlflow_writes_an_offline_run_with_metrics_and_params(tmp_path, m
     assert sorted(m.step for m in rewards) == [0, 1]
     params = run.data.params  # the module's hyperparameters, flattened
     assert params["algorithm/name"] == "meds" and params["rollout/n"] == str(compose_train(out).rollout.n)
+
+
+def test_logger_mlflow_without_the_package_fails_at_start_saying_how_to_install(tmp_path, monkeypatch):
+    """make install has no extras: logger=mlflow then names the extra before any model is built."""
+    from medsrl.train import parse_run
+
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # as if not installed
+    with pytest.raises(ValueError, match=r"logger\.mlflow .*needs the mlflow package.*make install EXTRAS=mlflow"):
+        parse_run(compose_train(tmp_path / "run", ["logger=mlflow"]))

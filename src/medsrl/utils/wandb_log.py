@@ -5,25 +5,9 @@ and text, where it writes, its summary. ``wandb`` is optional: imported only wit
 from __future__ import annotations
 
 import html
-import importlib.util
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-
-INSTALL_HINT = 'pip install -e ".[wandb]"'
-
-
-def wandb_installed() -> bool:
-    """Whether ``import wandb`` would work (without importing it)."""
-    try:
-        return importlib.util.find_spec("wandb") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def is_wandb_target(target: Any) -> bool:
-    """A logger config's ``_target_`` naming W&B's logger (Lightning's or a subclass named so)."""
-    return isinstance(target, str) and target.rsplit(".", 1)[-1] == "WandbLogger"
 
 
 def wandb_loggers(loggers: Iterable[Any]) -> list[Any]:
